@@ -1,0 +1,55 @@
+"""statekeel: a recoverable state layer for long-running, tool-executing AI agents.
+
+import statekeel
+
+async with statekeel.open_store("sqlite:///agent-state.db") as store:
+    session = await store.sessions.get_or_create("user-42")
+    session.add_message("user", "run the tests")
+    await store.sessions.save(session)
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    AuditTampered,
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    InvalidKey,
+    InvalidTransition,
+    LeaseLost,
+    MigrationError,
+    NotFound,
+    PayloadTooLarge,
+    SchemaTooNew,
+    SerializationError,
+    StatekeelError,
+    StepInDoubt,
+    StorageCorrupt,
+)
+from .sessions import Session, SessionManager
+from .store import Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditTampered",
+    "BackendUnavailable",
+    "ConflictError",
+    "InvalidArgument",
+    "InvalidKey",
+    "InvalidTransition",
+    "LeaseLost",
+    "MigrationError",
+    "NotFound",
+    "PayloadTooLarge",
+    "SchemaTooNew",
+    "SerializationError",
+    "Session",
+    "SessionManager",
+    "StatekeelError",
+    "StepInDoubt",
+    "StorageCorrupt",
+    "Store",
+    "open_store",
+]

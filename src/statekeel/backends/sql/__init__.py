@@ -1,0 +1,147 @@
+"""Logic shared by the SQL backends.
+
+Each state-semantic operation is written once, as an ``async def op(tx, ...)`` over a small :class:`Tx`
+interface whose queries are looked up by name in the dialect's ``.sql`` files. A dialect supplies the
+:class:`Tx` and runs operations in a transaction:
+
+- SQLite runs the whole operation as one job on its writer thread. Its ``Tx`` methods never suspend, so the
+  coroutine completes in a single ``send(None)`` (:func:`run_sync`): one thread hop per operation, and
+  concurrent operations can share one commit (group commit).
+- PostgreSQL awaits the same coroutine on a pooled asyncpg connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextvars
+import datetime as dt
+import re
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from importlib import resources
+from typing import Any, Protocol, TypeVar
+
+from ...codec import Codec
+from ..base import StorageBackend
+
+T = TypeVar("T")
+
+_NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def load_queries(package: str) -> dict[str, str]:
+    """Read every ``*.sql`` file of a dialect package (not its migrations) into ``{name: sql}``.
+
+    Each query starts with a ``-- name: query_name`` line and runs to the next one.
+    """
+    queries: dict[str, str] = {}
+    root = resources.files(package)
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        parts = _NAME_RE.split(text)
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"query {name!r} is defined twice in {package}")
+            queries[name] = body.strip().rstrip(";")
+    return queries
+
+
+class Row(Protocol):
+    def __getitem__(self, key: str | int, /) -> Any: ...
+
+
+class Tx(abc.ABC):
+    """What an operation can do inside a transaction. Queries are referred to by name."""
+
+    codec: Codec
+
+    @abc.abstractmethod
+    async def execute(self, name: str, *args: Any) -> int:
+        """Run a statement; return the number of rows it changed."""
+
+    @abc.abstractmethod
+    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run a statement once per row of arguments."""
+
+    @abc.abstractmethod
+    async def fetchone(self, name: str, *args: Any) -> Row | None: ...
+
+    @abc.abstractmethod
+    async def fetchall(self, name: str, *args: Any) -> list[Row]: ...
+
+    @abc.abstractmethod
+    def ts_in(self, value: dt.datetime) -> Any:
+        """A timezone-aware datetime as the dialect stores it."""
+
+    @abc.abstractmethod
+    def ts_out(self, value: Any) -> dt.datetime:
+        """A stored timestamp back as an aware UTC datetime."""
+
+    def json_in(self, raw: bytes) -> Any:
+        """Codec output (JSON bytes) as the dialect's JSON parameter."""
+        return raw.decode("utf-8")
+
+    def json_out(self, value: Any) -> Any:
+        """A stored JSON column back to Python values (tagged types restored)."""
+        return self.codec.decode(value)
+
+
+Op = Callable[..., Coroutine[Any, Any, T]]
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Drive a coroutine that never suspends (a SQLite operation) to completion, synchronously."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a SQLite operation suspended; operations must only await Tx methods")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def to_micros(value: dt.datetime) -> int:
+    """Microseconds since the Unix epoch (exact, unlike float seconds)."""
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(value: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(microseconds=value)
+
+
+class SqlBackend(StorageBackend):
+    """A backend whose operations are shared SQL logic; dialects implement the hooks below."""
+
+    codec: Codec
+
+    def __init__(self, url: str, *, codec: Codec) -> None:
+        self.url = url
+        self.codec = codec
+        # The transaction of the current task's ``atomic()`` block, if any, keyed by backend.
+        self._current: contextvars.ContextVar[Any] = contextvars.ContextVar(
+            f"statekeel_tx_{id(self)}", default=None
+        )
+
+    @abc.abstractmethod
+    async def _write(self, op: Op[T], *args: Any) -> T:
+        """Run ``op(tx, *args)`` in a write transaction (or the caller's ``atomic()`` block)."""
+
+    @abc.abstractmethod
+    async def _read(self, op: Op[T], *args: Any) -> T:
+        """Run ``op(tx, *args)`` on a consistent snapshot (or inside the caller's ``atomic()`` block)."""
+
+    @abc.abstractmethod
+    def atomic(self) -> AbstractAsyncContextManager[None]: ...
+
+
+__all__ = ["Op", "Row", "SqlBackend", "Tx", "from_micros", "load_queries", "run_sync", "to_micros", "utcnow"]

@@ -1,0 +1,304 @@
+"""Sessions, messages and the message archive: the operations every SQL dialect shares."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ...errors import ConflictError, InvalidArgument, NotFound
+from ..base import ArchivedMessage, MessageRecord, NewMessage, Page, SessionBackend, SessionRecord
+from . import Row, SqlBackend, Tx, from_micros, to_micros, utcnow
+
+_EMPTY_OBJECT = b"{}"
+
+
+def session_from_row(tx: Tx, row: Row) -> SessionRecord:
+    return SessionRecord(
+        key=row["key"],
+        status=row["status"],
+        metadata=tx.json_out(row["metadata"]),
+        last_consolidated=row["last_consolidated"],
+        head_seq=row["head_seq"],
+        version=row["version"],
+        created_at=tx.ts_out(row["created_at"]),
+        updated_at=tx.ts_out(row["updated_at"]),
+    )
+
+
+def message_from_row(tx: Tx, key: str, row: Row) -> MessageRecord:
+    return MessageRecord(
+        session_key=key,
+        seq=row["seq"],
+        role=row["role"],
+        payload=tx.json_out(row["payload"]),
+        created_at=tx.ts_out(row["created_at"]),
+    )
+
+
+def encode_cursor(updated_at: dt.datetime, key: str) -> str:
+    """An opaque cursor for keyset pagination on ``(updated_at, key)``; also used by other kinds."""
+    return base64.urlsafe_b64encode(orjson.dumps([to_micros(updated_at), key])).decode("ascii")
+
+
+def decode_cursor(cursor: Any) -> tuple[dt.datetime, str]:
+    try:
+        micros, key = orjson.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        if type(micros) is not int or type(key) is not str:
+            raise ValueError
+        return from_micros(micros), key
+    except Exception:
+        raise InvalidArgument(f"cursor {cursor!r} is not one that list returned", cursor=cursor) from None
+
+
+async def _require_session(tx: Tx, key: str) -> Row:
+    row = await tx.fetchone("session_get", key)
+    if row is None:
+        raise NotFound(f"session {key!r} does not exist", key=key)
+    return row
+
+
+async def op_create_session(tx: Tx, key: str, metadata: bytes | None, if_missing: bool) -> SessionRecord:
+    now = tx.ts_in(utcnow())
+    row = await tx.fetchone("session_insert", key, tx.json_in(metadata or _EMPTY_OBJECT), now, now)
+    if row is None:
+        existing = await _require_session(tx, key)
+        if not if_missing:
+            raise ConflictError(f"session {key!r} already exists", key=key)
+        return session_from_row(tx, existing)
+    return session_from_row(tx, row)
+
+
+async def op_load_session(tx: Tx, key: str) -> SessionRecord | None:
+    row = await tx.fetchone("session_get", key)
+    return None if row is None else session_from_row(tx, row)
+
+
+async def op_load_with_messages(tx: Tx, key: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
+    row = await tx.fetchone("session_get", key)
+    if row is None:
+        return None
+    record = session_from_row(tx, row)
+    rows = await tx.fetchall("message_range_open", key, record.last_consolidated)
+    return record, [message_from_row(tx, key, r) for r in rows]
+
+
+async def op_list_sessions(tx: Tx, status: str | None, limit: int, cursor: str | None) -> Page:
+    if cursor is None:
+        if status is None:
+            rows = await tx.fetchall("session_list", limit + 1)
+        else:
+            rows = await tx.fetchall("session_list_status", status, limit + 1)
+    else:
+        after, after_key = decode_cursor(cursor)
+        after_ts = tx.ts_in(after)
+        if status is None:
+            rows = await tx.fetchall("session_list_after", after_ts, after_key, limit + 1)
+        else:
+            rows = await tx.fetchall("session_list_status_after", status, after_ts, after_key, limit + 1)
+    items = [session_from_row(tx, r) for r in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        next_cursor = encode_cursor(tx.ts_out(last["updated_at"]), last["key"])
+    return Page(items=items, next_cursor=next_cursor)
+
+
+async def op_update_session(
+    tx: Tx, key: str, expected_version: int | None, metadata: bytes | None, status: str | None
+) -> SessionRecord:
+    row = await tx.fetchone(
+        "session_update",
+        None if metadata is None else tx.json_in(metadata),
+        status,
+        tx.ts_in(utcnow()),
+        key,
+        expected_version,
+    )
+    if row is None:
+        current = await _require_session(tx, key)
+        raise ConflictError(
+            f"session {key!r} is at version {current['version']}, not the expected {expected_version}",
+            key=key,
+            expected=expected_version,
+            current=current["version"],
+        )
+    return session_from_row(tx, row)
+
+
+async def op_delete_session(tx: Tx, key: str) -> bool:
+    return await tx.execute("session_delete", key) > 0
+
+
+async def op_append_messages(
+    tx: Tx,
+    key: str,
+    expected_head: int,
+    messages: Sequence[NewMessage],
+    metadata: bytes | None,
+    create: bool,
+) -> SessionRecord:
+    now_dt = utcnow()
+    now = tx.ts_in(now_dt)
+    if create:
+        await tx.execute("session_insert_missing", key, tx.json_in(metadata or _EMPTY_OBJECT), now, now)
+    row = await tx.fetchone(
+        "session_advance_head",
+        len(messages),
+        None if metadata is None else tx.json_in(metadata),
+        now,
+        key,
+        expected_head,
+    )
+    if row is None:
+        current = await _require_session(tx, key)
+        raise ConflictError(
+            f"session {key!r} has head {current['head_seq']}, not the expected {expected_head}: "
+            "another writer appended first",
+            key=key,
+            expected=expected_head,
+            current=current["head_seq"],
+        )
+    if messages:
+        await tx.executemany(
+            "message_insert",
+            [(key, expected_head + i, m.role, tx.json_in(m.payload), now) for i, m in enumerate(messages)],
+        )
+    return session_from_row(tx, row)
+
+
+async def op_read_messages(tx: Tx, key: str, start: int, end: int | None) -> list[MessageRecord]:
+    if end is None:
+        rows = await tx.fetchall("message_range_open", key, start)
+    else:
+        rows = await tx.fetchall("message_range", key, start, end)
+    return [message_from_row(tx, key, r) for r in rows]
+
+
+async def op_tail_messages(tx: Tx, key: str, n: int) -> list[MessageRecord]:
+    rows = await tx.fetchall("message_tail", key, n)
+    return [message_from_row(tx, key, r) for r in reversed(rows)]
+
+
+async def op_archive_messages(
+    tx: Tx, key: str, compression_id: str, upto_seq: int, summary: str, expected_consolidated: int
+) -> SessionRecord:
+    current = await _require_session(tx, key)
+    if current["last_consolidated"] != expected_consolidated:
+        raise ConflictError(
+            f"session {key!r} was consolidated up to {current['last_consolidated']}, "
+            f"not the expected {expected_consolidated}",
+            key=key,
+            expected=expected_consolidated,
+            current=current["last_consolidated"],
+        )
+    start = current["last_consolidated"]
+    if not start < upto_seq <= current["head_seq"]:
+        raise InvalidArgument(
+            f"upto_seq {upto_seq} must be after last_consolidated {start} and at most the head "
+            f"{current['head_seq']}",
+            key=key,
+            upto_seq=upto_seq,
+        )
+    now = tx.ts_in(utcnow())
+    await tx.execute("compression_insert", key, compression_id, start, upto_seq, summary, now)
+    await tx.execute("archive_copy", compression_id, key, start, upto_seq)
+    await tx.execute("message_delete_range", key, start, upto_seq)
+    row = await tx.fetchone("session_set_consolidated", upto_seq, now, key, start)
+    assert row is not None  # the session row is locked by this transaction
+    return session_from_row(tx, row)
+
+
+async def op_read_archive(tx: Tx, key: str, compression_id: str | None) -> list[ArchivedMessage]:
+    if compression_id is None:
+        rows = await tx.fetchall("archive_all", key)
+    else:
+        rows = await tx.fetchall("archive_one", key, compression_id)
+    return [
+        ArchivedMessage(
+            session_key=key,
+            compression_id=r["compression_id"],
+            seq=r["seq"],
+            payload=tx.json_out(r["payload"]),
+            summary=r["summary"],
+            created_at=tx.ts_out(r["created_at"]),
+        )
+        for r in rows
+    ]
+
+
+async def op_read_summaries(tx: Tx, key: str) -> list[tuple[str, int, int, str]]:
+    rows = await tx.fetchall("compression_list", key)
+    return [(r["compression_id"], r["first_seq"], r["upto_seq"], r["summary"]) for r in rows]
+
+
+class SqlSessions(SqlBackend, SessionBackend):
+    """The session contract over the shared operations above."""
+
+    async def create_session(
+        self, key: str, *, metadata: bytes | None = None, if_missing: bool = False
+    ) -> SessionRecord:
+        return await self._write(op_create_session, key, metadata, if_missing)
+
+    async def load_session(self, key: str) -> SessionRecord | None:
+        return await self._read(op_load_session, key)
+
+    async def load_session_with_messages(self, key: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
+        return await self._read(op_load_with_messages, key)
+
+    async def list_sessions(
+        self, *, status: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
+        return await self._read(op_list_sessions, status, limit, cursor)
+
+    async def update_session(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        metadata: bytes | None = None,
+        status: str | None = None,
+    ) -> SessionRecord:
+        return await self._write(op_update_session, key, expected_version, metadata, status)
+
+    async def delete_session(self, key: str) -> bool:
+        return await self._write(op_delete_session, key)
+
+    async def append_messages(
+        self,
+        key: str,
+        expected_head: int,
+        messages: Sequence[NewMessage],
+        *,
+        metadata: bytes | None = None,
+        create: bool = False,
+    ) -> SessionRecord:
+        return await self._write(op_append_messages, key, expected_head, messages, metadata, create)
+
+    async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
+        return await self._read(op_read_messages, key, start, end)
+
+    async def tail_messages(self, key: str, n: int) -> list[MessageRecord]:
+        return await self._read(op_tail_messages, key, n)
+
+    async def archive_messages(
+        self,
+        key: str,
+        *,
+        compression_id: str,
+        upto_seq: int,
+        summary: str,
+        expected_consolidated: int,
+    ) -> SessionRecord:
+        return await self._write(
+            op_archive_messages, key, compression_id, upto_seq, summary, expected_consolidated
+        )
+
+    async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:
+        return await self._read(op_read_archive, key, compression_id)
+
+    async def read_summaries(self, key: str) -> list[tuple[str, int, int, str]]:
+        return await self._read(op_read_summaries, key)

@@ -1,0 +1,615 @@
+"""SQLite backend: the embedded default (``sqlite:///file.db``) and ``memory://``.
+
+One writer thread owns the only write connection. Independent write operations queued while it works are
+committed together: each runs inside its own SAVEPOINT (a failing one rolls back alone), then a single
+COMMIT — and with ``durability="full"`` a single fsync — acknowledges them all (group commit). An
+``atomic()`` block holds the writer for its duration. Reads run on a separate connection and thread, each
+on its own snapshot, so they never see another task's uncommitted writes and never wait for the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import logging
+import os
+import queue
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from ...codec import Codec
+from ...errors import (
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    MigrationError,
+    StatekeelError,
+    StorageCorrupt,
+)
+from ..base import MigrationInfo
+from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
+from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.sessions import SqlSessions
+
+log = logging.getLogger("statekeel.sqlite")
+
+T = TypeVar("T")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_MAX_GROUP = 256
+
+_QUERIES: dict[str, str] | None = None
+
+
+def queries() -> dict[str, str]:
+    global _QUERIES
+    if _QUERIES is None:
+        _QUERIES = load_queries(__package__ or "statekeel.backends.sqlite")
+    return _QUERIES
+
+
+def migrations_shipped() -> list[Migration]:
+    return load_migrations("statekeel.backends.sqlite.migrations")
+
+
+class SqliteTx(Tx):
+    """Runs named queries on the thread's connection; its coroutines never suspend."""
+
+    __slots__ = ("codec", "conn", "sql")
+
+    def __init__(self, conn: sqlite3.Connection, codec: Codec) -> None:
+        self.conn = conn
+        self.codec = codec
+        self.sql = queries()
+
+    async def execute(self, name: str, *args: Any) -> int:
+        return self.conn.execute(self.sql[name], args).rowcount
+
+    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.conn.executemany(self.sql[name], rows)
+
+    async def fetchone(self, name: str, *args: Any) -> Row | None:
+        row: Row | None = self.conn.execute(self.sql[name], args).fetchone()
+        return row
+
+    async def fetchall(self, name: str, *args: Any) -> list[Row]:
+        return self.conn.execute(self.sql[name], args).fetchall()
+
+    def ts_in(self, value: dt.datetime) -> Any:
+        return to_micros(value)
+
+    def ts_out(self, value: Any) -> dt.datetime:
+        return from_micros(value)
+
+
+# Job kinds
+_WRITE, _READ, _ATOMIC, _CALL, _STOP = range(5)
+
+
+class _Job:
+    __slots__ = ("fn", "future", "inner", "kind", "loop")
+
+    def __init__(
+        self,
+        kind: int,
+        fn: Callable[[sqlite3.Connection], Any] | None,
+        loop: asyncio.AbstractEventLoop,
+        inner: queue.SimpleQueue[_Job] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.fn = fn
+        self.loop = loop
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.inner = inner
+
+
+def _settle(future: asyncio.Future[Any], exc: BaseException | None, result: Any) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _resolve(job: _Job, exc: BaseException | None, result: Any = None) -> None:
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, exc, result)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+def translate(exc: BaseException, where: str) -> BaseException:
+    """Turn a driver error into a statekeel error with fields; leave everything else alone."""
+    if isinstance(exc, StatekeelError) or not isinstance(exc, sqlite3.Error):
+        return exc
+    text = str(exc)
+    low = text.lower()
+    code = getattr(exc, "sqlite_errorname", None)
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(f"{where}: constraint failed: {text}", constraint=text)
+    if "locked" in low or "busy" in low:
+        return BackendUnavailable(
+            f"{where} is locked by another writer past busy_timeout ({text})", path=where, code=code
+        )
+    if "readonly" in low or "read-only" in low:
+        return BackendUnavailable(f"{where} is not writable ({text})", path=where, code=code)
+    if "not a database" in low or "malformed" in low or "no such table" in low or "corrupt" in low:
+        return StorageCorrupt(f"{where} is not a usable statekeel database: {text}", path=where, code=code)
+    return BackendUnavailable(f"{where}: {text}", path=where, code=code)
+
+
+def _dead_connection(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.ProgrammingError):
+        return "closed" in str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and "disk i/o" in str(exc).lower()
+
+
+class _Worker:
+    """A thread that owns one connection and runs jobs on it in order."""
+
+    def __init__(
+        self, name: str, connect: Callable[[], sqlite3.Connection], where: str, writer: bool
+    ) -> None:
+        self._connect = connect
+        self._where = where
+        self._writer = writer
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._conn: sqlite3.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: _Job) -> asyncio.Future[Any]:
+        with self._cond:
+            self._queue.append(job)
+            self._cond.notify()
+        return job.future
+
+    def join(self) -> None:
+        self._thread.join()
+
+    # --- thread side ------------------------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            self._conn = None
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        # A dead connection is reopened on the next job; this one still fails, loudly.
+        if _dead_connection(exc):
+            log.warning("sqlite connection to %s failed (%s); reconnecting", self._where, exc)
+            self._drop_connection()
+        return translate(exc, self._where)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                first = self._queue.popleft()
+                batch = [first]
+                if first.kind == _WRITE:
+                    while self._queue and self._queue[0].kind == _WRITE and len(batch) < _MAX_GROUP:
+                        batch.append(self._queue.popleft())
+            if first.kind == _STOP:
+                self._drop_connection()
+                _resolve(first, None)
+                return
+            try:
+                if first.kind == _WRITE:
+                    self._run_group(batch)
+                elif first.kind == _ATOMIC:
+                    self._run_atomic(first)
+                elif first.kind == _READ:
+                    self._run_read(first)
+                else:
+                    self._run_call(first)
+            except BaseException as exc:  # never let the thread die: fail the jobs instead
+                for job in batch:
+                    _resolve(job, self._failed(exc))
+
+    def _run_call(self, job: _Job) -> None:
+        assert job.fn is not None
+        try:
+            result = job.fn(self._connection())
+        except BaseException as exc:
+            _resolve(job, self._failed(exc))
+        else:
+            _resolve(job, None, result)
+
+    def _run_read(self, job: _Job) -> None:
+        assert job.fn is not None
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN")
+            try:
+                result = job.fn(conn)
+            finally:
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            _resolve(job, self._failed(exc))
+        else:
+            _resolve(job, None, result)
+
+    def _run_group(self, batch: list[_Job]) -> None:
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            err = self._failed(exc)
+            for job in batch:
+                _resolve(job, err)
+            return
+        outcomes: list[tuple[BaseException | None, Any]] = []
+        for job in batch:
+            outcomes.append(self._in_savepoint(conn, job))
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            err = self._failed(exc)
+            for job in batch:
+                _resolve(job, err)
+            return
+        for job, (exc_or_none, result) in zip(batch, outcomes, strict=True):
+            _resolve(job, exc_or_none, result)
+
+    def _in_savepoint(self, conn: sqlite3.Connection, job: _Job) -> tuple[BaseException | None, Any]:
+        assert job.fn is not None
+        conn.execute("SAVEPOINT op")
+        try:
+            result = job.fn(conn)
+        except BaseException as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            return self._failed(exc), None
+        conn.execute("RELEASE op")
+        return None, result
+
+    def _run_atomic(self, job: _Job) -> None:
+        assert job.inner is not None
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            _resolve(job, self._failed(exc))
+            # Drain the block's queue until its end marker so the caller is never left waiting.
+            while (inner := job.inner.get()).kind != _STOP:
+                _resolve(inner, BackendUnavailable(f"{self._where}: transaction did not start"))
+            _resolve(inner, None)
+            return
+        _resolve(job, None)
+        while True:
+            inner = job.inner.get()
+            if inner.kind == _STOP:
+                commit = inner.fn is not None
+                try:
+                    conn.execute("COMMIT" if commit else "ROLLBACK")
+                except BaseException as exc:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    _resolve(inner, self._failed(exc))
+                else:
+                    _resolve(inner, None)
+                return
+            exc_or_none, result = self._in_savepoint(conn, inner)
+            _resolve(inner, exc_or_none, result)
+
+
+def _commit_marker(conn: sqlite3.Connection) -> None:
+    """Marks the end job of an atomic block as a COMMIT (its absence means ROLLBACK)."""
+
+
+class SqliteBackend(SqlSessions):
+    """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
+
+    def __init__(
+        self,
+        url: str,
+        path: str | None,
+        *,
+        codec: Codec,
+        durability: str = "normal",
+        busy_timeout_ms: int = 5000,
+        migrations: list[Migration] | None = None,
+    ) -> None:
+        super().__init__(url, codec=codec)
+        if durability not in ("normal", "full"):
+            raise InvalidArgument(f"durability must be 'normal' or 'full', got {durability!r}")
+        if type(busy_timeout_ms) is not int or busy_timeout_ms < 0:
+            raise InvalidArgument(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
+        self.path = path
+        self.durability = durability
+        self.busy_timeout_ms = busy_timeout_ms
+        self._migrations = migrations if migrations is not None else migrations_shipped()
+        self._where = path or "memory://"
+        self._writer: _Worker | None = None
+        self._reader: _Worker | None = None
+        self._closed = False
+        self.backup_path: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    def _open(self, *, read_only: bool) -> sqlite3.Connection:
+        target = self.path if self.path is not None else ":memory:"
+        conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False, cached_statements=256)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            if self.path is not None:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise BackendUnavailable(f"{self._where}: could not enable WAL (journal_mode={mode})")
+            conn.execute("PRAGMA synchronous = " + ("FULL" if self.durability == "full" else "NORMAL"))
+            conn.execute("PRAGMA foreign_keys = ON")
+            if read_only:
+                conn.execute("PRAGMA query_only = ON")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_path(self) -> None:
+        assert self.path is not None
+        path = self.path
+        if os.path.isdir(path):
+            raise InvalidArgument(
+                f"SQLite path {path} is a directory; give the path of a database file", path=path
+            )
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise BackendUnavailable(
+                f"directory {parent} of SQLite database {path} does not exist", path=path
+            )
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                with open(path, "rb") as fh:
+                    header = fh.read(len(_SQLITE_MAGIC))
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot read SQLite database {path}: {exc}", path=path) from exc
+            if header and header != _SQLITE_MAGIC:
+                raise StorageCorrupt(
+                    f"{path} is not a SQLite database (no 'SQLite format 3' header); it was not modified",
+                    path=path,
+                ) from None
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot create SQLite database {path}: {exc.strerror}", path=path
+            ) from exc
+        else:
+            os.close(fd)
+
+    async def initialize(self) -> None:
+        if self._writer is not None:
+            return
+        if self.path is not None:
+            self._check_path()
+        self._writer = _Worker(
+            "statekeel-sqlite-writer", lambda: self._open(read_only=False), self._where, True
+        )
+        try:
+            await self._call(self._writer, self._migrate)
+            if self.path is not None:
+                self._reader = _Worker(
+                    "statekeel-sqlite-reader", lambda: self._open(read_only=True), self._where, False
+                )
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for worker in (self._writer, self._reader):
+            if worker is not None:
+                await worker.submit(_Job(_STOP, None, asyncio.get_running_loop()))
+                await asyncio.to_thread(worker.join)
+
+    def _require_open(self) -> _Worker:
+        if self._writer is None or self._closed:
+            raise BackendUnavailable(
+                f"store {self._where} is closed" if self._closed else "store not initialized"
+            )
+        return self._writer
+
+    async def _call(self, worker: _Worker, fn: Callable[[sqlite3.Connection], T]) -> T:
+        result: T = await worker.submit(_Job(_CALL, fn, asyncio.get_running_loop()))
+        return result
+
+    # --- migrations (run on the writer thread) --------------------------------------------------------
+
+    def _applied(self, conn: sqlite3.Connection) -> list[MigrationInfo]:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_migrations" not in tables:
+            if tables:
+                raise StorageCorrupt(
+                    f"{self._where} is a SQLite database of another application (tables: "
+                    f"{', '.join(sorted(tables)[:5])}); it was not modified",
+                    path=self._where,
+                )
+            return []
+        return [
+            MigrationInfo(r[0], r[1], r[2], from_micros(r[3]))
+            for r in conn.execute(
+                "SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version"
+            )
+        ]
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        todo = pending(self._applied(conn), self._migrations, where=self._where)
+        if not todo:
+            return
+        existing = bool(self._applied(conn))
+        if existing and self.path is not None:
+            self.backup_path = self._backup(conn, todo[0].version)
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Re-read under the write lock: another process may have migrated meanwhile.
+                todo = pending(self._applied(conn), self._migrations, where=self._where)
+                if not todo:
+                    conn.execute("COMMIT")
+                    break
+                mig = todo[0]
+                self._apply(conn, mig)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        if self.backup_path is not None:
+            os.unlink(self.backup_path)
+            self.backup_path = None
+
+    def _apply(self, conn: sqlite3.Connection, mig: Migration) -> None:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+        )
+        try:
+            for statement in split_statements(mig.sql):
+                conn.execute(statement)
+        except sqlite3.Error as exc:
+            raise MigrationError(
+                f"{self._where}: migration {mig.version:04d}_{mig.name} failed: {exc}; the database is as it "
+                "was before it",
+                version=mig.version,
+                backup=self.backup_path,
+            ) from exc
+        conn.execute(
+            "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ?)",
+            (mig.version, mig.name, mig.checksum, to_micros(dt.datetime.now(dt.UTC))),
+        )
+
+    def _backup(self, conn: sqlite3.Connection, version: int) -> str:
+        assert self.path is not None
+        target = f"{self.path}.pre-v{version:04d}-{int(time.time())}.bak"
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)
+        dest = sqlite3.connect(target)
+        try:
+            conn.backup(dest)
+        finally:
+            dest.close()
+        os.chmod(target, stat.S_IRUSR | stat.S_IWUSR)
+        return target
+
+    async def schema_version(self) -> int:
+        infos = await self.migrations()
+        return max((m.version for m in infos), default=0)
+
+    async def migrations(self) -> list[MigrationInfo]:
+        return await self._call(self._require_open(), self._applied)
+
+    async def integrity_check(self) -> list[str]:
+        def check(conn: sqlite3.Connection) -> list[str]:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+            fk = [
+                f"foreign key violation in {r[0]} rowid {r[1]}"
+                for r in conn.execute("PRAGMA foreign_key_check")
+            ]
+            return ([] if rows == ["ok"] else rows) + fk
+
+        return await self._call(self._require_open(), check)
+
+    # --- operations -----------------------------------------------------------------------------------
+
+    async def _write(self, op: Op[T], *args: Any) -> T:
+        writer = self._require_open()
+        codec = self.codec
+
+        def job(conn: sqlite3.Connection) -> T:
+            return run_sync(op(SqliteTx(conn, codec), *args))
+
+        loop = asyncio.get_running_loop()
+        block: queue.SimpleQueue[_Job] | None = self._current.get()
+        if block is not None:
+            inner = _Job(_WRITE, job, loop)
+            block.put(inner)
+            result: T = await inner.future
+            return result
+        result = await writer.submit(_Job(_WRITE, job, loop))
+        return result
+
+    async def _read(self, op: Op[T], *args: Any) -> T:
+        writer = self._require_open()
+        if self._current.get() is not None:
+            return await self._write(op, *args)  # inside an atomic block: see its own writes
+        # In memory there is a single connection: reads queue behind writes on the writer thread.
+        return await self._plain_read(self._reader or writer, op, *args)
+
+    async def _plain_read(self, worker: _Worker, op: Op[T], *args: Any) -> T:
+        codec = self.codec
+
+        def job(conn: sqlite3.Connection) -> T:
+            return run_sync(op(SqliteTx(conn, codec), *args))
+
+        result: T = await worker.submit(_Job(_READ, job, asyncio.get_running_loop()))
+        return result
+
+    @asynccontextmanager
+    async def atomic(self) -> AsyncIterator[None]:
+        if self._current.get() is not None:
+            yield  # nested: join the outer transaction
+            return
+        writer = self._require_open()
+        loop = asyncio.get_running_loop()
+        block: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        start = _Job(_ATOMIC, None, loop, inner=block)
+        writer.submit(start)
+        end = _Job(_STOP, None, loop)
+        token = self._current.set(block)
+        try:
+            await start.future
+            yield
+        except BaseException:
+            self._current.reset(token)
+            block.put(end)
+            await asyncio.shield(end.future)
+            raise
+        self._current.reset(token)
+        end.fn = _commit_marker
+        block.put(end)
+        await end.future
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a SQL script into complete statements (trigger bodies stay whole)."""
+    statements: list[str] = []
+    current = ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            text = current.strip()
+            if text and not all(
+                part.strip().startswith("--") or not part.strip() for part in text.splitlines()
+            ):
+                statements.append(text)
+            current = ""
+    if current.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in current.strip().splitlines()
+    ):
+        raise MigrationError(f"incomplete SQL statement at the end of a migration: {current.strip()[:80]!r}")
+    return statements

@@ -1,0 +1,138 @@
+"""The statekeel error hierarchy.
+
+Every error statekeel raises is a :class:`StatekeelError`. Each carries structured fields (``key``,
+``path``, ``current`` …) so callers can react without parsing messages, and each message says what was
+wrong and what to do about it.
+
+    try:
+        await store.sessions.save(session)
+    except statekeel.ConflictError as e:
+        # another writer appended first: reload and retry
+        print(e.current)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StatekeelError(Exception):
+    """Base class of every statekeel error."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+        full = f"{message}. {self.hint}" if self.hint and not message.endswith(self.hint) else message
+        super().__init__(full)
+
+
+class NotFound(StatekeelError):
+    """The record does not exist (and the backend answered: never used for a failed read)."""
+
+    hint = "Check the identifier, or create the record first."
+
+
+class ConflictError(StatekeelError):
+    """A conditional write found a different version or head than expected."""
+
+    hint = "Another writer changed it first: reload, re-apply your change and retry."
+
+
+class InvalidTransition(StatekeelError):
+    """A state machine was asked for a transition it does not allow."""
+
+    hint = "Check the allowed transitions in the documentation of the state kind."
+
+
+class LeaseLost(StatekeelError):
+    """The caller's lease was taken over or expired (a zombie holder)."""
+
+    hint = "Stop working on it: another worker owns it now."
+
+
+class StepInDoubt(StatekeelError):
+    """A non-idempotent step was started but never recorded as finished (a crash in between)."""
+
+    hint = (
+        "Check whether its side effect happened, then settle it with tasks.resolve_step(); "
+        "or mark the step idempotent if re-running it is safe"
+    )
+
+
+class InvalidArgument(StatekeelError):
+    """An argument is malformed (wrong type, out of range). Nothing was written."""
+
+    hint = "Nothing was written; fix the argument and call again."
+
+
+class SerializationError(InvalidArgument):
+    """A value cannot be encoded by the statekeel codec (or stored bytes cannot be decoded)."""
+
+    hint = (
+        "Nothing was written. Use JSON types, or datetime/date/UUID/Decimal/bytes/Enum/dataclasses, "
+        "or register a type with statekeel.codec.register_type()"
+    )
+
+
+class PayloadTooLarge(InvalidArgument):
+    """An encoded record exceeds ``max_record_bytes``."""
+
+    hint = "Nothing was written. Store large blobs elsewhere and keep a reference, or raise max_record_bytes."
+
+
+class InvalidKey(InvalidArgument):
+    """A key is empty, not a string, contains NUL or exceeds 512 bytes in UTF-8."""
+
+    hint = "Nothing was written. Keys are non-empty str of at most 512 UTF-8 bytes without NUL."
+
+
+class SchemaTooNew(StatekeelError):
+    """The database was migrated by a newer statekeel than this one."""
+
+    hint = "Upgrade statekeel to a version that knows this schema; the database was not modified."
+
+
+class MigrationError(StatekeelError):
+    """A migration failed or an applied migration differs from the shipped file."""
+
+    hint = "The database was left as it was before the migration; see the cause and the backup."
+
+
+class BackendUnavailable(StatekeelError):
+    """The storage backend cannot be reached or cannot write right now."""
+
+    hint = "Check that the database is reachable and writable; acknowledged data is safe."
+
+
+class StorageCorrupt(StatekeelError):
+    """The storage is not a statekeel database or is damaged. It was not modified."""
+
+    hint = "It was not modified. Point statekeel at another path, or restore the file from a backup."
+
+
+class AuditTampered(StatekeelError):
+    """The audit hash chain does not verify."""
+
+    hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
+
+
+__all__ = [
+    "AuditTampered",
+    "BackendUnavailable",
+    "ConflictError",
+    "InvalidArgument",
+    "InvalidKey",
+    "InvalidTransition",
+    "LeaseLost",
+    "MigrationError",
+    "NotFound",
+    "PayloadTooLarge",
+    "SchemaTooNew",
+    "SerializationError",
+    "StatekeelError",
+    "StepInDoubt",
+    "StorageCorrupt",
+]

@@ -1,0 +1,173 @@
+"""The ``Store`` facade: opens a backend from a URL and hands out the managers.
+
+store = await statekeel.open_store("sqlite:///agent-state.db")
+...
+await store.close()
+
+async with statekeel.open_store("memory://") as store:
+    ...
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .backends.base import StorageBackend
+from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
+from .errors import InvalidArgument
+from .sessions import SessionManager
+from .validation import check_int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """``open_store`` options, validated. Each has a safe default."""
+
+    fallback_dir: str | None = None
+    cache_size: int = 200
+    durability: str = "normal"
+    busy_timeout_ms: int = 5000
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    encryption_key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self.cache_size, "cache_size", minimum=1)
+        check_int(self.busy_timeout_ms, "busy_timeout_ms", minimum=0)
+        check_int(self.max_record_bytes, "max_record_bytes", minimum=1)
+        if self.durability not in ("normal", "full"):
+            raise InvalidArgument(f"durability must be 'normal' or 'full', got {self.durability!r}")
+        if self.fallback_dir is not None and not isinstance(self.fallback_dir, (str, os.PathLike)):
+            raise InvalidArgument(f"fallback_dir must be a path, got {type(self.fallback_dir).__name__}")
+        if self.encryption_key is not None:
+            raise InvalidArgument(
+                "encryption_key is not supported by this version of statekeel; open the store without it"
+            )
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file path of a ``sqlite:///`` URL, or None for ``memory://``. Raises for other schemes."""
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return None
+    if parts.scheme != "sqlite":
+        raise InvalidArgument(f"not a SQLite URL: {url!r}")
+    if parts.netloc:
+        raise InvalidArgument(
+            f"SQLite URL {url!r} has a host part; use sqlite:///relative.db or sqlite:////absolute/path.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise InvalidArgument(f"SQLite URL {url!r} names no file; use sqlite:///relative.db")
+    return path
+
+
+def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
+    """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
+    scheme = urlsplit(url).scheme
+    if scheme in ("sqlite", "memory"):
+        from .backends.sqlite.backend import SqliteBackend
+
+        return SqliteBackend(
+            url,
+            sqlite_path(url),
+            codec=codec,
+            durability=options.durability,
+            busy_timeout_ms=options.busy_timeout_ms,
+        )
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from .backends.postgres.backend import PostgresBackend
+        except ImportError as exc:  # asyncpg is an optional extra
+            raise InvalidArgument(
+                f"PostgreSQL support needs asyncpg: pip install 'statekeel[postgres]' ({exc})"
+            ) from exc
+        return PostgresBackend(url, codec=codec)
+    raise InvalidArgument(
+        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory:// or postgresql://",
+        url=url,
+    )
+
+
+class Store:
+    """The facade over one backend. Get one with :func:`open_store`."""
+
+    def __init__(self, url: str, options: StoreOptions) -> None:
+        self.url = url
+        self.options = options
+        self.codec = Codec(max_record_bytes=options.max_record_bytes)
+        self.backend: StorageBackend = make_backend(url, options, self.codec)
+        self.sessions = SessionManager(self.backend, self.codec)
+        self._closed = False
+
+    async def _open(self) -> Store:
+        await self.backend.initialize()
+        return self
+
+    async def close(self) -> None:
+        """Flush buffered state and close the backend. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.backend.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Opener:
+    """What ``open_store`` returns: await it, or use it as ``async with``."""
+
+    def __init__(self, url: str, options: StoreOptions) -> None:
+        self._url = url
+        self._options = options
+        self._store: Store | None = None
+
+    def __await__(self) -> Generator[Any, None, Store]:
+        return Store(self._url, self._options)._open().__await__()
+
+    async def __aenter__(self) -> Store:
+        self._store = await Store(self._url, self._options)._open()
+        return self._store
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def open_store(
+    url: str,
+    *,
+    fallback_dir: str | None = None,
+    cache_size: int = 200,
+    durability: str = "normal",
+    busy_timeout_ms: int = 5000,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    encryption_key: bytes | None = None,
+) -> _Opener:
+    """Open (creating and migrating if needed) the store at ``url``.
+
+    ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
+    at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
+    ``postgresql://user@host:5432/db``.
+    """
+    options = StoreOptions(
+        fallback_dir=fallback_dir,
+        cache_size=cache_size,
+        durability=durability,
+        busy_timeout_ms=busy_timeout_ms,
+        max_record_bytes=max_record_bytes,
+        encryption_key=encryption_key,
+    )
+    make_backend_check = urlsplit(url).scheme if isinstance(url, str) else None
+    if make_backend_check is None:
+        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
+    return _Opener(url, options)

@@ -1,0 +1,42 @@
+"""Argument checks shared by the managers: each raises a typed error before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InvalidArgument, InvalidKey
+
+MAX_KEY_BYTES = 512
+
+
+def check_key(key: Any, what: str = "key") -> str:
+    """Return ``key`` if it is a valid identifier: non-empty str, no NUL, at most 512 UTF-8 bytes."""
+    if type(key) is not str:
+        raise InvalidKey(f"{what} must be a str, got {type(key).__name__}", key=key)
+    if not key:
+        raise InvalidKey(f"{what} is empty", key=key)
+    if "\x00" in key:
+        raise InvalidKey(f"{what} {key!r} contains NUL", key=key)
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidKey(f"{what} {key!r} is not valid Unicode (lone surrogate)", key=key) from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidKey(f"{what} is {size} bytes in UTF-8, over the limit of {MAX_KEY_BYTES}", key=key[:40])
+    return key
+
+
+def check_int(value: Any, what: str, *, minimum: int | None = 0) -> int:
+    """Return ``value`` if it is an int (not a bool) of at least ``minimum``."""
+    if type(value) is not int:
+        raise InvalidArgument(f"{what} must be an int, got {type(value).__name__} {value!r}", value=value)
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(f"{what} must be >= {minimum}, got {value}", value=value)
+    return value
+
+
+def check_str(value: Any, what: str) -> str:
+    """Return ``value`` if it is a non-empty str."""
+    if type(value) is not str or not value:
+        raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}", value=value)
+    return value

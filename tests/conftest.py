@@ -1,0 +1,129 @@
+"""Shared fixtures: every contract test runs on memory, sqlite and postgres.
+
+PostgreSQL tests use the server at ``$STATEKEEL_TEST_PG`` (default ``postgresql://postgres@127.0.0.1:5432``).
+Each test gets its own database, copied from a template migrated once per test session, and dropped after.
+With ``CI=true`` a missing server fails the run; elsewhere those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+import statekeel
+
+PG_BASE = os.environ.get("STATEKEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+BACKENDS = ["memory", "sqlite", "postgres"]
+
+
+def pg_url(database: str) -> str:
+    return f"{PG_BASE}/{database}"
+
+
+async def _pg_admin(sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_url("postgres"), timeout=5)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def pg_admin(sql: str) -> None:
+    """Run an administrative statement (CREATE/DROP DATABASE) on the test server."""
+    asyncio.run(_pg_admin(sql))
+
+
+_pg_state: dict[str, str | None] = {}
+
+
+def pg_unavailable_reason() -> str | None:
+    if "reason" not in _pg_state:
+        try:
+            import asyncpg  # noqa: F401
+
+            pg_admin("SELECT 1")
+            _pg_state["reason"] = None
+        except Exception as exc:  # any failure means: no usable server here
+            _pg_state["reason"] = f"PostgreSQL at {PG_BASE} is not available: {type(exc).__name__}: {exc}"
+    return _pg_state["reason"]
+
+
+def require_pg() -> None:
+    reason = pg_unavailable_reason()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI=true requires PostgreSQL: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A database migrated to the current schema, used as a template for each test's database."""
+    require_pg()
+    name = f"sk_tmpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    pg_admin(f'CREATE DATABASE "{name}"')
+
+    async def migrate() -> None:
+        store = await statekeel.open_store(pg_url(name))
+        await store.close()
+
+    asyncio.run(migrate())
+    try:
+        yield name
+    finally:
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, empty (unmigrated) PostgreSQL database for this test; its URL."""
+    require_pg()
+    name = f"sk_test_{uuid.uuid4().hex[:12]}"
+    pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_url(name)
+    finally:
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_migrated(pg_template: str) -> Iterator[str]:
+    """A fresh PostgreSQL database at the current schema (copied from the template); its URL."""
+    name = f"sk_test_{uuid.uuid4().hex[:12]}"
+    pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    try:
+        yield pg_url(name)
+    finally:
+        pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend_name: str, tmp_path: os.PathLike[str], request: pytest.FixtureRequest) -> str:
+    """A URL of an empty store on each backend."""
+    if backend_name == "memory":
+        return "memory://"
+    if backend_name == "sqlite":
+        return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+    return str(request.getfixturevalue("pg_migrated"))
+
+
+@pytest.fixture
+async def store(store_url: str, tmp_path: os.PathLike[str]) -> AsyncIterator[statekeel.Store]:
+    """An open store on each backend, closed after the test."""
+    s = await statekeel.open_store(store_url, fallback_dir=os.path.join(os.fspath(tmp_path), "fallback"))
+    try:
+        yield s
+    finally:
+        await s.close()
