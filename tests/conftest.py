@@ -8,6 +8,7 @@ With ``CI=true`` a missing server fails the run; elsewhere those tests are skipp
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -37,7 +38,14 @@ async def _pg_admin(sql: str) -> None:
 
 def pg_admin(sql: str) -> None:
     """Run an administrative statement (CREATE/DROP DATABASE) on the test server."""
-    asyncio.run(_pg_admin(sql))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(_pg_admin(sql))
+        return
+    # Called from an async test: asyncio.run needs a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _pg_admin(sql)).result()
 
 
 _pg_state: dict[str, str | None] = {}

@@ -10,6 +10,9 @@ async with statekeel.open_store("sqlite:///agent-state.db") as store:
 
 from __future__ import annotations
 
+from .approvals import Approval, ApprovalLog
+from .audit import AuditEntry, AuditLog, AuditVerification
+from .copy import CopyReport, TableCopy, copy_store
 from .errors import (
     AuditTampered,
     BackendUnavailable,
@@ -29,13 +32,21 @@ from .errors import (
 )
 from .sessions import Session, SessionManager
 from .store import Store, open_store
+from .tasks import Task, TaskManager
+from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Approval",
+    "ApprovalLog",
+    "AuditEntry",
+    "AuditLog",
     "AuditTampered",
+    "AuditVerification",
     "BackendUnavailable",
     "ConflictError",
+    "CopyReport",
     "InvalidArgument",
     "InvalidKey",
     "InvalidTransition",
@@ -51,5 +62,12 @@ __all__ = [
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "TableCopy",
+    "Task",
+    "TaskManager",
+    "Workflow",
+    "WorkflowEngine",
+    "WorkflowStep",
+    "copy_store",
     "open_store",
 ]

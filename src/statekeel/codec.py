@@ -145,6 +145,49 @@ def _to_json(value: Any, depth: int, max_depth: int) -> Any:
     return _to_json_special(value, depth, max_depth)
 
 
+def _is_plain(value: Any, max_depth: int) -> bool:
+    """True if ``value`` is already plain JSON that :func:`_to_json` would return unchanged.
+
+    Checking is cheaper than rebuilding: most records (messages, metadata) are plain, and for them
+    ``encode`` hands the caller's object straight to orjson. Anything else takes the full walk, which
+    tags it or raises with the path.
+    """
+    t = type(value)
+    if t is dict or t is list or t is tuple:
+        return _plain_container(value, 0, max_depth)
+    return _plain_container((value,), -1, max_depth)
+
+
+def _plain_container(value: Any, depth: int, max_depth: int) -> bool:
+    if depth >= max_depth:
+        return False
+    if type(value) is dict:
+        for k in value:
+            if type(k) is not str or k == TAG or "\x00" in k:
+                return False
+        items = value.values()
+    else:
+        items = value
+    # Leaves are checked inline: a call per leaf would cost more than the check itself.
+    for v in items:
+        t = type(v)
+        if t is str:
+            if "\x00" in v:
+                return False
+        elif t is int:
+            if not _INT64_MIN <= v <= _INT64_MAX:
+                return False
+        elif t is float:
+            if not math.isfinite(v):
+                return False
+        elif t is dict or t is list or t is tuple:
+            if not _plain_container(v, depth + 1, max_depth):
+                return False
+        elif t is not bool and v is not None:
+            return False
+    return True
+
+
 def _to_json_special(value: Any, depth: int, max_depth: int) -> Any:
     t = type(value)
     if t is _dt.datetime:
@@ -281,6 +324,12 @@ class Codec:
 
     def encode(self, value: Any, *, where: str = "") -> bytes:
         """Encode ``value`` to JSON bytes; raise before returning anything if it is not storable."""
+        try:
+            plain = _is_plain(value, self.max_depth)
+        except RecursionError:
+            plain = False  # the full walk reports it with a path
+        if plain:
+            return self.dumps_json(value, where=where)
         return self.dumps_json(self.to_json(value, where=where), where=where)
 
     def decode(self, raw: bytes | str) -> Any:

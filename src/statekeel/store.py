@@ -10,17 +10,24 @@ async with statekeel.open_store("memory://") as store:
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .approvals import ApprovalLog
+from .audit import AuditLog
 from .backends.base import StorageBackend
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .errors import InvalidArgument
+from .fallback import default_dir as default_fallback_dir
+from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
+from .tasks import TaskManager
 from .validation import check_int
+from .workflows import WorkflowEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +109,34 @@ class Store:
         self.options = options
         self.codec = Codec(max_record_bytes=options.max_record_bytes)
         self.backend: StorageBackend = make_backend(url, options, self.codec)
-        self.sessions = SessionManager(self.backend, self.codec)
+        fallback_dir = options.fallback_dir if options.fallback_dir is not None else default_fallback_dir(url)
+        self.sessions = SessionManager(
+            self.backend, self.codec, fallback_dir=fallback_dir, cache_size=options.cache_size
+        )
+        self.tasks = TaskManager(self.backend, self.codec)
+        self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
+        self.audit = AuditLog(self.backend, self.codec)
+        self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
         self._closed = False
 
     async def _open(self) -> Store:
         await self.backend.initialize()
         return self
 
+    async def recover(self, repair: bool = True, *, now: dt.datetime | None = None) -> RecoveryReport:
+        """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
+
+            report = await store.recover()
+            assert report.ok, report.summary()
+        """
+        return await recover(self, repair=repair, now=now)
+
     async def close(self) -> None:
         """Flush buffered state and close the backend. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        await self.sessions.close()
         await self.backend.close()
 
     async def __aenter__(self) -> Store:

@@ -82,6 +82,21 @@ class Page:
     next_cursor: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionLease:
+    """The cross-process lock of one session: who holds it, until when, and its fencing token.
+
+    ``token`` grows by one at every acquisition; a write fenced with an older token is refused with
+    ``LeaseLost``. ``acquired`` says whether the call that returned it took the lease.
+    """
+
+    key: str
+    owner: str | None
+    token: int
+    expires_at: dt.datetime
+    acquired: bool = False
+
+
 class LifecycleBackend(abc.ABC):
     """Opening, closing, transactions and the schema."""
 
@@ -129,8 +144,13 @@ class SessionBackend(abc.ABC):
         """The session's row, or None when the backend says it does not exist (errors always raise)."""
 
     @abc.abstractmethod
-    async def load_session_with_messages(self, key: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
-        """The session's row and its live messages (from ``last_consolidated``), read on one snapshot."""
+    async def load_session_with_messages(
+        self, key: str, *, include_archived: bool = False
+    ) -> tuple[SessionRecord, list[MessageRecord]] | None:
+        """The session's row and its live messages (from ``last_consolidated``), read on one snapshot.
+
+        With ``include_archived`` the messages start at seq 0: archived ones first, then the live ones.
+        """
 
     @abc.abstractmethod
     async def list_sessions(
@@ -146,11 +166,16 @@ class SessionBackend(abc.ABC):
         expected_version: int | None = None,
         metadata: bytes | None = None,
         status: str | None = None,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
-        """Change metadata and/or status, conditional on ``expected_version`` (``ConflictError``)."""
+        """Change metadata and/or status, conditional on ``expected_version`` (``ConflictError``).
+
+        With ``lease``, refused with ``LeaseLost`` unless it is still the session's current lease (checked
+        in the same transaction; the same holds for every write below that takes ``lease``).
+        """
 
     @abc.abstractmethod
-    async def delete_session(self, key: str) -> bool:
+    async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
         """Delete a session with its messages and archive. False when it did not exist."""
 
     @abc.abstractmethod
@@ -162,8 +187,10 @@ class SessionBackend(abc.ABC):
         *,
         metadata: bytes | None = None,
         create: bool = False,
+        status: str | None = None,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
-        """Append at ``expected_head`` (and optionally set metadata) in one transaction.
+        """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 
         ``ConflictError`` with ``current`` = the actual head when another writer appended first;
         ``NotFound`` when the session does not exist and ``create`` is false.
@@ -186,6 +213,7 @@ class SessionBackend(abc.ABC):
         upto_seq: int,
         summary: str,
         expected_consolidated: int,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
         """Move live messages ``[last_consolidated, upto_seq)`` into the archive under ``compression_id``
         and set ``last_consolidated = upto_seq``, in one transaction (``ConflictError`` if
@@ -199,8 +227,429 @@ class SessionBackend(abc.ABC):
     async def read_summaries(self, key: str) -> list[tuple[str, int, int, str]]:
         """``(compression_id, first_seq, last_seq, summary)`` per compression, in order."""
 
+    @abc.abstractmethod
+    async def transition_idle_sessions(
+        self, from_status: str, to_status: str, idle_before: dt.datetime
+    ) -> int:
+        """Move every session in ``from_status`` last updated before ``idle_before`` to ``to_status``
+        (``updated_at`` is kept: a status change is not activity). Returns how many moved."""
 
-class StorageBackend(LifecycleBackend, SessionBackend, abc.ABC):
+    @abc.abstractmethod
+    async def acquire_session_lease(self, key: str, owner: str, ttl_seconds: float) -> SessionLease:
+        """Take the session's lease if it is free, expired or already ``owner``'s, bumping its token.
+
+        Returns the lease with ``acquired=True``, or the current holder's lease with ``acquired=False``.
+        """
+
+    @abc.abstractmethod
+    async def renew_session_lease(self, lease: SessionLease, ttl_seconds: float) -> SessionLease:
+        """Extend a held lease; ``LeaseLost`` if another owner took it over (a newer token)."""
+
+    @abc.abstractmethod
+    async def release_session_lease(self, lease: SessionLease) -> bool:
+        """Free a held lease (its token stays). False if it was no longer this lease."""
+
+    @abc.abstractmethod
+    async def read_session_lease(self, key: str) -> SessionLease | None:
+        """The session's lease row, or None if it was never taken."""
+
+
+TASK_STATUSES = ("pending", "queued", "running", "suspended", "interrupted", "success", "failed", "cancelled")
+STEP_STATUSES = ("started", "succeeded", "failed")
+WORKFLOW_STATUSES = ("pending", "running", "success", "failed", "cancelled")
+APPROVAL_STATUSES = ("pending", "granted", "denied")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task's row. ``lease_owner`` is the worker that last claimed it; ``lease_expires_at`` is set only
+    while it runs under a lease; ``lease_epoch`` (the fencing token) grows by one at every claim."""
+
+    id: str
+    workflow_id: str | None
+    parent_task_id: str | None
+    title: str
+    description: str | None
+    status: str
+    priority: int
+    result: Any
+    error: Any
+    retry_count: int
+    max_retries: int
+    metadata: dict[str, Any]
+    version: int
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    lease_epoch: int
+    idempotency_key: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    started_at: dt.datetime | None
+    completed_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to insert; ``metadata`` is codec-encoded JSON."""
+
+    id: str
+    title: str
+    status: str = "pending"
+    description: str | None = None
+    priority: int = 5
+    max_retries: int = 3
+    metadata: bytes = b"{}"
+    workflow_id: str | None = None
+    parent_task_id: str | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskChange:
+    """The new values of a task's mutable fields, written by one conditional update.
+
+    ``result`` and ``error`` are codec-encoded JSON; None keeps the stored value.
+    """
+
+    status: str
+    retry_count: int
+    lease_expires_at: dt.datetime | None
+    started_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One entry of a task's step journal. ``attempt`` counts the runs of ``fn`` that were started."""
+
+    task_id: str
+    step_key: str
+    status: str
+    attempt: int
+    result: Any
+    error: Any
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewWorkflowStep:
+    """A step of a workflow to create: its name, the names it depends on, and the task it becomes."""
+
+    name: str
+    depends_on: tuple[str, ...]
+    task: NewTask
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowStepRecord:
+    name: str
+    depends_on: tuple[str, ...]
+    task: TaskRecord
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    """A workflow's row with its steps (in creation order), each with its task as stored now."""
+
+    id: str
+    name: str
+    status: str
+    metadata: dict[str, Any]
+    version: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    started_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    steps: tuple[WorkflowStepRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """An audit row as stored. ``data`` is the canonical JSON text the hash was computed over."""
+
+    seq: int
+    kind: str
+    actor: str
+    subject: str
+    data: str
+    created_at: dt.datetime
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """An approval: requested, decided once (granted or denied), consumed at most once."""
+
+    id: str
+    subject: str
+    action: str
+    args: Any
+    args_hash: str
+    status: str
+    requested_by: str
+    requested_at: dt.datetime
+    expires_at: dt.datetime | None
+    decided_by: str | None
+    decided_at: dt.datetime | None
+    reason: str | None
+    consumed_by: str | None
+    consumed_at: dt.datetime | None
+    version: int
+
+
+class TaskBackend(abc.ABC):
+    """Tasks (conditional transitions, leases) and their step journal."""
+
+    @abc.abstractmethod
+    async def create_task(self, task: NewTask) -> tuple[TaskRecord, bool]:
+        """Insert a task; with an ``idempotency_key`` already used, return that task instead.
+
+        Returns ``(record, created)``. ``NotFound`` if ``workflow_id`` or ``parent_task_id`` is unknown.
+        """
+
+    @abc.abstractmethod
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        """The task, or None when the backend says it does not exist."""
+
+    @abc.abstractmethod
+    async def list_tasks(
+        self,
+        *,
+        workflow_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Tasks oldest first (by ``created_at``, then id), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def update_task(
+        self, task_id: str, *, expected_status: str, expected_version: int, change: TaskChange
+    ) -> TaskRecord | None:
+        """Apply ``change`` with one conditional UPDATE (status and version as expected), bumping the
+        version. None when the condition did not hold (or the task does not exist)."""
+
+    @abc.abstractmethod
+    async def claim_task(
+        self, worker_id: str, *, lease_expires_at: dt.datetime, workflow_id: str | None = None
+    ) -> TaskRecord | None:
+        """Atomically take the queued task with the highest priority (then the oldest), set it running
+        under ``worker_id``'s lease and bump ``lease_epoch``. None when nothing is queued."""
+
+    @abc.abstractmethod
+    async def heartbeat_task(
+        self, task_id: str, worker_id: str, lease_epoch: int, *, lease_expires_at: dt.datetime
+    ) -> TaskRecord | None:
+        """Extend the lease if ``worker_id`` at ``lease_epoch`` still holds the running task; else None."""
+
+    @abc.abstractmethod
+    async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+        """Move running tasks whose lease expired before ``now`` to interrupted; return them."""
+
+    @abc.abstractmethod
+    async def begin_step(
+        self, task_id: str, step_key: str, *, rerun_started: bool, lease_epoch: int | None = None
+    ) -> tuple[StepRecord, bool]:
+        """Record that a step starts, in its own transaction. Returns ``(record, run)``.
+
+        With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch (checked in the
+        same transaction, so a worker whose lease was taken over records nothing).
+
+        New step, or one that failed before: recorded *started*, ``run`` is True. Already succeeded:
+        ``run`` is False. Found *started* (never finished): restarted (``attempt + 1``) if
+        ``rerun_started``, else returned as is with ``run`` False. ``NotFound`` for an unknown task.
+        """
+
+    @abc.abstractmethod
+    async def finish_step(
+        self,
+        task_id: str,
+        step_key: str,
+        *,
+        status: str,
+        attempt: int | None,
+        result: bytes | None = None,
+        error: bytes | None = None,
+    ) -> StepRecord | None:
+        """Record the outcome of a *started* step (of that ``attempt``, if given). None when the step is
+        no longer started at that attempt (settled or re-run by someone else)."""
+
+    @abc.abstractmethod
+    async def get_step(self, task_id: str, step_key: str) -> StepRecord | None: ...
+
+    @abc.abstractmethod
+    async def list_steps(self, task_id: str) -> list[StepRecord]:
+        """A task's steps in the order they were first started."""
+
+    @abc.abstractmethod
+    async def steps_in_doubt(self, now: dt.datetime) -> list[StepRecord]:
+        """Steps still *started* whose task is not running under a live lease (their runner is gone)."""
+
+
+class WorkflowBackend(abc.ABC):
+    """Workflows: DAGs of tasks."""
+
+    @abc.abstractmethod
+    async def create_workflow(
+        self, workflow_id: str, name: str, metadata: bytes, steps: Sequence[NewWorkflowStep]
+    ) -> WorkflowRecord:
+        """Insert the workflow (pending), its steps and their tasks in one transaction."""
+
+    @abc.abstractmethod
+    async def get_workflow(self, workflow_id: str, *, lock: bool = False) -> WorkflowRecord | None:
+        """The workflow with its steps. ``lock`` (inside ``atomic()``) serializes concurrent advancers."""
+
+    @abc.abstractmethod
+    async def list_workflows(self, *, status: str | None = None, limit: int = 100) -> list[WorkflowRecord]:
+        """Workflows oldest first, with their steps."""
+
+    @abc.abstractmethod
+    async def update_workflow(
+        self,
+        workflow_id: str,
+        *,
+        expected_status: str,
+        expected_version: int,
+        status: str,
+        started_at: dt.datetime | None,
+        completed_at: dt.datetime | None,
+    ) -> WorkflowRecord | None:
+        """Conditional status change (bumps the version); None when the condition did not hold."""
+
+
+class AuditBackend(abc.ABC):
+    """The append-only, hash-chained audit log."""
+
+    @abc.abstractmethod
+    async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+        """Append an entry after the current head (serialized: the chain never forks). ``data`` is
+        canonical JSON text; seq, prev_hash, created_at and hash are assigned in the transaction."""
+
+    @abc.abstractmethod
+    async def read_audit(
+        self,
+        *,
+        subject: str | None = None,
+        kind: str | None = None,
+        since: dt.datetime | None = None,
+        after_seq: int = 0,
+        limit: int = 100,
+    ) -> list[AuditRecord]:
+        """Entries in seq order with ``seq > after_seq`` matching the filters."""
+
+
+class ApprovalBackend(abc.ABC):
+    """Approvals bound to exact arguments; decided once, consumed once."""
+
+    @abc.abstractmethod
+    async def create_approval(
+        self,
+        approval_id: str,
+        *,
+        subject: str,
+        action: str,
+        args: bytes,
+        args_hash: str,
+        requested_by: str,
+        expires_at: dt.datetime | None,
+    ) -> ApprovalRecord: ...
+
+    @abc.abstractmethod
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    @abc.abstractmethod
+    async def decide_approval(
+        self, approval_id: str, *, granted: bool, decided_by: str, reason: str | None, now: dt.datetime
+    ) -> ApprovalRecord | None:
+        """Decide a pending, unexpired approval. None when it is not (already decided, expired, unknown)."""
+
+    @abc.abstractmethod
+    async def find_approval(
+        self, subject: str, action: str, args_hash: str, now: dt.datetime
+    ) -> ApprovalRecord | None:
+        """The oldest granted, unexpired, unconsumed approval with exactly this binding."""
+
+    @abc.abstractmethod
+    async def consume_approval(self, approval_id: str, by: str, now: dt.datetime) -> ApprovalRecord | None:
+        """Mark a granted, unexpired, unconsumed approval consumed. None when it is not."""
+
+    @abc.abstractmethod
+    async def pending_approvals(self, now: dt.datetime, limit: int = 100) -> list[ApprovalRecord]:
+        """Undecided, unexpired approvals, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTableInfo:
+    """A table ``copy_store`` moves: its primary key, the self-references set in a second pass
+    (``links``), and whether its rows can never be deleted (``append_only``)."""
+
+    name: str
+    key: tuple[str, ...]
+    links: tuple[str, ...] = ()
+    append_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RowPage:
+    """One page of verbatim rows of a table, in primary-key order; ``last_key`` is the last row's key."""
+
+    rows: list[tuple[Any, ...]]
+    last_key: tuple[Any, ...] | None
+
+
+class CopyBackend(abc.ABC):
+    """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
+
+    Not for applications: rows bypass every state rule. Rows are portable between backends (aware UTC
+    datetimes, JSON columns as JSON text) and pages follow the primary key in byte order on every
+    backend, so a destination filled page by page holds a prefix of its source.
+    """
+
+    @abc.abstractmethod
+    async def copy_tables(self) -> list[CopyTableInfo]:
+        """The copyable tables that exist in this store, parents before children."""
+
+    @abc.abstractmethod
+    async def count_rows(self, table: str) -> int: ...
+
+    @abc.abstractmethod
+    async def export_rows(
+        self, table: str, *, after: Sequence[Any] | None = None, limit: int = 1000
+    ) -> RowPage:
+        """Up to ``limit`` rows whose key is after ``after`` (from the start when None), in key order."""
+
+    @abc.abstractmethod
+    async def last_key(self, table: str) -> tuple[Any, ...] | None:
+        """The greatest primary key of ``table``, or None when it is empty."""
+
+    @abc.abstractmethod
+    async def import_rows(self, table: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Insert rows as exported, verbatim, in one transaction; returns how many. The table's ``links``
+        columns are left empty: they may point at rows not copied yet (see :meth:`link_rows`)."""
+
+    @abc.abstractmethod
+    async def link_rows(self, table: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Second pass over rows as exported: set their ``links`` columns; returns how many rows."""
+
+    @abc.abstractmethod
+    async def clear_rows(self, table: str) -> int:
+        """Delete every row of ``table`` (children cascade); returns how many."""
+
+
+class StorageBackend(
+    LifecycleBackend,
+    SessionBackend,
+    TaskBackend,
+    WorkflowBackend,
+    AuditBackend,
+    ApprovalBackend,
+    CopyBackend,
+    abc.ABC,
+):
     """Everything a store needs from storage. Other state kinds add their ABCs here as they land."""
 
     async def __aenter__(self) -> StorageBackend:

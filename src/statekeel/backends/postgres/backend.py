@@ -29,8 +29,13 @@ from ...errors import (
 )
 from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
+from ..sql.approvals import SqlApprovals
+from ..sql.audit import SqlAudit
+from ..sql.copy import SqlCopy
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
+from ..sql.tasks import SqlTasks
+from ..sql.workflows import SqlWorkflows
 
 log = logging.getLogger("statekeel.postgres")
 
@@ -38,6 +43,8 @@ T = TypeVar("T")
 # Any constant shared by every statekeel process: the advisory lock that serializes migrations.
 MIGRATION_LOCK_ID = 0x5D_7A_7E_4E_E1
 CONNECT_TIMEOUT_S = 10.0
+DEFAULT_MIN_SIZE = 1
+DEFAULT_MAX_SIZE = 10
 
 _QUERIES: dict[str, str] | None = None
 
@@ -103,87 +110,177 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 class PgTarget:
-    """The parts of a PostgreSQL URL that errors may name (never the password)."""
+    """A parsed PostgreSQL URL: the statekeel options it carries, and the parts errors may name.
+
+    Options in the query string, removed before the URL reaches asyncpg: ``pgbouncer=true`` (no prepared
+    statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size``,
+    ``pool_max_size``, ``connect_timeout`` (seconds). Errors name host, port and database, never the
+    password.
+    """
 
     def __init__(self, url: str) -> None:
+        if not isinstance(url, str):
+            raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
-            raise InvalidArgument(f"not a PostgreSQL URL: {url!r}")
+            raise InvalidArgument(f"not a PostgreSQL URL (scheme {parts.scheme!r}); use postgresql://…")
+        self._secret = parts.password
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
         flag = params.pop("pgbouncer", "false").lower()
         if flag not in ("true", "false", "1", "0"):
-            raise InvalidArgument(f"pgbouncer must be true or false in {parts.scheme}:// URL, got {flag!r}")
+            raise InvalidArgument(f"pgbouncer must be true or false in a postgresql:// URL, got {flag!r}")
         self.pgbouncer = flag in ("true", "1")
-        self.host = parts.hostname or "localhost"
-        self.port = parts.port or 5432
+        self.min_size = _int_param(params, "pool_min_size", DEFAULT_MIN_SIZE, minimum=0)
+        self.max_size = _int_param(params, "pool_max_size", DEFAULT_MAX_SIZE, minimum=1)
+        if self.min_size > self.max_size:
+            raise InvalidArgument(
+                f"pool_min_size {self.min_size} is larger than pool_max_size {self.max_size}",
+                pool_min_size=self.min_size,
+                pool_max_size=self.max_size,
+            )
+        raw_timeout = params.pop("connect_timeout", None)
+        self.connect_timeout = CONNECT_TIMEOUT_S
+        if raw_timeout is not None:
+            try:
+                self.connect_timeout = float(raw_timeout)
+            except ValueError:
+                self.connect_timeout = -1.0
+            if not 0 < self.connect_timeout <= 3600:
+                raise InvalidArgument(
+                    f"connect_timeout must be a number of seconds in (0, 3600], got {raw_timeout!r}"
+                )
+        hostspec = parts.netloc.rpartition("@")[2]
+        try:
+            self.host = params.get("host") or parts.hostname or "localhost"
+            self.port: int | None = parts.port or 5432
+        except ValueError:
+            if "," not in hostspec:  # a port that is not a number
+                raise InvalidArgument(
+                    f"the port in postgresql://{hostspec}/… is not a number (1-65535)"
+                ) from None
+            self.host, self.port = hostspec, None  # several hosts: asyncpg tries them in turn
         self.database = (parts.path or "/").lstrip("/") or (parts.username or "postgres")
         self.dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(params), ""))
 
+    def scrub(self, text: str) -> str:
+        """``text`` with the URL's password (if any) blanked out."""
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return text
+
     def __str__(self) -> str:
-        return f"postgresql://{self.host}:{self.port}/{self.database}"
+        where = self.host if self.port is None else f"{self.host}:{self.port}"
+        return f"postgresql://{where}/{self.database}"
+
+
+def _int_param(params: dict[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = params.pop(name, None)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < minimum or int(raw) > 10_000:
+        raise InvalidArgument(f"{name} must be an integer in [{minimum}, 10000] in the URL, got {raw!r}")
+    return int(raw)
 
 
 def translate(exc: BaseException, target: PgTarget) -> BaseException:
     """Driver errors → statekeel errors with fields (host and database, never the password)."""
     if isinstance(exc, StatekeelError):
         return exc
+    fields = {"host": target.host, "port": target.port, "database": target.database}
+    detail = target.scrub(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
         return BackendUnavailable(
-            f"{target}: authentication failed ({type(exc).__name__})",
-            host=target.host,
-            database=target.database,
+            f"{target}: authentication failed ({detail}); check the user and password in the URL",
+            **fields,
         )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return BackendUnavailable(
-            f"{target}: database {target.database!r} does not exist",
-            host=target.host,
-            database=target.database,
+            f"{target}: database {target.database!r} does not exist on {target.host}; create it or fix "
+            "the URL",
+            **fields,
         )
     if isinstance(exc, _CONNECTION_ERRORS):
-        return BackendUnavailable(
-            f"{target} is unreachable: {type(exc).__name__}: {exc}",
-            host=target.host,
-            database=target.database,
-        )
+        return BackendUnavailable(f"{target} is unreachable ({detail})", **fields)
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
         return ConflictError(
-            f"{target}: constraint failed: {exc}", constraint=getattr(exc, "constraint_name", None)
+            f"{target}: constraint failed: {target.scrub(str(exc))}",
+            constraint=getattr(exc, "constraint_name", None),
         )
     if isinstance(exc, asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
         return ConflictError(f"{target}: concurrent update ({exc}); retry", sqlstate=exc.sqlstate)
     if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedColumnError):
-        return StorageCorrupt(
-            f"{target}: schema is damaged: {exc}", host=target.host, database=target.database
-        )
+        return StorageCorrupt(f"{target}: schema is damaged: {exc}", **fields)
     if isinstance(exc, asyncpg.PostgresError):
-        return BackendUnavailable(
-            f"{target}: {type(exc).__name__}: {exc}",
-            host=target.host,
-            database=target.database,
-            sqlstate=exc.sqlstate,
-        )
+        return BackendUnavailable(f"{target}: {detail}", sqlstate=exc.sqlstate, **fields)
     return exc
 
 
-class PostgresBackend(SqlSessions):
-    """PostgreSQL storage over an asyncpg pool."""
+def _unknown_outcome(exc: BaseException, target: PgTarget) -> BackendUnavailable:
+    # The COMMIT was sent but its answer never came: the write may or may not be durable. Retrying it
+    # blindly could apply it twice, so the caller must re-read and decide.
+    return BackendUnavailable(
+        f"{target}: the connection was lost while committing ({target.scrub(str(exc))}); the write may or "
+        "may not have been applied: re-read before retrying it",
+        outcome="unknown",
+        host=target.host,
+        port=target.port,
+        database=target.database,
+    )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release hook: nothing to reset. asyncpg has already rolled back any open transaction, and
+    statekeel leaves no other session state behind (no LISTEN, cursors outside a transaction, or SET
+    beyond the connection's init; the migration lock is unlocked explicitly). Skipping asyncpg's default
+    reset query saves one round trip per operation — and behind PgBouncer ``RESET ALL`` would run on some
+    other client's server connection."""
+
+
+async def _rollback(tx: Any) -> None:
+    # Best effort: a dead connection has no transaction left to roll back (the server aborted it).
+    try:
+        await tx.rollback()
+    except (*_CONNECTION_ERRORS, asyncpg.PostgresError):
+        pass
+
+
+class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+    """PostgreSQL storage over an asyncpg pool.
+
+    Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
+    parallel (there is no instance-wide lock). Dead connections are replaced by the pool on the next
+    acquire: after a server restart the store recovers by itself. Pool sizes and the connect timeout come
+    from the URL (``?pool_max_size=20&connect_timeout=5``) or from the keyword arguments, which win.
+    """
 
     def __init__(
         self,
         url: str,
         *,
         codec: Codec,
-        min_size: int = 1,
-        max_size: int = 10,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        connect_timeout: float | None = None,
         migrations: list[Migration] | None = None,
     ) -> None:
         super().__init__(url, codec=codec)
         self.target = PgTarget(url)
         self._pool: asyncpg.Pool | None = None
-        self._min_size = min_size
-        self._max_size = max_size
+        self._min_size = self.target.min_size if min_size is None else min_size
+        self._max_size = self.target.max_size if max_size is None else max_size
+        if not 0 <= self._min_size <= self._max_size or self._max_size < 1:
+            raise InvalidArgument(
+                f"pool sizes must satisfy 0 <= min_size <= max_size, max_size >= 1; got min_size "
+                f"{self._min_size}, max_size {self._max_size}"
+            )
+        self._connect_timeout = self.target.connect_timeout if connect_timeout is None else connect_timeout
         self._migrations = migrations if migrations is not None else migrations_shipped()
         self._closed = False
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The asyncpg pool (for diagnostics and tests; statekeel's writes go through the contract)."""
+        return self._require_pool()
 
     async def _init_connection(self, conn: asyncpg.Connection) -> None:
         await conn.execute("SET TIME ZONE 'UTC'")
@@ -192,17 +289,22 @@ class PostgresBackend(SqlSessions):
         if self._pool is not None:
             return
         try:
-            self._pool = await asyncpg.create_pool(
-                self.target.dsn,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                timeout=CONNECT_TIMEOUT_S,
-                command_timeout=None,
-                statement_cache_size=0 if self.target.pgbouncer else 100,
-                init=self._init_connection,
-            )
+            # asyncpg bounds each connection attempt; the outer deadline also bounds a host list or DNS.
+            async with asyncio.timeout(self._connect_timeout * 2 + 1):
+                self._pool = await asyncpg.create_pool(
+                    self.target.dsn,
+                    min_size=self._min_size,
+                    max_size=self._max_size,
+                    timeout=self._connect_timeout,
+                    command_timeout=None,
+                    statement_cache_size=0 if self.target.pgbouncer else 100,
+                    # Behind PgBouncer a session SET would leak to other clients' transactions; and
+                    # timestamptz values decode as UTC without it.
+                    init=None if self.target.pgbouncer else self._init_connection,
+                    reset=_keep_session,
+                )
         except BaseException as exc:
-            raise translate(exc, self.target) from exc
+            raise translate(exc, self.target) from None
         try:
             await self._migrate()
         except BaseException:
@@ -294,7 +396,18 @@ class PostgresBackend(SqlSessions):
         pool = self._require_pool()
         try:
             async with pool.acquire() as conn:
-                for table in ("sessions", "messages", "compressions", "message_archive"):
+                for table in (
+                    "sessions",
+                    "messages",
+                    "compressions",
+                    "message_archive",
+                    "workflows",
+                    "tasks",
+                    "workflow_steps",
+                    "task_steps",
+                    "audit_log",
+                    "approvals",
+                ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
         except BaseException as exc:
@@ -312,11 +425,50 @@ class PostgresBackend(SqlSessions):
             except BaseException as exc:
                 raise translate(exc, self.target) from None
         pool = self._require_pool()
+        for attempt in (1, 2):
+            committing = False
+            try:
+                conn = await pool.acquire()
+                try:
+                    tx = conn.transaction()
+                    await tx.start()
+                    try:
+                        result = await op(PgTx(conn, self.codec), *args)
+                    except BaseException:
+                        await _rollback(tx)
+                        raise
+                    committing = True
+                    await tx.commit()
+                    committing = False
+                finally:
+                    await self._release(pool, conn)
+                return result
+            except _CONNECTION_ERRORS as exc:
+                if committing:
+                    raise _unknown_outcome(exc, self.target) from None
+                # Before COMMIT the server rolls back a lost connection's transaction, so running the op
+                # again on a fresh connection cannot apply it twice.
+                if attempt == 2:
+                    raise translate(exc, self.target) from None
+                await self._connections_lost(exc)
+            except BaseException as exc:
+                raise translate(exc, self.target) from None
+        raise AssertionError("unreachable")
+
+    async def _connections_lost(self, exc: BaseException) -> None:
+        # One dead connection usually means all of them died (server restart, failover,
+        # pg_terminate_backend): reconnect every idle one instead of failing on each in turn.
+        log.warning("%s: a connection was lost (%s); reconnecting and retrying once", self.target, exc)
+        if self._pool is not None:
+            await self._pool.expire_connections()
+
+    async def _release(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
         try:
-            async with pool.acquire() as conn, conn.transaction():
-                return await op(PgTx(conn, self.codec), *args)
-        except BaseException as exc:
-            raise translate(exc, self.target) from None
+            await pool.release(conn)
+        except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+            # The pool has already terminated a connection it could not reset; the next acquire opens
+            # a new one. The transaction's outcome is settled by now.
+            log.warning("%s: dropped a broken connection (%s)", self.target, exc)
 
     async def _read(self, op: Op[T], *args: Any) -> T:
         if self._current.get() is not None:
@@ -330,10 +482,10 @@ class PostgresBackend(SqlSessions):
                 ):
                     return await op(PgTx(conn, self.codec), *args)
             except _CONNECTION_ERRORS as exc:
-                # A read is safe to retry once on a fresh connection (the pool drops the dead one).
+                # A read is safe to retry once on a fresh connection.
                 if attempt == 2:
                     raise translate(exc, self.target) from None
-                log.warning("%s: read failed on a dead connection (%s); retrying once", self.target, exc)
+                await self._connections_lost(exc)
             except BaseException as exc:
                 raise translate(exc, self.target) from None
         raise AssertionError("unreachable")
@@ -359,15 +511,14 @@ class PostgresBackend(SqlSessions):
                 yield
             except BaseException:
                 self._current.reset(token)
-                try:
-                    await tx.rollback()
-                except _CONNECTION_ERRORS:
-                    pass
+                await _rollback(tx)
                 raise
             self._current.reset(token)
             try:
                 await tx.commit()
+            except _CONNECTION_ERRORS as exc:
+                raise _unknown_outcome(exc, self.target) from None
             except BaseException as exc:
                 raise translate(exc, self.target) from None
         finally:
-            await pool.release(conn)
+            await self._release(pool, conn)

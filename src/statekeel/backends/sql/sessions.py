@@ -9,11 +9,21 @@ from typing import Any
 
 import orjson
 
-from ...errors import ConflictError, InvalidArgument, NotFound
-from ..base import ArchivedMessage, MessageRecord, NewMessage, Page, SessionBackend, SessionRecord
+from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound
+from ...validation import check_int, check_key
+from ..base import (
+    ArchivedMessage,
+    MessageRecord,
+    NewMessage,
+    Page,
+    SessionBackend,
+    SessionLease,
+    SessionRecord,
+)
 from . import Row, SqlBackend, Tx, from_micros, to_micros, utcnow
 
 _EMPTY_OBJECT = b"{}"
+_EPOCH = from_micros(0)
 
 
 def session_from_row(tx: Tx, row: Row) -> SessionRecord:
@@ -61,6 +71,22 @@ async def _require_session(tx: Tx, key: str) -> Row:
     return row
 
 
+async def check_fence(tx: Tx, key: str, lease: SessionLease | None) -> None:
+    """Refuse a write from a holder whose lease was taken over; runs in the write's own transaction."""
+    if lease is None:
+        return
+    row = await tx.fetchone("lease_fence", key)
+    if row is None or row["token"] != lease.token or row["owner"] != lease.owner:
+        current = None if row is None else row["token"]
+        raise LeaseLost(
+            f"the lease of session {key!r} with token {lease.token} is no longer current "
+            f"(current token {current}): another holder took it over; the write was refused",
+            key=key,
+            token=lease.token,
+            current=current,
+        )
+
+
 async def op_create_session(tx: Tx, key: str, metadata: bytes | None, if_missing: bool) -> SessionRecord:
     now = tx.ts_in(utcnow())
     row = await tx.fetchone("session_insert", key, tx.json_in(metadata or _EMPTY_OBJECT), now, now)
@@ -77,12 +103,15 @@ async def op_load_session(tx: Tx, key: str) -> SessionRecord | None:
     return None if row is None else session_from_row(tx, row)
 
 
-async def op_load_with_messages(tx: Tx, key: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
+async def op_load_with_messages(
+    tx: Tx, key: str, include_archived: bool = False
+) -> tuple[SessionRecord, list[MessageRecord]] | None:
     row = await tx.fetchone("session_get", key)
     if row is None:
         return None
     record = session_from_row(tx, row)
-    rows = await tx.fetchall("message_range_open", key, record.last_consolidated)
+    rows = list(await tx.fetchall("archive_as_messages", key)) if include_archived else []
+    rows += await tx.fetchall("message_range_open", key, record.last_consolidated)
     return record, [message_from_row(tx, key, r) for r in rows]
 
 
@@ -108,8 +137,14 @@ async def op_list_sessions(tx: Tx, status: str | None, limit: int, cursor: str |
 
 
 async def op_update_session(
-    tx: Tx, key: str, expected_version: int | None, metadata: bytes | None, status: str | None
+    tx: Tx,
+    key: str,
+    expected_version: int | None,
+    metadata: bytes | None,
+    status: str | None,
+    lease: SessionLease | None = None,
 ) -> SessionRecord:
+    await check_fence(tx, key, lease)
     row = await tx.fetchone(
         "session_update",
         None if metadata is None else tx.json_in(metadata),
@@ -129,7 +164,8 @@ async def op_update_session(
     return session_from_row(tx, row)
 
 
-async def op_delete_session(tx: Tx, key: str) -> bool:
+async def op_delete_session(tx: Tx, key: str, lease: SessionLease | None = None) -> bool:
+    await check_fence(tx, key, lease)
     return await tx.execute("session_delete", key) > 0
 
 
@@ -140,7 +176,10 @@ async def op_append_messages(
     messages: Sequence[NewMessage],
     metadata: bytes | None,
     create: bool,
+    status: str | None = None,
+    lease: SessionLease | None = None,
 ) -> SessionRecord:
+    await check_fence(tx, key, lease)
     now_dt = utcnow()
     now = tx.ts_in(now_dt)
     if create:
@@ -152,6 +191,7 @@ async def op_append_messages(
         now,
         key,
         expected_head,
+        status,
     )
     if row is None:
         current = await _require_session(tx, key)
@@ -184,8 +224,15 @@ async def op_tail_messages(tx: Tx, key: str, n: int) -> list[MessageRecord]:
 
 
 async def op_archive_messages(
-    tx: Tx, key: str, compression_id: str, upto_seq: int, summary: str, expected_consolidated: int
+    tx: Tx,
+    key: str,
+    compression_id: str,
+    upto_seq: int,
+    summary: str,
+    expected_consolidated: int,
+    lease: SessionLease | None = None,
 ) -> SessionRecord:
+    await check_fence(tx, key, lease)
     current = await _require_session(tx, key)
     if current["last_consolidated"] != expected_consolidated:
         raise ConflictError(
@@ -235,6 +282,56 @@ async def op_read_summaries(tx: Tx, key: str) -> list[tuple[str, int, int, str]]
     return [(r["compression_id"], r["first_seq"], r["upto_seq"], r["summary"]) for r in rows]
 
 
+async def op_transition_idle(tx: Tx, from_status: str, to_status: str, idle_before: dt.datetime) -> int:
+    return await tx.execute("session_transition_idle", to_status, from_status, tx.ts_in(idle_before))
+
+
+def _lease_from_row(tx: Tx, key: str, row: Row, acquired: bool) -> SessionLease:
+    return SessionLease(
+        key=key,
+        owner=row["owner"],
+        token=row["token"],
+        expires_at=tx.ts_out(row["expires_at"]),
+        acquired=acquired,
+    )
+
+
+async def op_acquire_lease(tx: Tx, key: str, owner: str, ttl_seconds: float) -> SessionLease:
+    now = utcnow()
+    await tx.execute("lease_ensure", key)
+    expires = tx.ts_in(now + dt.timedelta(seconds=ttl_seconds))
+    row = await tx.fetchone("lease_take", owner, expires, key, tx.ts_in(now))
+    if row is not None:
+        return _lease_from_row(tx, key, row, True)
+    row = await tx.fetchone("lease_get", key)
+    assert row is not None  # ensured above, and lease rows are never deleted
+    return _lease_from_row(tx, key, row, False)
+
+
+async def op_renew_lease(tx: Tx, lease: SessionLease, ttl_seconds: float) -> SessionLease:
+    expires = tx.ts_in(utcnow() + dt.timedelta(seconds=ttl_seconds))
+    row = await tx.fetchone("lease_renew", expires, lease.key, lease.owner, lease.token)
+    if row is None:
+        current = await tx.fetchone("lease_get", lease.key)
+        raise LeaseLost(
+            f"the lease of session {lease.key!r} (token {lease.token}) was taken over by "
+            f"{None if current is None else current['owner']!r}",
+            key=lease.key,
+            token=lease.token,
+            current=None if current is None else current["token"],
+        )
+    return _lease_from_row(tx, lease.key, row, True)
+
+
+async def op_release_lease(tx: Tx, lease: SessionLease) -> bool:
+    return await tx.execute("lease_release", tx.ts_in(_EPOCH), lease.key, lease.owner, lease.token) > 0
+
+
+async def op_read_lease(tx: Tx, key: str) -> SessionLease | None:
+    row = await tx.fetchone("lease_get", key)
+    return None if row is None else _lease_from_row(tx, key, row, False)
+
+
 class SqlSessions(SqlBackend, SessionBackend):
     """The session contract over the shared operations above."""
 
@@ -246,8 +343,10 @@ class SqlSessions(SqlBackend, SessionBackend):
     async def load_session(self, key: str) -> SessionRecord | None:
         return await self._read(op_load_session, key)
 
-    async def load_session_with_messages(self, key: str) -> tuple[SessionRecord, list[MessageRecord]] | None:
-        return await self._read(op_load_with_messages, key)
+    async def load_session_with_messages(
+        self, key: str, *, include_archived: bool = False
+    ) -> tuple[SessionRecord, list[MessageRecord]] | None:
+        return await self._read(op_load_with_messages, key, include_archived)
 
     async def list_sessions(
         self, *, status: str | None = None, limit: int = 100, cursor: str | None = None
@@ -261,11 +360,12 @@ class SqlSessions(SqlBackend, SessionBackend):
         expected_version: int | None = None,
         metadata: bytes | None = None,
         status: str | None = None,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
-        return await self._write(op_update_session, key, expected_version, metadata, status)
+        return await self._write(op_update_session, key, expected_version, metadata, status, lease)
 
-    async def delete_session(self, key: str) -> bool:
-        return await self._write(op_delete_session, key)
+    async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
+        return await self._write(op_delete_session, key, lease)
 
     async def append_messages(
         self,
@@ -275,8 +375,15 @@ class SqlSessions(SqlBackend, SessionBackend):
         *,
         metadata: bytes | None = None,
         create: bool = False,
+        status: str | None = None,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
-        return await self._write(op_append_messages, key, expected_head, messages, metadata, create)
+        # Checked at the backend's public boundary: a bad head never reaches a transaction.
+        check_key(key, "session key")
+        check_int(expected_head, "expected_head")
+        return await self._write(
+            op_append_messages, key, expected_head, messages, metadata, create, status, lease
+        )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
         return await self._read(op_read_messages, key, start, end)
@@ -292,9 +399,10 @@ class SqlSessions(SqlBackend, SessionBackend):
         upto_seq: int,
         summary: str,
         expected_consolidated: int,
+        lease: SessionLease | None = None,
     ) -> SessionRecord:
         return await self._write(
-            op_archive_messages, key, compression_id, upto_seq, summary, expected_consolidated
+            op_archive_messages, key, compression_id, upto_seq, summary, expected_consolidated, lease
         )
 
     async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:
@@ -302,3 +410,20 @@ class SqlSessions(SqlBackend, SessionBackend):
 
     async def read_summaries(self, key: str) -> list[tuple[str, int, int, str]]:
         return await self._read(op_read_summaries, key)
+
+    async def transition_idle_sessions(
+        self, from_status: str, to_status: str, idle_before: dt.datetime
+    ) -> int:
+        return await self._write(op_transition_idle, from_status, to_status, idle_before)
+
+    async def acquire_session_lease(self, key: str, owner: str, ttl_seconds: float) -> SessionLease:
+        return await self._write(op_acquire_lease, key, owner, ttl_seconds)
+
+    async def renew_session_lease(self, lease: SessionLease, ttl_seconds: float) -> SessionLease:
+        return await self._write(op_renew_lease, lease, ttl_seconds)
+
+    async def release_session_lease(self, lease: SessionLease) -> bool:
+        return await self._write(op_release_lease, lease)
+
+    async def read_session_lease(self, key: str) -> SessionLease | None:
+        return await self._read(op_read_lease, key)

@@ -10,7 +10,6 @@ on its own snapshot, so they never see another task's uncommitted writes and nev
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime as dt
 import logging
 import os
@@ -34,8 +33,13 @@ from ...errors import (
 )
 from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
+from ..sql.approvals import SqlApprovals
+from ..sql.audit import SqlAudit
+from ..sql.copy import SqlCopy
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
+from ..sql.tasks import SqlTasks
+from ..sql.workflows import SqlWorkflows
 
 log = logging.getLogger("statekeel.sqlite")
 
@@ -60,12 +64,14 @@ def migrations_shipped() -> list[Migration]:
 class SqliteTx(Tx):
     """Runs named queries on the thread's connection; its coroutines never suspend."""
 
-    __slots__ = ("codec", "conn", "sql")
+    __slots__ = ("_ts", "_ts_raw", "codec", "conn", "sql")
 
     def __init__(self, conn: sqlite3.Connection, codec: Codec) -> None:
         self.conn = conn
         self.codec = codec
         self.sql = queries()
+        self._ts_raw: Any = None
+        self._ts: dt.datetime | None = None
 
     async def execute(self, name: str, *args: Any) -> int:
         return self.conn.execute(self.sql[name], args).rowcount
@@ -84,7 +90,12 @@ class SqliteTx(Tx):
         return to_micros(value)
 
     def ts_out(self, value: Any) -> dt.datetime:
-        return from_micros(value)
+        # Messages of one save share a timestamp: a loaded session converts each distinct value once.
+        if value == self._ts_raw and self._ts is not None:
+            return self._ts
+        out = from_micros(value)
+        self._ts_raw, self._ts = value, out
+        return out
 
 
 # Job kinds
@@ -124,6 +135,24 @@ def _resolve(job: _Job, exc: BaseException | None, result: Any = None) -> None:
         pass
 
 
+def _settle_all(outcomes: list[tuple[asyncio.Future[Any], BaseException | None, Any]]) -> None:
+    for future, exc, result in outcomes:
+        _settle(future, exc, result)
+
+
+def _resolve_group(jobs: Sequence[_Job], outcomes: Sequence[tuple[BaseException | None, Any]]) -> None:
+    """Settle a committed group with one wake-up per event loop, not one per job."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], BaseException | None, Any]]]
+    by_loop = {}
+    for job, (exc, result) in zip(jobs, outcomes, strict=True):
+        by_loop.setdefault(job.loop, []).append((job.future, exc, result))
+    for loop, settled in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_all, settled)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
 def translate(exc: BaseException, where: str) -> BaseException:
     """Turn a driver error into a statekeel error with fields; leave everything else alone."""
     if isinstance(exc, StatekeelError) or not isinstance(exc, sqlite3.Error):
@@ -159,16 +188,15 @@ class _Worker:
         self._connect = connect
         self._where = where
         self._writer = writer
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._cond = threading.Condition()
+        # SimpleQueue is implemented in C: a put/get costs less than a Condition round trip.
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._held: _Job | None = None  # taken off the queue while forming a group; runs next
         self._conn: sqlite3.Connection | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, job: _Job) -> asyncio.Future[Any]:
-        with self._cond:
-            self._queue.append(job)
-            self._cond.notify()
+        self._queue.put(job)
         return job.future
 
     def join(self) -> None:
@@ -197,15 +225,24 @@ class _Worker:
         return translate(exc, self._where)
 
     def _run(self) -> None:
+        jobs = self._queue
         while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                first = self._queue.popleft()
-                batch = [first]
-                if first.kind == _WRITE:
-                    while self._queue and self._queue[0].kind == _WRITE and len(batch) < _MAX_GROUP:
-                        batch.append(self._queue.popleft())
+            first = self._held
+            if first is None:
+                first = jobs.get()
+            self._held = None
+            batch = [first]
+            if first.kind == _WRITE:
+                # Group every write already waiting: they share one COMMIT (and one fsync).
+                while len(batch) < _MAX_GROUP:
+                    try:
+                        nxt = jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt.kind != _WRITE:
+                        self._held = nxt
+                        break
+                    batch.append(nxt)
             if first.kind == _STOP:
                 self._drop_connection()
                 _resolve(first, None)
@@ -252,12 +289,24 @@ class _Worker:
             conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             err = self._failed(exc)
-            for job in batch:
-                _resolve(job, err)
+            _resolve_group(batch, [(err, None)] * len(batch))
             return
-        outcomes: list[tuple[BaseException | None, Any]] = []
-        for job in batch:
-            outcomes.append(self._in_savepoint(conn, job))
+        if len(batch) == 1:
+            # Alone in its transaction, a job needs no savepoint: a failure rolls back the transaction.
+            job = batch[0]
+            assert job.fn is not None
+            try:
+                result = job.fn(conn)
+            except BaseException as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                _resolve_group(batch, [(self._failed(exc), None)])
+                return
+            outcomes: list[tuple[BaseException | None, Any]] = [(None, result)]
+        else:
+            outcomes = [self._in_savepoint(conn, job) for job in batch]
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -266,11 +315,9 @@ class _Worker:
             except sqlite3.Error:
                 pass
             err = self._failed(exc)
-            for job in batch:
-                _resolve(job, err)
+            _resolve_group(batch, [(err, None)] * len(batch))
             return
-        for job, (exc_or_none, result) in zip(batch, outcomes, strict=True):
-            _resolve(job, exc_or_none, result)
+        _resolve_group(batch, outcomes)
 
     def _in_savepoint(self, conn: sqlite3.Connection, job: _Job) -> tuple[BaseException | None, Any]:
         assert job.fn is not None
@@ -320,7 +367,7 @@ def _commit_marker(conn: sqlite3.Connection) -> None:
     """Marks the end job of an atomic block as a COMMIT (its absence means ROLLBACK)."""
 
 
-class SqliteBackend(SqlSessions):
+class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
     def __init__(
@@ -357,6 +404,9 @@ class SqliteBackend(SqlSessions):
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             if self.path is not None:
+                # Before anything that writes (switching to WAL rewrites the header): another
+                # application's database must be left exactly as it is.
+                self._refuse_foreign(conn)
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise BackendUnavailable(f"{self._where}: could not enable WAL (journal_mode={mode})")
@@ -441,7 +491,9 @@ class SqliteBackend(SqlSessions):
 
     # --- migrations (run on the writer thread) --------------------------------------------------------
 
-    def _applied(self, conn: sqlite3.Connection) -> list[MigrationInfo]:
+    def _refuse_foreign(self, conn: sqlite3.Connection) -> bool:
+        """True if the database has our schema_migrations table, False if it is empty; raises
+        ``StorageCorrupt`` for another application's database."""
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "schema_migrations" not in tables:
             if tables:
@@ -450,6 +502,11 @@ class SqliteBackend(SqlSessions):
                     f"{', '.join(sorted(tables)[:5])}); it was not modified",
                     path=self._where,
                 )
+            return False
+        return True
+
+    def _applied(self, conn: sqlite3.Connection) -> list[MigrationInfo]:
+        if not self._refuse_foreign(conn):
             return []
         return [
             MigrationInfo(r[0], r[1], r[2], from_micros(r[3]))
@@ -459,25 +516,29 @@ class SqliteBackend(SqlSessions):
         ]
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        todo = pending(self._applied(conn), self._migrations, where=self._where)
-        if not todo:
+        # Refuses a newer schema or an edited migration before taking any lock or writing anything.
+        if not pending(self._applied(conn), self._migrations, where=self._where):
             return
-        existing = bool(self._applied(conn))
-        if existing and self.path is not None:
-            self.backup_path = self._backup(conn, todo[0].version)
+        first = True
         while True:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 # Re-read under the write lock: another process may have migrated meanwhile.
-                todo = pending(self._applied(conn), self._migrations, where=self._where)
+                applied = self._applied(conn)
+                todo = pending(applied, self._migrations, where=self._where)
                 if not todo:
                     conn.execute("COMMIT")
                     break
-                mig = todo[0]
-                self._apply(conn, mig)
+                if first and applied and self.path is not None:
+                    # Under the lock, so the copy is exactly the state the migrations start from, and
+                    # only the process that migrates takes one.
+                    self.backup_path = self._backup(todo[0].version)
+                first = False
+                self._apply(conn, todo[0])
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
         if self.backup_path is not None:
             os.unlink(self.backup_path)
@@ -503,16 +564,28 @@ class SqliteBackend(SqlSessions):
             (mig.version, mig.name, mig.checksum, to_micros(dt.datetime.now(dt.UTC))),
         )
 
-    def _backup(self, conn: sqlite3.Connection, version: int) -> str:
+    def _backup(self, version: int) -> str:
+        """Copy the database to an owner-only file next to it; return its path."""
         assert self.path is not None
-        target = f"{self.path}.pre-v{version:04d}-{int(time.time())}.bak"
-        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Unique per process and instant; O_EXCL so an existing file is never overwritten.
+        target = f"{self.path}.pre-v{version:04d}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.bak"
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
-        dest = sqlite3.connect(target)
+        # A second connection reads the committed state (WAL lets it while the writer holds the write
+        # lock): SQLite refuses to back up from a connection inside a write transaction.
+        source = sqlite3.connect(self.path)
         try:
-            conn.backup(dest)
+            source.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            dest = sqlite3.connect(target)
+            try:
+                source.backup(dest)
+            finally:
+                dest.close()
+        except BaseException:
+            os.unlink(target)
+            raise
         finally:
-            dest.close()
+            source.close()
         os.chmod(target, stat.S_IRUSR | stat.S_IWUSR)
         return target
 

@@ -43,7 +43,8 @@ DELETE FROM sessions WHERE key = ?1;
 
 -- name: session_advance_head
 UPDATE sessions
-SET head_seq = head_seq + ?1, metadata = COALESCE(?2, metadata), version = version + 1, updated_at = ?3
+SET head_seq = head_seq + ?1, metadata = COALESCE(?2, metadata),
+    status = COALESCE(?6, status), version = version + 1, updated_at = ?3
 WHERE key = ?4 AND head_seq = ?5
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at;
 
@@ -92,3 +93,11 @@ WHERE a.session_key = ?1 AND a.compression_id = ?2 ORDER BY a.seq;
 -- name: compression_list
 SELECT compression_id, first_seq, upto_seq, summary FROM compressions
 WHERE session_key = ?1 ORDER BY first_seq;
+
+-- name: session_transition_idle
+-- updated_at is kept: a status change by retention is not activity.
+UPDATE sessions SET status = ?1, version = version + 1
+WHERE status = ?2 AND updated_at < ?3;
+
+-- name: archive_as_messages
+SELECT seq, role, payload, created_at FROM message_archive WHERE session_key = ?1 ORDER BY seq;

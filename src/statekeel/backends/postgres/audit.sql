@@ -1,0 +1,18 @@
+-- The audit chain. Parameters ($1, $2 …) are in the same order as SQLite's ?1, ?2.
+
+-- name: audit_lock
+-- Serializes appends until the transaction ends, so two writers never fork the chain.
+SELECT pg_advisory_xact_lock(4182301976) AS locked;
+
+-- name: audit_head
+SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;
+
+-- name: audit_insert
+INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: audit_read
+SELECT * FROM audit_log
+WHERE seq > $1 AND ($2::text IS NULL OR subject = $2) AND ($3::text IS NULL OR kind = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+ORDER BY seq LIMIT $5;

@@ -1,0 +1,124 @@
+"""Approvals: the operations every SQL dialect shares. Each write is one conditional statement, so an
+approval is decided once and consumed once even under concurrent callers."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ..base import ApprovalBackend, ApprovalRecord
+from . import Row, SqlBackend, Tx, utcnow
+
+
+def approval_from_row(tx: Tx, row: Row) -> ApprovalRecord:
+    def ts(value: object) -> dt.datetime | None:
+        return None if value is None else tx.ts_out(value)
+
+    return ApprovalRecord(
+        id=row["id"],
+        subject=row["subject"],
+        action=row["action"],
+        args=tx.json_out(row["args"]),
+        args_hash=row["args_hash"],
+        status=row["status"],
+        requested_by=row["requested_by"],
+        requested_at=tx.ts_out(row["requested_at"]),
+        expires_at=ts(row["expires_at"]),
+        decided_by=row["decided_by"],
+        decided_at=ts(row["decided_at"]),
+        reason=row["reason"],
+        consumed_by=row["consumed_by"],
+        consumed_at=ts(row["consumed_at"]),
+        version=row["version"],
+    )
+
+
+async def op_create_approval(
+    tx: Tx,
+    approval_id: str,
+    subject: str,
+    action: str,
+    args: bytes,
+    args_hash: str,
+    requested_by: str,
+    expires_at: dt.datetime | None,
+) -> ApprovalRecord:
+    row = await tx.fetchone(
+        "approval_insert",
+        approval_id,
+        subject,
+        action,
+        tx.json_in(args),
+        args_hash,
+        requested_by,
+        tx.ts_in(utcnow()),
+        None if expires_at is None else tx.ts_in(expires_at),
+    )
+    assert row is not None
+    return approval_from_row(tx, row)
+
+
+async def op_get_approval(tx: Tx, approval_id: str) -> ApprovalRecord | None:
+    row = await tx.fetchone("approval_get", approval_id)
+    return None if row is None else approval_from_row(tx, row)
+
+
+async def op_decide_approval(
+    tx: Tx, approval_id: str, granted: bool, decided_by: str, reason: str | None, now: dt.datetime
+) -> ApprovalRecord | None:
+    status = "granted" if granted else "denied"
+    row = await tx.fetchone("approval_decide", status, decided_by, tx.ts_in(now), reason, approval_id)
+    return None if row is None else approval_from_row(tx, row)
+
+
+async def op_find_approval(
+    tx: Tx, subject: str, action: str, args_hash: str, now: dt.datetime
+) -> ApprovalRecord | None:
+    row = await tx.fetchone("approval_find", subject, action, args_hash, tx.ts_in(now))
+    return None if row is None else approval_from_row(tx, row)
+
+
+async def op_consume_approval(tx: Tx, approval_id: str, by: str, now: dt.datetime) -> ApprovalRecord | None:
+    row = await tx.fetchone("approval_consume", by, tx.ts_in(now), approval_id)
+    return None if row is None else approval_from_row(tx, row)
+
+
+async def op_pending_approvals(tx: Tx, now: dt.datetime, limit: int) -> list[ApprovalRecord]:
+    return [approval_from_row(tx, r) for r in await tx.fetchall("approval_pending", tx.ts_in(now), limit)]
+
+
+class SqlApprovals(SqlBackend, ApprovalBackend):
+    """The approval contract over the shared operations above."""
+
+    async def create_approval(
+        self,
+        approval_id: str,
+        *,
+        subject: str,
+        action: str,
+        args: bytes,
+        args_hash: str,
+        requested_by: str,
+        expires_at: dt.datetime | None,
+    ) -> ApprovalRecord:
+        return await self._write(
+            op_create_approval, approval_id, subject, action, args, args_hash, requested_by, expires_at
+        )
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        return await self._read(op_get_approval, approval_id)
+
+    async def decide_approval(
+        self, approval_id: str, *, granted: bool, decided_by: str, reason: str | None, now: dt.datetime
+    ) -> ApprovalRecord | None:
+        return await self._write(op_decide_approval, approval_id, granted, decided_by, reason, now)
+
+    async def find_approval(
+        self, subject: str, action: str, args_hash: str, now: dt.datetime
+    ) -> ApprovalRecord | None:
+        return await self._read(op_find_approval, subject, action, args_hash, now)
+
+    async def consume_approval(self, approval_id: str, by: str, now: dt.datetime) -> ApprovalRecord | None:
+        return await self._write(op_consume_approval, approval_id, by, now)
+
+    async def pending_approvals(self, now: dt.datetime, limit: int = 100) -> list[ApprovalRecord]:
+        return await self._read(op_pending_approvals, now, limit)

@@ -1,0 +1,69 @@
+"""The audit chain: the operations every SQL dialect shares.
+
+An append takes the dialect's chain lock (``audit_lock``: PostgreSQL's transaction-scoped advisory lock;
+SQLite's single writer already serializes), then reads the head and inserts the next entry in the same
+transaction, so two writers can never give two entries the same predecessor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from ...audit import GENESIS_HASH, chain_hash
+from ..base import AuditBackend, AuditRecord
+from . import Row, SqlBackend, Tx, utcnow
+
+
+def audit_from_row(tx: Tx, row: Row) -> AuditRecord:
+    return AuditRecord(
+        seq=row["seq"],
+        kind=row["kind"],
+        actor=row["actor"],
+        subject=row["subject"],
+        data=row["data"],
+        created_at=tx.ts_out(row["created_at"]),
+        prev_hash=row["prev_hash"],
+        hash=row["hash"],
+    )
+
+
+async def op_append_audit(tx: Tx, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+    await tx.fetchone("audit_lock")
+    head = await tx.fetchone("audit_head")
+    seq, prev_hash = (1, GENESIS_HASH) if head is None else (head["seq"] + 1, head["hash"])
+    created_at = utcnow()
+    digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
+    await tx.execute("audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest)
+    return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest)
+
+
+async def op_read_audit(
+    tx: Tx,
+    subject: str | None,
+    kind: str | None,
+    since: dt.datetime | None,
+    after_seq: int,
+    limit: int,
+) -> list[AuditRecord]:
+    rows = await tx.fetchall(
+        "audit_read", after_seq, subject, kind, None if since is None else tx.ts_in(since), limit
+    )
+    return [audit_from_row(tx, r) for r in rows]
+
+
+class SqlAudit(SqlBackend, AuditBackend):
+    """The audit contract over the shared operations above."""
+
+    async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+        return await self._write(op_append_audit, kind, actor, subject, data)
+
+    async def read_audit(
+        self,
+        *,
+        subject: str | None = None,
+        kind: str | None = None,
+        since: dt.datetime | None = None,
+        after_seq: int = 0,
+        limit: int = 100,
+    ) -> list[AuditRecord]:
+        return await self._read(op_read_audit, subject, kind, since, after_seq, limit)

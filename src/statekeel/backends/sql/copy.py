@@ -1,0 +1,245 @@
+"""Verbatim table access for ``statekeel.copy_store``, shared by the SQL dialects.
+
+Rows travel between dialects in a portable form: timestamps as aware UTC datetimes, JSON columns as JSON
+text, booleans as bool, everything else as is. Each table is paged in primary-key order with text keys
+compared bytewise in both dialects, so a destination filled batch by batch always holds a prefix of its
+source — the last key it holds is where an interrupted copy resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import InvalidArgument
+from ..base import CopyBackend, CopyTableInfo, RowPage
+from . import SqlBackend, Tx
+
+
+@dataclass(frozen=True, slots=True)
+class CopyTable:
+    """A copyable table: its columns with their portable kinds, and its primary key."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]  # (column, kind): text, int, float, json, ts, bool, bytes
+    key: tuple[str, ...]
+    links: tuple[str, ...] = ()  # self-references, set by a second pass (parents may come later)
+    append_only: bool = False
+
+    def index(self, names: tuple[str, ...]) -> tuple[int, ...]:
+        columns = [c for c, _ in self.columns]
+        return tuple(columns.index(n) for n in names)
+
+    def info(self) -> CopyTableInfo:
+        return CopyTableInfo(self.name, self.key, self.links, self.append_only)
+
+
+def _table(name: str, columns: str, key: str, *, links: str = "", append_only: bool = False) -> CopyTable:
+    cols = tuple((c.split(":")[0], c.split(":")[1]) for c in columns.split())
+    return CopyTable(name, cols, tuple(key.split()), tuple(links.split()), append_only)
+
+
+# Parents before children (foreign keys). Leases are locks, not state: they are not copied.
+TABLES: tuple[CopyTable, ...] = (
+    _table(
+        "sessions",
+        "key:text status:text metadata:json last_consolidated:int head_seq:int version:int "
+        "created_at:ts updated_at:ts",
+        "key",
+    ),
+    _table("messages", "session_key:text seq:int role:text payload:json created_at:ts", "session_key seq"),
+    _table(
+        "compressions",
+        "session_key:text compression_id:text first_seq:int upto_seq:int summary:text created_at:ts",
+        "session_key compression_id",
+    ),
+    _table(
+        "message_archive",
+        "session_key:text compression_id:text seq:int role:text payload:json created_at:ts",
+        "session_key seq",
+    ),
+    _table(
+        "workflows",
+        "id:text name:text status:text metadata:json version:int created_at:ts updated_at:ts started_at:ts "
+        "completed_at:ts",
+        "id",
+    ),
+    _table(
+        "tasks",
+        "id:text workflow_id:text parent_task_id:text title:text description:text status:text priority:int "
+        "result:json error:json retry_count:int max_retries:int metadata:json version:int lease_owner:text "
+        "lease_expires_at:ts lease_epoch:int idempotency_key:text created_at:ts updated_at:ts "
+        "started_at:ts completed_at:ts",
+        "id",
+        links="parent_task_id",
+    ),
+    _table(
+        "workflow_steps",
+        "workflow_id:text name:text position:int task_id:text depends_on:json",
+        "workflow_id name",
+    ),
+    _table(
+        "task_steps",
+        "task_id:text step_key:text status:text attempt:int result:json error:json started_at:ts "
+        "first_started_at:ts finished_at:ts",
+        "task_id step_key",
+    ),
+    # The audit chain is copied byte for byte (data is canonical JSON text, hashed as such).
+    _table(
+        "audit_log",
+        "seq:int kind:text actor:text subject:text data:text created_at:ts prev_hash:text hash:text",
+        "seq",
+        append_only=True,
+    ),
+    _table(
+        "approvals",
+        "id:text subject:text action:text args:json args_hash:text status:text requested_by:text "
+        "requested_at:ts expires_at:ts decided_by:text decided_at:ts reason:text consumed_by:text "
+        "consumed_at:ts version:int",
+        "id",
+        append_only=True,
+    ),
+)
+_BY_NAME = {t.name: t for t in TABLES}
+
+
+def table_spec(name: str) -> CopyTable:
+    spec = _BY_NAME.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise InvalidArgument(
+            f"{name!r} is not a copyable table; copyable tables: {', '.join(_BY_NAME)}", table=name
+        )
+    return spec
+
+
+def _out(tx: Tx, kind: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "ts":
+        return tx.ts_out(value)
+    if kind == "json":
+        return (
+            bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray | memoryview) else str(value)
+        )
+    if kind == "bool":
+        return bool(value)
+    if kind == "bytes":
+        return bytes(value)
+    return value
+
+
+def _in(tx: Tx, kind: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "ts":
+        return tx.ts_in(value)
+    if kind == "json":
+        return tx.json_in(value.encode("utf-8"))
+    return value
+
+
+async def op_copy_tables(tx: Tx) -> list[CopyTableInfo]:
+    found = []
+    for spec in TABLES:
+        row = await tx.fetchone("copy_table_exists", spec.name)
+        if row is not None and row["n"]:
+            found.append(spec.info())
+    return found
+
+
+async def op_count_rows(tx: Tx, spec: CopyTable) -> int:
+    row = await tx.fetchone(f"copy_{spec.name}_count")
+    assert row is not None
+    return int(row["n"])
+
+
+async def op_export_rows(tx: Tx, spec: CopyTable, after: Sequence[Any] | None, limit: int) -> RowPage:
+    if after is None:
+        rows = await tx.fetchall(f"copy_{spec.name}_first", limit)
+    else:
+        rows = await tx.fetchall(f"copy_{spec.name}_after", *after, limit)
+    out = [tuple(_out(tx, kind, row[i]) for i, (_, kind) in enumerate(spec.columns)) for row in rows]
+    last = tuple(out[-1][i] for i in spec.index(spec.key)) if out else None
+    return RowPage(rows=out, last_key=last)
+
+
+async def op_last_key(tx: Tx, spec: CopyTable) -> tuple[Any, ...] | None:
+    row = await tx.fetchone(f"copy_{spec.name}_last")
+    return None if row is None else tuple(row[i] for i in range(len(spec.key)))
+
+
+def _check_width(spec: CopyTable, rows: Sequence[Sequence[Any]]) -> None:
+    for row in rows:
+        if len(row) != len(spec.columns):
+            raise InvalidArgument(
+                f"a row for {spec.name} has {len(row)} values, expected {len(spec.columns)}", table=spec.name
+            )
+
+
+async def op_import_rows(tx: Tx, spec: CopyTable, rows: Sequence[Sequence[Any]]) -> int:
+    links = set(spec.index(spec.links))
+    converted = [
+        tuple(None if i in links else _in(tx, kind, row[i]) for i, (_, kind) in enumerate(spec.columns))
+        for row in rows
+    ]
+    if converted:
+        await tx.executemany(f"copy_{spec.name}_insert", converted)
+    return len(converted)
+
+
+async def op_link_rows(tx: Tx, spec: CopyTable, rows: Sequence[Sequence[Any]]) -> int:
+    if not spec.links:
+        return 0
+    wanted = spec.index(spec.key) + spec.index(spec.links)
+    kinds = [spec.columns[i][1] for i in wanted]
+    args = [
+        tuple(_in(tx, kind, row[i]) for kind, i in zip(kinds, wanted, strict=True))
+        for row in rows
+        if any(row[i] is not None for i in spec.index(spec.links))
+    ]
+    if args:
+        await tx.executemany(f"copy_{spec.name}_link", args)
+    return len(args)
+
+
+async def op_clear_rows(tx: Tx, spec: CopyTable) -> int:
+    return await tx.execute(f"copy_{spec.name}_clear")
+
+
+class SqlCopy(SqlBackend, CopyBackend):
+    """The copy contract over the shared operations above."""
+
+    async def copy_tables(self) -> list[CopyTableInfo]:
+        return await self._read(op_copy_tables)
+
+    async def count_rows(self, table: str) -> int:
+        return await self._read(op_count_rows, table_spec(table))
+
+    async def export_rows(
+        self, table: str, *, after: Sequence[Any] | None = None, limit: int = 1000
+    ) -> RowPage:
+        spec = table_spec(table)
+        if type(limit) is not int or not 1 <= limit <= 100_000:
+            raise InvalidArgument(f"limit must be an int in [1, 100000], got {limit!r}")
+        if after is not None and len(after) != len(spec.key):
+            raise InvalidArgument(
+                f"after must hold the {len(spec.key)} key values ({', '.join(spec.key)}) of {table}"
+            )
+        return await self._read(op_export_rows, spec, None if after is None else tuple(after), limit)
+
+    async def last_key(self, table: str) -> tuple[Any, ...] | None:
+        return await self._read(op_last_key, table_spec(table))
+
+    async def import_rows(self, table: str, rows: Sequence[Sequence[Any]]) -> int:
+        spec = table_spec(table)
+        _check_width(spec, rows)
+        return await self._write(op_import_rows, spec, rows)
+
+    async def link_rows(self, table: str, rows: Sequence[Sequence[Any]]) -> int:
+        spec = table_spec(table)
+        _check_width(spec, rows)
+        return await self._write(op_link_rows, spec, rows)
+
+    async def clear_rows(self, table: str) -> int:
+        return await self._write(op_clear_rows, table_spec(table))

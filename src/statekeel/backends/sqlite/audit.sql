@@ -1,0 +1,17 @@
+-- The audit chain. Parameters are numbered (?1, ?2 …) in the same order as PostgreSQL's.
+
+-- name: audit_lock
+-- SQLite has a single writer: appends are already serialized.
+SELECT 1 AS locked;
+
+-- name: audit_head
+SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;
+
+-- name: audit_insert
+INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);
+
+-- name: audit_read
+SELECT * FROM audit_log
+WHERE seq > ?1 AND (?2 IS NULL OR subject = ?2) AND (?3 IS NULL OR kind = ?3) AND (?4 IS NULL OR created_at >= ?4)
+ORDER BY seq LIMIT ?5;

@@ -1,0 +1,230 @@
+-- Verbatim table access for statekeel.copy_store: pages in primary-key order, batch inserts.
+-- Text keys compare bytewise (SQLite BINARY, PostgreSQL COLLATE "C") so both dialects page in the
+-- same order and a destination always holds a prefix of its source: the resume point.
+
+-- name: copy_table_exists
+SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?1;
+
+-- name: copy_sessions_first
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+FROM sessions ORDER BY key LIMIT ?1;
+
+-- name: copy_sessions_after
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+FROM sessions WHERE key > ?1
+ORDER BY key LIMIT ?2;
+
+-- name: copy_sessions_last
+SELECT key FROM sessions ORDER BY key DESC LIMIT 1;
+
+-- name: copy_sessions_insert
+INSERT INTO sessions (key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);
+
+-- name: copy_sessions_count
+SELECT count(*) AS n FROM sessions;
+
+-- name: copy_sessions_clear
+DELETE FROM sessions;
+
+-- name: copy_messages_first
+SELECT session_key, seq, role, payload, created_at
+FROM messages ORDER BY session_key, seq LIMIT ?1;
+
+-- name: copy_messages_after
+SELECT session_key, seq, role, payload, created_at
+FROM messages WHERE (session_key, seq) > (?1, ?2)
+ORDER BY session_key, seq LIMIT ?3;
+
+-- name: copy_messages_last
+SELECT session_key, seq FROM messages ORDER BY session_key DESC, seq DESC LIMIT 1;
+
+-- name: copy_messages_insert
+INSERT INTO messages (session_key, seq, role, payload, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5);
+
+-- name: copy_messages_count
+SELECT count(*) AS n FROM messages;
+
+-- name: copy_messages_clear
+DELETE FROM messages;
+
+-- name: copy_compressions_first
+SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at
+FROM compressions ORDER BY session_key, compression_id LIMIT ?1;
+
+-- name: copy_compressions_after
+SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at
+FROM compressions WHERE (session_key, compression_id) > (?1, ?2)
+ORDER BY session_key, compression_id LIMIT ?3;
+
+-- name: copy_compressions_last
+SELECT session_key, compression_id FROM compressions ORDER BY session_key DESC, compression_id DESC LIMIT 1;
+
+-- name: copy_compressions_insert
+INSERT INTO compressions (session_key, compression_id, first_seq, upto_seq, summary, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6);
+
+-- name: copy_compressions_count
+SELECT count(*) AS n FROM compressions;
+
+-- name: copy_compressions_clear
+DELETE FROM compressions;
+
+-- name: copy_message_archive_first
+SELECT session_key, compression_id, seq, role, payload, created_at
+FROM message_archive ORDER BY session_key, seq LIMIT ?1;
+
+-- name: copy_message_archive_after
+SELECT session_key, compression_id, seq, role, payload, created_at
+FROM message_archive WHERE (session_key, seq) > (?1, ?2)
+ORDER BY session_key, seq LIMIT ?3;
+
+-- name: copy_message_archive_last
+SELECT session_key, seq FROM message_archive ORDER BY session_key DESC, seq DESC LIMIT 1;
+
+-- name: copy_message_archive_insert
+INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6);
+
+-- name: copy_message_archive_count
+SELECT count(*) AS n FROM message_archive;
+
+-- name: copy_message_archive_clear
+DELETE FROM message_archive;
+
+-- name: copy_workflows_first
+SELECT id, name, status, metadata, version, created_at, updated_at, started_at, completed_at
+FROM workflows ORDER BY id LIMIT ?1;
+
+-- name: copy_workflows_after
+SELECT id, name, status, metadata, version, created_at, updated_at, started_at, completed_at
+FROM workflows WHERE id > ?1
+ORDER BY id LIMIT ?2;
+
+-- name: copy_workflows_last
+SELECT id FROM workflows ORDER BY id DESC LIMIT 1;
+
+-- name: copy_workflows_insert
+INSERT INTO workflows (id, name, status, metadata, version, created_at, updated_at, started_at, completed_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
+
+-- name: copy_workflows_count
+SELECT count(*) AS n FROM workflows;
+
+-- name: copy_workflows_clear
+DELETE FROM workflows;
+
+-- name: copy_tasks_first
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at
+FROM tasks ORDER BY id LIMIT ?1;
+
+-- name: copy_tasks_after
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at
+FROM tasks WHERE id > ?1
+ORDER BY id LIMIT ?2;
+
+-- name: copy_tasks_last
+SELECT id FROM tasks ORDER BY id DESC LIMIT 1;
+
+-- name: copy_tasks_insert
+INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21);
+
+-- name: copy_tasks_link
+UPDATE tasks SET parent_task_id = ?2
+WHERE id = ?1;
+
+-- name: copy_tasks_count
+SELECT count(*) AS n FROM tasks;
+
+-- name: copy_tasks_clear
+DELETE FROM tasks;
+
+-- name: copy_workflow_steps_first
+SELECT workflow_id, name, position, task_id, depends_on
+FROM workflow_steps ORDER BY workflow_id, name LIMIT ?1;
+
+-- name: copy_workflow_steps_after
+SELECT workflow_id, name, position, task_id, depends_on
+FROM workflow_steps WHERE (workflow_id, name) > (?1, ?2)
+ORDER BY workflow_id, name LIMIT ?3;
+
+-- name: copy_workflow_steps_last
+SELECT workflow_id, name FROM workflow_steps ORDER BY workflow_id DESC, name DESC LIMIT 1;
+
+-- name: copy_workflow_steps_insert
+INSERT INTO workflow_steps (workflow_id, name, position, task_id, depends_on)
+VALUES (?1, ?2, ?3, ?4, ?5);
+
+-- name: copy_workflow_steps_count
+SELECT count(*) AS n FROM workflow_steps;
+
+-- name: copy_workflow_steps_clear
+DELETE FROM workflow_steps;
+
+-- name: copy_task_steps_first
+SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at
+FROM task_steps ORDER BY task_id, step_key LIMIT ?1;
+
+-- name: copy_task_steps_after
+SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at
+FROM task_steps WHERE (task_id, step_key) > (?1, ?2)
+ORDER BY task_id, step_key LIMIT ?3;
+
+-- name: copy_task_steps_last
+SELECT task_id, step_key FROM task_steps ORDER BY task_id DESC, step_key DESC LIMIT 1;
+
+-- name: copy_task_steps_insert
+INSERT INTO task_steps (task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
+
+-- name: copy_task_steps_count
+SELECT count(*) AS n FROM task_steps;
+
+-- name: copy_task_steps_clear
+DELETE FROM task_steps;
+
+-- name: copy_audit_log_first
+SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash
+FROM audit_log ORDER BY seq LIMIT ?1;
+
+-- name: copy_audit_log_after
+SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash
+FROM audit_log WHERE seq > ?1
+ORDER BY seq LIMIT ?2;
+
+-- name: copy_audit_log_last
+SELECT seq FROM audit_log ORDER BY seq DESC LIMIT 1;
+
+-- name: copy_audit_log_insert
+INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);
+
+-- name: copy_audit_log_count
+SELECT count(*) AS n FROM audit_log;
+
+-- name: copy_audit_log_clear
+DELETE FROM audit_log;
+
+-- name: copy_approvals_first
+SELECT id, subject, action, args, args_hash, status, requested_by, requested_at, expires_at, decided_by, decided_at, reason, consumed_by, consumed_at, version
+FROM approvals ORDER BY id LIMIT ?1;
+
+-- name: copy_approvals_after
+SELECT id, subject, action, args, args_hash, status, requested_by, requested_at, expires_at, decided_by, decided_at, reason, consumed_by, consumed_at, version
+FROM approvals WHERE id > ?1
+ORDER BY id LIMIT ?2;
+
+-- name: copy_approvals_last
+SELECT id FROM approvals ORDER BY id DESC LIMIT 1;
+
+-- name: copy_approvals_insert
+INSERT INTO approvals (id, subject, action, args, args_hash, status, requested_by, requested_at, expires_at, decided_by, decided_at, reason, consumed_by, consumed_at, version)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15);
+
+-- name: copy_approvals_count
+SELECT count(*) AS n FROM approvals;
+
+-- name: copy_approvals_clear
+DELETE FROM approvals;

@@ -1,0 +1,25 @@
+-- Session leases: the cross-process lock of a session, with a fencing token that only grows.
+-- Parameters are numbered in the same order as PostgreSQL's.
+
+-- name: lease_ensure
+INSERT INTO session_leases (session_key) VALUES (?1) ON CONFLICT (session_key) DO NOTHING;
+
+-- name: lease_take
+-- Free (released), expired, or already ours (a release that never reached the database).
+UPDATE session_leases SET owner = ?1, token = token + 1, expires_at = ?2
+WHERE session_key = ?3 AND (owner IS NULL OR expires_at <= ?4 OR owner = ?1)
+RETURNING owner, token, expires_at;
+
+-- name: lease_get
+SELECT owner, token, expires_at FROM session_leases WHERE session_key = ?1;
+
+-- name: lease_fence
+-- The writer thread already holds SQLite's write lock, so nobody can take the lease before we commit.
+SELECT owner, token FROM session_leases WHERE session_key = ?1;
+
+-- name: lease_renew
+UPDATE session_leases SET expires_at = ?1 WHERE session_key = ?2 AND owner = ?3 AND token = ?4
+RETURNING owner, token, expires_at;
+
+-- name: lease_release
+UPDATE session_leases SET owner = NULL, expires_at = ?1 WHERE session_key = ?2 AND owner = ?3 AND token = ?4;

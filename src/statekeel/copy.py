@@ -1,0 +1,195 @@
+"""Copy a whole store to another backend: ``await statekeel.copy_store(src_url, dst_url)``.
+
+Every state kind that exists is copied table by table (parents first), in batches of ``batch_size`` rows,
+each batch one transaction in the destination. Rows are copied verbatim — sequence numbers, versions,
+timestamps, hashes — so the copy behaves exactly like the source (an audit chain still verifies).
+
+The destination is its own checkpoint: pages follow the primary key in byte order on every backend, so an
+interrupted copy leaves a prefix of each table behind, and ``resume=True`` continues after the last key
+the destination holds. A destination that already holds data is refused unless ``resume=True`` or
+``overwrite=True`` (which empties it first). At the end the row counts of every table are compared.
+
+The source should be quiet while it is copied (stop the agents, or copy a snapshot): rows written to it
+meanwhile may be missed, and the count check then fails with ``ConflictError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .backends.base import StorageBackend
+from .errors import ConflictError, InvalidArgument
+from .store import Store, open_store
+
+
+@dataclass(frozen=True, slots=True)
+class TableCopy:
+    """What happened to one table: rows copied by this call, and the verified counts at the end."""
+
+    table: str
+    copied: int
+    source_rows: int
+    destination_rows: int
+    resumed_after: tuple[object, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    """The outcome of :func:`copy_store`: one :class:`TableCopy` per table, in copy order."""
+
+    tables: tuple[TableCopy, ...]
+    resumed: bool
+    overwritten: bool
+    seconds: float
+
+    @property
+    def copied(self) -> int:
+        """Rows copied by this call, all tables together."""
+        return sum(t.copied for t in self.tables)
+
+    @property
+    def verified(self) -> bool:
+        """Every table holds as many rows in the destination as in the source."""
+        return all(t.source_rows == t.destination_rows for t in self.tables)
+
+
+ProgressCallback = Callable[[str, int], object]
+
+
+async def copy_store(
+    src: str | Store,
+    dst: str | Store,
+    *,
+    batch_size: int = 1000,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_batch: ProgressCallback | None = None,
+) -> CopyReport:
+    """Copy every state kind from store ``src`` to store ``dst`` (URLs, or open :class:`Store` objects).
+
+    ``resume=True`` continues an interrupted copy into the same destination; ``overwrite=True`` empties a
+    non-empty destination first. ``on_batch(table, rows_copied_so_far)`` is called after each committed
+    batch. Raises ``ConflictError`` for a non-empty destination (neither flag given) and when the counts
+    differ at the end; stores given as URLs are opened (and migrated) and closed again.
+    """
+    if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
+        raise InvalidArgument(f"batch_size must be an int in [1, 100000], got {batch_size!r}")
+    if resume and overwrite:
+        raise InvalidArgument("pass resume=True or overwrite=True, not both")
+    for name, value in (("src", src), ("dst", dst)):
+        if not isinstance(value, str | Store):
+            raise InvalidArgument(f"{name} must be a store URL or a Store, got {type(value).__name__}")
+    if src is dst or (isinstance(src, str) and src == dst):
+        raise InvalidArgument("source and destination are the same store")
+    if isinstance(src, str) and src.startswith("memory:"):
+        raise InvalidArgument("a memory:// URL opens a new, empty store; pass the open Store instead")
+
+    started = time.monotonic()
+    owned: list[Store] = []
+    try:
+        source = src if isinstance(src, Store) else await _open(src, owned)
+        dest = dst if isinstance(dst, Store) else await _open(dst, owned)
+        return await _copy(source, dest, batch_size, resume, overwrite, on_batch, started)
+    finally:
+        for store in owned:
+            await store.close()
+
+
+async def _link(src_b: StorageBackend, dst_b: StorageBackend, table: str, batch_size: int) -> None:
+    # Self-references (a task's parent) may point forward in key order, so they are set once every
+    # row of the table is in. Idempotent: a resumed copy simply sets them again.
+    after = None
+    while True:
+        page = await src_b.export_rows(table, after=after, limit=batch_size)
+        if not page.rows:
+            return
+        await dst_b.link_rows(table, page.rows)
+        after = page.last_key
+
+
+async def _open(url: str, owned: list[Store]) -> Store:
+    store = await open_store(url)
+    owned.append(store)
+    return store
+
+
+async def _copy(
+    source: Store,
+    dest: Store,
+    batch_size: int,
+    resume: bool,
+    overwrite: bool,
+    on_batch: ProgressCallback | None,
+    started: float,
+) -> CopyReport:
+    src_b, dst_b = source.backend, dest.backend
+    infos = await src_b.copy_tables()
+    tables = [info.name for info in infos]
+    missing = sorted(set(tables) - {info.name for info in await dst_b.copy_tables()})
+    if missing:
+        raise InvalidArgument(
+            f"the destination has no table {', '.join(missing)}; open it with a statekeel that knows them"
+        )
+    filled = {t: n for t in tables if (n := await dst_b.count_rows(t))}
+    if filled and not (resume or overwrite):
+        first = next(iter(filled))
+        raise ConflictError(
+            f"the destination is not empty ({first} holds {filled[first]} rows); pass resume=True to "
+            "continue an interrupted copy, or overwrite=True to replace its contents",
+            table=first,
+            rows=filled[first],
+        )
+    if overwrite and filled:
+        kept = [info.name for info in infos if info.append_only and info.name in filled]
+        if kept:
+            raise ConflictError(
+                f"overwrite=True cannot empty {', '.join(kept)} of the destination: audit entries and "
+                "approvals are never deleted; copy into a new, empty store instead",
+                table=kept[0],
+                rows=filled[kept[0]],
+            )
+        async with dst_b.atomic():
+            for table in reversed(tables):
+                await dst_b.clear_rows(table)
+
+    results: list[TableCopy] = []
+    for info in infos:
+        after = await dst_b.last_key(info.name) if resume else None
+        resumed_after = after
+        copied = 0
+        while True:
+            page = await src_b.export_rows(info.name, after=after, limit=batch_size)
+            if not page.rows:
+                break
+            await dst_b.import_rows(info.name, page.rows)
+            copied += len(page.rows)
+            after = page.last_key
+            if on_batch is not None:
+                on_batch(info.name, copied)
+            if len(page.rows) < batch_size:
+                break
+        if info.links:
+            await _link(src_b, dst_b, info.name, batch_size)
+        results.append(TableCopy(info.name, copied, 0, 0, resumed_after))
+
+    verified: list[TableCopy] = []
+    for item in results:
+        src_n = await src_b.count_rows(item.table)
+        dst_n = await dst_b.count_rows(item.table)
+        if src_n != dst_n:
+            raise ConflictError(
+                f"after copying, {item.table} holds {dst_n} rows in the destination but {src_n} in the "
+                "source; was the source written to during the copy? Copy again with overwrite=True",
+                table=item.table,
+                source_rows=src_n,
+                destination_rows=dst_n,
+            )
+        verified.append(TableCopy(item.table, item.copied, src_n, dst_n, item.resumed_after))
+    return CopyReport(
+        tables=tuple(verified),
+        resumed=resume,
+        overwritten=overwrite and bool(filled),
+        seconds=time.monotonic() - started,
+    )

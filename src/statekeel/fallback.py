@@ -1,0 +1,298 @@
+"""Fallback files: where a session goes when the backend cannot take a write.
+
+When a save fails with ``BackendUnavailable``, the session's unsaved part is written to
+``<fallback_dir>/<file name of the key>.jsonl``: the first line is a header (key, the backend head the
+messages follow, metadata, status …), then one codec-encoded message per line. The file is written to a
+temporary file, flushed, fsynced, moved over the old one with ``os.replace`` and the directory fsynced, so a
+crash leaves either the old file or the new one, never a torn one. Files are 0600 in a 0700 directory.
+
+File names are an injective encoding of the key (``k-`` + lower-case letters, digits and ``-`` kept, every
+other UTF-8 byte as ``_xx``), so ``a:b``, ``a_b`` and ``a/b`` get different files that never leave the
+directory and do not collide on case-insensitive file systems either. A key whose encoding would be too
+long for a file name gets ``h-`` + the SHA-256 of the key; its header holds the whole key and is checked
+on every read.
+
+Default directory: SQLite ``<database file>.fallback``; PostgreSQL
+``$XDG_STATE_HOME/statekeel/fallback/<host>_<port>_<database>`` (``~/.local/state`` when unset);
+``memory://`` has none (an in-memory store loses everything at exit, a file would outlive the data it
+extends), so a failed save there raises.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from .codec import Codec
+from .errors import SerializationError, StorageCorrupt
+
+log = logging.getLogger("statekeel.fallback")
+
+FORMAT = 1
+SUFFIX = ".jsonl"
+_TMP_PREFIX = ".tmp-"
+_QUARANTINE_MARK = ".corrupt-"
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-")
+# Linux and macOS allow 255 bytes per name; leave room for the temp and quarantine decorations.
+_MAX_ENCODED = 180
+# A temp file older than this was left by a crashed writer, not one writing now.
+_STALE_TMP_SECONDS = 600
+
+
+def file_stem(key: str) -> str:
+    """The file name (without suffix) of a session key: injective, and always a plain name."""
+    raw = key.encode("utf-8")
+    out = "".join(chr(b) if b in _SAFE else f"_{b:02x}" for b in raw)
+    if len(out) + 2 <= _MAX_ENCODED:
+        return "k-" + out
+    return "h-" + hashlib.sha256(raw).hexdigest()
+
+
+def default_dir(url: str) -> str | None:
+    """The default fallback directory of a store URL (see the module docstring)."""
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return None
+    if parts.scheme == "sqlite":
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        return path + ".fallback"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    target = f"{parts.hostname or 'localhost'}_{parts.port or 5432}_{parts.path.lstrip('/') or 'postgres'}"
+    return os.path.join(base, "statekeel", "fallback", file_stem(target))
+
+
+class FallbackCorrupt(StorageCorrupt):
+    """A fallback file cannot be read back (a torn or edited line); it gets quarantined."""
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackSnapshot:
+    """What a fallback file holds: messages ``[base_head, head)`` and the session's fields."""
+
+    key: str
+    base_head: int
+    in_backend: bool  # whether the session existed in the backend when the file was written
+    status: str
+    metadata: dict[str, Any]
+    status_changed: bool  # whether status / metadata differ from what the backend held at base_head
+    metadata_changed: bool
+    last_consolidated: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    messages: list[dict[str, Any]]
+
+    @property
+    def head(self) -> int:
+        return self.base_head + len(self.messages)
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    """What ``SessionManager.replay_fallback()`` did, per session key."""
+
+    replayed: dict[str, int] = field(default_factory=dict)  # key -> messages written to the backend
+    stale: list[str] = field(default_factory=list)  # already in the backend (a crash before the delete)
+    skipped: list[str] = field(default_factory=list)  # held in this process: its holder's save writes it
+    failed: dict[str, str] = field(default_factory=dict)  # key -> why it stays on disk for the next try
+    quarantined: dict[str, str] = field(default_factory=dict)  # quarantined path -> reason
+
+    @property
+    def ok(self) -> bool:
+        """True when no fallback content is left unreplayed."""
+        return not self.failed and not self.quarantined and not self.skipped
+
+
+class FallbackDir:
+    """The fallback files of one store. Blocking I/O: call it from a worker thread."""
+
+    def __init__(self, path: str | os.PathLike[str], codec: Codec) -> None:
+        self.path = os.fspath(path)
+        self.codec = codec
+
+    def file_for(self, key: str) -> str:
+        return os.path.join(self.path, file_stem(key) + SUFFIX)
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self.file_for(key))
+
+    def _ensure_dir(self) -> None:
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
+        st = os.stat(self.path)
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(self.path, 0o700)
+
+    def encode(self, snap: FallbackSnapshot) -> bytes:
+        header = {
+            "statekeel_fallback": FORMAT,
+            "key": snap.key,
+            "base_head": snap.base_head,
+            "count": len(snap.messages),
+            "in_backend": snap.in_backend,
+            "status": snap.status,
+            "metadata": snap.metadata,
+            "status_changed": snap.status_changed,
+            "metadata_changed": snap.metadata_changed,
+            "last_consolidated": snap.last_consolidated,
+            "created_at": snap.created_at,
+            "updated_at": snap.updated_at,
+        }
+        # Messages were validated by add_message/save; encoding here keeps their exact tagged values.
+        lines = [self.codec.encode(header, where="fallback header")]
+        lines += [
+            self.codec.encode(m, where=f"messages[{snap.base_head + i}]") for i, m in enumerate(snap.messages)
+        ]
+        return b"\n".join(lines) + b"\n"
+
+    def write(self, snap: FallbackSnapshot) -> str:
+        """Atomically replace the key's file with ``snap``; the old file survives any failure."""
+        data = self.encode(snap)
+        self._ensure_dir()
+        target = self.file_for(snap.key)
+        tmp = os.path.join(self.path, f"{_TMP_PREFIX}{secrets.token_hex(6)}-{os.path.basename(target)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        self._fsync_dir()
+        return target
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def read(self, key: str) -> FallbackSnapshot | None:
+        """The key's snapshot, or None if it has no file. ``FallbackCorrupt`` if it cannot be read back."""
+        path = self.file_for(key)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return None
+        snap = self.parse(path, data)
+        if snap.key != key:
+            raise FallbackCorrupt(f"fallback file {path} holds session {snap.key!r}, not {key!r}", path=path)
+        return snap
+
+    def read_path(self, path: str) -> FallbackSnapshot:
+        with open(path, "rb") as fh:
+            return self.parse(path, fh.read())
+
+    def parse(self, path: str, data: bytes) -> FallbackSnapshot:
+        lines = data.split(b"\n")
+        if not lines or lines[-1] != b"":
+            raise FallbackCorrupt(f"fallback file {path} does not end with a newline (torn write)", path=path)
+        lines.pop()
+        try:
+            header = self.codec.decode(lines[0]) if lines else None
+            messages = [self.codec.decode(line) for line in lines[1:]]
+        except SerializationError as exc:
+            raise FallbackCorrupt(f"fallback file {path} has an unreadable line: {exc}", path=path) from None
+        if not isinstance(header, dict) or header.get("statekeel_fallback") != FORMAT:
+            raise FallbackCorrupt(f"fallback file {path} has no statekeel header", path=path)
+        try:
+            snap = FallbackSnapshot(
+                key=header["key"],
+                base_head=header["base_head"],
+                in_backend=header["in_backend"],
+                status=header["status"],
+                metadata=header["metadata"],
+                status_changed=header["status_changed"],
+                metadata_changed=header["metadata_changed"],
+                last_consolidated=header["last_consolidated"],
+                created_at=header["created_at"],
+                updated_at=header["updated_at"],
+                messages=messages,
+            )
+        except KeyError as exc:
+            raise FallbackCorrupt(f"fallback file {path} header lacks {exc}", path=path) from None
+        ok = (
+            type(snap.key) is str
+            and type(snap.base_head) is int
+            and snap.base_head >= 0
+            and header.get("count") == len(messages)
+            and isinstance(snap.metadata, dict)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+        )
+        if not ok:
+            raise FallbackCorrupt(f"fallback file {path} has an inconsistent header or messages", path=path)
+        if os.path.basename(path) != file_stem(snap.key) + SUFFIX:
+            raise FallbackCorrupt(
+                f"fallback file {path} holds session {snap.key!r} of another name", path=path
+            )
+        return snap
+
+    def signature(self, key: str) -> tuple[int, int, int] | None:
+        """Identity of the key's current file (inode, size, mtime), to delete only what was read."""
+        try:
+            st = os.stat(self.file_for(key))
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def delete(self, key: str, signature: tuple[int, int, int] | None = None) -> bool:
+        """Remove the key's file — only if it is still the one with ``signature``, when given."""
+        path = self.file_for(key)
+        if signature is not None and self.signature(key) != signature:
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        self._fsync_dir()
+        return True
+
+    def quarantine(self, path: str, reason: str) -> str:
+        """Rename a bad file aside (kept for a human, never read again) and log why."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
+        target = f"{path}{_QUARANTINE_MARK}{stamp}"
+        os.replace(path, target)
+        self._fsync_dir()
+        log.warning("fallback file %s quarantined as %s: %s", path, target, reason)
+        return target
+
+    def files(self) -> Iterator[str]:
+        """Paths of the live fallback files; removes temp files crashed writers left behind."""
+        try:
+            entries = list(os.scandir(self.path))
+        except FileNotFoundError:
+            return
+        now = time.time()
+        for entry in entries:
+            name = entry.name
+            if name.startswith(_TMP_PREFIX):
+                try:
+                    if now - entry.stat().st_mtime > _STALE_TMP_SECONDS:
+                        os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            if name.endswith(SUFFIX) and (name.startswith("k-") or name.startswith("h-")):
+                yield entry.path
+
+
+__all__ = ["FallbackCorrupt", "FallbackDir", "FallbackSnapshot", "ReplayReport", "default_dir", "file_stem"]

@@ -1,0 +1,496 @@
+"""Tasks: a state machine with conditional transitions, leases with fencing, and a step journal.
+
+    task = await store.tasks.create("index the repo", status="queued")
+    claimed = await store.tasks.claim("worker-1", lease_seconds=30)
+    files = await store.tasks.step(claimed.id, "list-files", list_files)      # recorded, never re-run
+    await store.tasks.transition(claimed.id, "success", result=files, lease_epoch=claimed.lease_epoch)
+
+Statuses and the transitions allowed between them (:data:`TRANSITIONS`)::
+
+    pending     -> queued | running | cancelled
+    queued      -> running | cancelled
+    running     -> success | failed | cancelled | suspended | interrupted
+    suspended   -> queued | running | cancelled
+    interrupted -> queued | running | failed | cancelled
+    failed      -> queued            (a retry: at most max_retries times)
+    success, cancelled: terminal
+
+Every transition is one conditional UPDATE on the status and version it was decided from: a concurrent
+change makes it fail with :class:`ConflictError` instead of being lost. **Higher priority runs first**;
+among equal priorities the oldest task is claimed first.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import inspect
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .backends.base import TASK_STATUSES, NewTask, Page, StepRecord, StorageBackend, TaskChange, TaskRecord
+from .codec import Codec
+from .errors import (
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    NotFound,
+    SerializationError,
+    StepInDoubt,
+)
+from .validation import check_int, check_key, check_str
+
+Task = TaskRecord
+"""A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"queued", "running", "cancelled"}),
+    "queued": frozenset({"running", "cancelled"}),
+    "running": frozenset({"success", "failed", "cancelled", "suspended", "interrupted"}),
+    "suspended": frozenset({"queued", "running", "cancelled"}),
+    "interrupted": frozenset({"queued", "running", "failed", "cancelled"}),
+    "failed": frozenset({"queued"}),
+    "success": frozenset(),
+    "cancelled": frozenset(),
+}
+FINISHED = frozenset({"success", "failed", "cancelled"})
+# Tries per transition when the caller gave no expected_version: a concurrent change is re-judged.
+_TRANSITION_TRIES = 3
+MAX_LEASE_SECONDS = 7 * 24 * 3600
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def check_status(status: Any, what: str = "status") -> str:
+    """Return ``status`` if it is one of :data:`TASK_STATUSES`."""
+    if status not in TASK_STATUSES or type(status) is not str:
+        raise InvalidArgument(
+            f"{what} {status!r} is not a task status; use one of {', '.join(TASK_STATUSES)}", status=status
+        )
+    return status
+
+
+def check_lease_seconds(value: Any) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= MAX_LEASE_SECONDS:
+        raise InvalidArgument(
+            f"lease_seconds must be a number of seconds in (0, {MAX_LEASE_SECONDS}], got {value!r}",
+            value=value,
+        )
+    return float(value)
+
+
+def check_aware(value: Any, what: str) -> dt.datetime:
+    if type(value) is not dt.datetime or value.tzinfo is None:
+        raise InvalidArgument(f"{what} must be a timezone-aware datetime, got {value!r}", value=value)
+    return value
+
+
+def plan_transition(
+    current: TaskRecord,
+    new_status: str,
+    *,
+    result: bytes | None = None,
+    error: bytes | None = None,
+    now: dt.datetime | None = None,
+) -> TaskChange:
+    """The field values ``current`` gets by moving to ``new_status``; ``InvalidTransition`` if illegal."""
+    allowed = TRANSITIONS[current.status]
+    if new_status not in allowed:
+        options = ", ".join(sorted(allowed)) or "none: it is terminal"
+        raise InvalidTransition(
+            f"task {current.id!r} is {current.status}; it cannot become {new_status} (allowed: {options})",
+            task_id=current.id,
+            current=current.status,
+            requested=new_status,
+        )
+    now = now or _utcnow()
+    retry_count = current.retry_count
+    if current.status == "failed":
+        if retry_count >= current.max_retries:
+            raise InvalidTransition(
+                f"task {current.id!r} failed and used all its {current.max_retries} retries; it stays failed",
+                task_id=current.id,
+                current=current.status,
+                requested=new_status,
+            )
+        retry_count += 1
+    return TaskChange(
+        status=new_status,
+        retry_count=retry_count,
+        # Only claim() grants a lease; leaving "running" ends it.
+        lease_expires_at=None,
+        started_at=current.started_at or (now if new_status == "running" else None),
+        completed_at=now if new_status in FINISHED else None,
+        result=result,
+        error=error,
+    )
+
+
+def _error_record(exc: BaseException) -> dict[str, str]:
+    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)}
+
+
+def _discard(fn: Any) -> None:
+    # A coroutine object we will not run must be closed, or Python warns that it was never awaited.
+    if inspect.iscoroutine(fn):
+        fn.close()
+
+
+class TaskManager:
+    """Creates, transitions, claims and journals tasks. See DESIGN.md, Tasks, steps, workflows."""
+
+    def __init__(self, backend: StorageBackend, codec: Codec) -> None:
+        self.backend = backend
+        self.codec = codec
+
+    # --- tasks --------------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        title: str,
+        *,
+        workflow_id: str | None = None,
+        parent_task_id: str | None = None,
+        priority: int = 5,
+        max_retries: int = 3,
+        metadata: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        description: str | None = None,
+        status: str = "pending",
+    ) -> Task:
+        """Create a task (``status`` "pending" or "queued"). With an ``idempotency_key`` that was used
+        before, return that earlier task unchanged instead of creating another one."""
+        new = self._new_task(
+            title,
+            workflow_id=workflow_id,
+            parent_task_id=parent_task_id,
+            priority=priority,
+            max_retries=max_retries,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+            description=description,
+            status=status,
+        )
+        record, _created = await self.backend.create_task(new)
+        return record
+
+    def _new_task(
+        self,
+        title: Any,
+        *,
+        workflow_id: Any = None,
+        parent_task_id: Any = None,
+        priority: Any = 5,
+        max_retries: Any = 3,
+        metadata: Any = None,
+        idempotency_key: Any = None,
+        description: Any = None,
+        status: Any = "pending",
+    ) -> NewTask:
+        """A validated :class:`NewTask` (typed error before anything is written)."""
+        check_str(title, "title")
+        if workflow_id is not None:
+            check_key(workflow_id, "workflow_id")
+        if parent_task_id is not None:
+            check_key(parent_task_id, "parent_task_id")
+        if idempotency_key is not None:
+            check_key(idempotency_key, "idempotency_key")
+        check_int(priority, "priority", minimum=None)
+        if not -(2**31) <= priority < 2**31:
+            raise InvalidArgument(f"priority must fit in 32 bits, got {priority}", value=priority)
+        check_int(max_retries, "max_retries", minimum=0)
+        if max_retries >= 2**31:
+            raise InvalidArgument(f"max_retries must fit in 32 bits, got {max_retries}", value=max_retries)
+        if description is not None and type(description) is not str:
+            raise InvalidArgument(f"description must be a str, got {type(description).__name__}")
+        if status not in ("pending", "queued"):
+            check_status(status)
+            raise InvalidArgument(f"a new task starts pending or queued, not {status}", status=status)
+        if metadata is not None and type(metadata) is not dict:
+            raise InvalidArgument(f"metadata must be a dict, got {type(metadata).__name__}")
+        return NewTask(
+            id=str(uuid.uuid4()),
+            title=title,
+            status=status,
+            description=description,
+            priority=priority,
+            max_retries=max_retries,
+            metadata=self.codec.encode(metadata or {}, where="metadata"),
+            workflow_id=workflow_id,
+            parent_task_id=parent_task_id,
+            idempotency_key=idempotency_key,
+        )
+
+    async def get(self, task_id: str) -> Task | None:
+        """The task, or None if it does not exist (a failed read raises)."""
+        check_key(task_id, "task_id")
+        return await self.backend.get_task(task_id)
+
+    async def _require(self, task_id: str) -> Task:
+        task = await self.backend.get_task(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
+        return task
+
+    async def list(
+        self,
+        workflow_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Tasks oldest first; pass ``next_cursor`` of a page as ``cursor`` to get the next one."""
+        if workflow_id is not None:
+            check_key(workflow_id, "workflow_id")
+        if status is not None:
+            check_status(status)
+        check_int(limit, "limit", minimum=1)
+        if cursor is not None and type(cursor) is not str:
+            raise InvalidArgument(f"cursor must be a str from a previous page, got {cursor!r}")
+        return await self.backend.list_tasks(
+            workflow_id=workflow_id, status=status, limit=limit, cursor=cursor
+        )
+
+    async def transition(
+        self,
+        task_id: str,
+        new_status: str,
+        *,
+        expected_version: int | None = None,
+        result: Any = None,
+        error: Any = None,
+        worker_id: str | None = None,
+        lease_epoch: int | None = None,
+    ) -> Task:
+        """Move the task to ``new_status`` if the transition is legal (else ``InvalidTransition``), with one
+        conditional UPDATE (``ConflictError`` if it changed meanwhile, or is not at ``expected_version``).
+
+        A worker passes its ``lease_epoch`` (and ``worker_id``) from :meth:`claim`: if the task was taken
+        over or its lease expired since, the transition is refused with ``LeaseLost`` (fencing).
+        """
+        check_key(task_id, "task_id")
+        check_status(new_status, "new_status")
+        if expected_version is not None:
+            check_int(expected_version, "expected_version", minimum=1)
+        if worker_id is not None:
+            check_key(worker_id, "worker_id")
+        if lease_epoch is not None:
+            check_int(lease_epoch, "lease_epoch", minimum=1)
+        result_raw = None if result is None else self.codec.encode(result, where="result")
+        error_raw = None if error is None else self.codec.encode(error, where="error")
+        tries = 1 if expected_version is not None else _TRANSITION_TRIES
+        for _ in range(tries):
+            current = await self._require(task_id)
+            _check_fence(current, worker_id, lease_epoch)
+            if expected_version is not None and current.version != expected_version:
+                raise ConflictError(
+                    f"task {task_id!r} is at version {current.version}, not the expected {expected_version}",
+                    task_id=task_id,
+                    expected=expected_version,
+                    current=current.version,
+                )
+            change = plan_transition(current, new_status, result=result_raw, error=error_raw)
+            updated = await self.backend.update_task(
+                task_id, expected_status=current.status, expected_version=current.version, change=change
+            )
+            if updated is not None:
+                return updated
+        latest = await self._require(task_id)
+        _check_fence(latest, worker_id, lease_epoch)
+        raise ConflictError(
+            f"task {task_id!r} changed while moving it to {new_status} (now {latest.status}, version "
+            f"{latest.version})",
+            task_id=task_id,
+            current=latest.version,
+            status=latest.status,
+        )
+
+    # --- leases -------------------------------------------------------------------------------------
+
+    async def claim(
+        self, worker_id: str, *, lease_seconds: float = 30, workflow_id: str | None = None
+    ) -> Task | None:
+        """Take the next queued task (highest priority first, then oldest) for ``worker_id``: it becomes
+        running under a lease of ``lease_seconds`` with a new ``lease_epoch``. None when none is queued."""
+        check_key(worker_id, "worker_id")
+        seconds = check_lease_seconds(lease_seconds)
+        if workflow_id is not None:
+            check_key(workflow_id, "workflow_id")
+        expires = _utcnow() + dt.timedelta(seconds=seconds)
+        return await self.backend.claim_task(worker_id, lease_expires_at=expires, workflow_id=workflow_id)
+
+    async def heartbeat(
+        self, task_id: str, worker_id: str, lease_epoch: int, *, lease_seconds: float = 30
+    ) -> Task:
+        """Extend the lease by ``lease_seconds`` from now, only for the worker and epoch that hold it:
+        ``LeaseLost`` otherwise (the task was taken over, expired to interrupted, or finished)."""
+        check_key(task_id, "task_id")
+        check_key(worker_id, "worker_id")
+        check_int(lease_epoch, "lease_epoch", minimum=1)
+        seconds = check_lease_seconds(lease_seconds)
+        expires = _utcnow() + dt.timedelta(seconds=seconds)
+        task = await self.backend.heartbeat_task(task_id, worker_id, lease_epoch, lease_expires_at=expires)
+        if task is None:
+            current = await self._require(task_id)
+            _check_fence(current, worker_id, lease_epoch)
+            raise LeaseLost(f"task {task_id!r}: the lease of {worker_id!r} at epoch {lease_epoch} is gone")
+        return task
+
+    async def expire_leases(self, now: dt.datetime | None = None) -> builtins.list[Task]:
+        """Move running tasks whose lease ended before ``now`` to interrupted and return them."""
+        when = _utcnow() if now is None else check_aware(now, "now")
+        return await self.backend.expire_task_leases(when)
+
+    # --- step journal -------------------------------------------------------------------------------
+
+    async def step(
+        self,
+        task_id: str,
+        step_key: str,
+        fn: Callable[[], Any] | Awaitable[Any],
+        *,
+        idempotent: bool = False,
+        lease_epoch: int | None = None,
+    ) -> Any:
+        """Run ``fn`` (a callable, sync or async, or an awaitable) once for this task and step key.
+
+        Already succeeded: its recorded result is returned and ``fn`` is not called. Otherwise a *started*
+        record is committed, ``fn`` runs, and its result (or error) is committed. A step found *started*
+        (the process died in between) is re-run if ``idempotent``; else ``StepInDoubt`` is raised, carrying
+        the record, until :meth:`resolve_step` settles it. The result is returned as stored (decoded).
+
+        A worker passes its ``lease_epoch`` from :meth:`claim`: once its lease was taken over or expired,
+        ``LeaseLost`` is raised before anything is recorded or run (a recorded result is still returned).
+
+        A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+        """
+        check_key(task_id, "task_id")
+        check_key(step_key, "step_key")
+        if type(idempotent) is not bool:
+            raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
+        if lease_epoch is not None:
+            check_int(lease_epoch, "lease_epoch", minimum=1)
+        if not callable(fn) and not inspect.isawaitable(fn):
+            raise InvalidArgument(
+                f"fn must be a callable or an awaitable, got {type(fn).__name__}", step_key=step_key
+            )
+        try:
+            record, run = await self.backend.begin_step(
+                task_id, step_key, rerun_started=idempotent, lease_epoch=lease_epoch
+            )
+        except BaseException:
+            _discard(fn)
+            raise
+        if not run:
+            _discard(fn)
+            if record.status == "succeeded":
+                return record.result
+            raise StepInDoubt(
+                f"step {step_key!r} of task {task_id!r} was started (attempt {record.attempt}, at "
+                f"{record.started_at.isoformat()}) but its outcome was never recorded",
+                record=record,
+                task_id=task_id,
+                step_key=step_key,
+            )
+        try:
+            value = fn() if callable(fn) else fn
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            error_raw = self.codec.encode(_error_record(exc), where="error")
+            await self.backend.finish_step(
+                task_id, step_key, status="failed", attempt=record.attempt, error=error_raw
+            )
+            raise
+        try:
+            raw = self.codec.encode(value, where="result")
+        except SerializationError as exc:
+            # fn ran, so its side effect may have happened: the step stays in doubt rather than failed.
+            raise type(exc)(
+                f"step {step_key!r} of task {task_id!r} ran but returned a value that cannot be stored "
+                f"({exc}); the step is left in doubt: settle it with resolve_step()",
+                **exc.fields,
+            ) from None
+        done = await self.backend.finish_step(
+            task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
+        )
+        if done is None:
+            current = await self.backend.get_step(task_id, step_key)
+            if current is not None and current.status == "succeeded":
+                return current.result  # a concurrent re-run of this idempotent step recorded first
+            raise ConflictError(
+                f"step {step_key!r} of task {task_id!r} was settled or re-run by someone else while it ran",
+                task_id=task_id,
+                step_key=step_key,
+            )
+        return self.codec.decode(raw)
+
+    async def resolve_step(
+        self, task_id: str, step_key: str, outcome: str, *, result: Any = None, error: Any = None
+    ) -> StepRecord:
+        """Settle a step in doubt: ``outcome`` "succeeded" (later calls return ``result``) or "failed"
+        (the next call runs ``fn`` again). Only a *started* step can be resolved."""
+        check_key(task_id, "task_id")
+        check_key(step_key, "step_key")
+        if outcome not in ("succeeded", "failed"):
+            raise InvalidArgument(
+                f"outcome must be 'succeeded' or 'failed', got {outcome!r}", outcome=outcome
+            )
+        if outcome == "failed" and error is None:
+            error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
+        result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
+        error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
+        done = await self.backend.finish_step(
+            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw
+        )
+        if done is not None:
+            return done
+        current = await self.backend.get_step(task_id, step_key)
+        if current is None:
+            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
+        raise InvalidTransition(
+            f"step {step_key!r} of task {task_id!r} is {current.status}; only a started step can be resolved",
+            task_id=task_id,
+            step_key=step_key,
+            current=current.status,
+        )
+
+    async def get_step(self, task_id: str, step_key: str) -> StepRecord | None:
+        """One journal entry, or None."""
+        check_key(task_id, "task_id")
+        check_key(step_key, "step_key")
+        return await self.backend.get_step(task_id, step_key)
+
+    async def steps(self, task_id: str) -> builtins.list[StepRecord]:
+        """The task's journal, in the order its steps were first started."""
+        check_key(task_id, "task_id")
+        return await self.backend.list_steps(task_id)
+
+    async def steps_in_doubt(self, now: dt.datetime | None = None) -> builtins.list[StepRecord]:
+        """Steps started but never finished whose task is not running under a live lease (for recovery)."""
+        when = _utcnow() if now is None else check_aware(now, "now")
+        return await self.backend.steps_in_doubt(when)
+
+
+def _check_fence(current: TaskRecord, worker_id: str | None, lease_epoch: int | None) -> None:
+    if worker_id is None and lease_epoch is None:
+        return
+    if (
+        current.status == "running"
+        and (lease_epoch is None or current.lease_epoch == lease_epoch)
+        and (worker_id is None or current.lease_owner == worker_id)
+    ):
+        return
+    raise LeaseLost(
+        f"task {current.id!r} is {current.status} under {current.lease_owner!r} at lease epoch "
+        f"{current.lease_epoch}; the caller ({worker_id!r}, epoch {lease_epoch}) no longer holds it",
+        task_id=current.id,
+        owner=current.lease_owner,
+        lease_epoch=current.lease_epoch,
+        status=current.status,
+    )

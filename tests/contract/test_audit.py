@@ -1,0 +1,96 @@
+"""The audit log: chained appends, queries, verification and the append-only guard, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+import pytest
+
+import statekeel
+from statekeel.audit import GENESIS_HASH, chain_hash
+from statekeel.backends.sql import Tx
+
+Store = statekeel.Store
+
+
+async def test_appends_form_a_dense_hash_chain(store: Store) -> None:
+    first = await store.audit.append("tool.call", "agent-7", "task:1", {"tool": "rm", "args": ["a.txt"]})
+    second = await store.audit.append("tool.result", "agent-7", "task:1", {"ok": True})
+    assert (first.seq, second.seq) == (1, 2)
+    assert first.prev_hash == GENESIS_HASH and second.prev_hash == first.hash
+    assert first.data == {"tool": "rm", "args": ["a.txt"]}
+    assert first.hash == chain_hash(
+        1, "tool.call", "agent-7", "task:1", '{"args":["a.txt"],"tool":"rm"}', first.created_at, GENESIS_HASH
+    )
+    assert await store.audit.verify() == statekeel.AuditVerification(ok=True, count=2)
+
+
+async def test_an_empty_log_verifies(store: Store) -> None:
+    assert await store.audit.verify() == statekeel.AuditVerification(ok=True, count=0)
+
+
+async def test_concurrent_appends_never_fork_the_chain(store: Store) -> None:
+    entries = await asyncio.gather(*(store.audit.append("k", f"a{i}", "s", {"i": i}) for i in range(40)))
+    assert sorted(e.seq for e in entries) == list(range(1, 41))
+    assert len({e.prev_hash for e in entries}) == 40
+    report = await store.audit.verify()
+    assert report.ok and report.count == 40
+
+
+async def test_query_filters_by_subject_kind_and_time(store: Store) -> None:
+    await store.audit.append("login", "alice", "user:alice", {"ip": "10.0.0.1"})
+    mark = dt.datetime.now(dt.UTC)
+    await store.audit.append("tool.call", "agent", "task:1", {"n": 1})
+    await store.audit.append("tool.call", "agent", "task:2", {"n": 2})
+    assert [e.seq for e in await store.audit.query(subject="task:1")] == [2]
+    assert [e.seq for e in await store.audit.query(kind="tool.call")] == [2, 3]
+    assert [e.seq for e in await store.audit.query(since=mark)] == [2, 3]
+    assert [e.seq for e in await store.audit.query(limit=2)] == [1, 2]
+    assert [e.seq for e in await store.audit.query(limit=2, after_seq=2)] == [3]
+
+
+async def test_bad_entries_raise_typed_errors_and_append_nothing(store: Store) -> None:
+    for args in (("", "a", "s"), ("k", "", "s"), ("k", "a", ""), ("k", None, "s")):
+        with pytest.raises(statekeel.InvalidArgument):
+            await store.audit.append(*args, {})  # type: ignore[arg-type]
+    with pytest.raises(statekeel.SerializationError, match=r"data\.f"):
+        await store.audit.append("k", "a", "s", {"f": lambda: 1})
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.audit.query(since=dt.datetime(2020, 1, 1))
+    assert await store.audit.query() == []
+    assert (await store.audit.append("k", "a", "s")).seq == 1
+
+
+def _dialect_queries(store: Store) -> dict[str, str]:
+    if store.backend.__class__.__name__ == "PostgresBackend":
+        from statekeel.backends.postgres import backend as pg
+
+        return pg.queries()
+    from statekeel.backends.sqlite import backend as lite
+
+    return lite.queries()
+
+
+@pytest.mark.parametrize(
+    ("name", "sql"),
+    [
+        ("test_audit_update", "UPDATE audit_log SET data = '{\"forged\":true}' WHERE seq = 1"),
+        ("test_audit_delete", "DELETE FROM audit_log WHERE seq = 1"),
+    ],
+)
+async def test_updating_or_deleting_an_entry_through_the_backend_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch, name: str, sql: str
+) -> None:
+    entry = await store.audit.append("k", "a", "s", {"v": 1})
+    # A query that statekeel does not ship, run the way every statekeel write runs.
+    monkeypatch.setitem(_dialect_queries(store), name, sql)
+
+    async def op(tx: Tx) -> Any:
+        return await tx.execute(name)
+
+    with pytest.raises(statekeel.ConflictError, match="append-only"):
+        await store.backend._write(op)  # type: ignore[attr-defined]
+    assert await store.audit.query() == [entry]
+    assert (await store.audit.verify()).ok

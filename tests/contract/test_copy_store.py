@@ -1,0 +1,239 @@
+"""copy_store: every state kind moves between backends verbatim, resumably, and is verified at the end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from typing import Any
+
+import orjson
+import pytest
+
+import statekeel
+from statekeel.audit import AuditLog
+from statekeel.backends.base import NewMessage, NewTask, StorageBackend
+from statekeel.backends.sql.copy import TABLES, table_spec
+
+
+def _sqlite_url(tmp_path: Any, name: str = "src.db") -> str:
+    return f"sqlite:///{os.path.join(os.fspath(tmp_path), name)}"
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def _msg(store: statekeel.Store, role: str, content: Any) -> NewMessage:
+    return NewMessage(role, store.codec.encode({"role": role, "content": content}))
+
+
+async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5) -> None:
+    """Some of every kind: sessions with messages and an archive, tasks (a child before its parent in
+    key order), steps, a workflow, audit entries and approvals."""
+    b = store.backend
+    for i in range(sessions):
+        key = f"sess-{i:03d}-é"
+        meta = store.codec.encode({"owner": i, "at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)})
+        head = 0
+        for t in range(turns):
+            msgs = [_msg(store, "user", f"q{t}"), _msg(store, "assistant", {"n": t, "big": 2**70})]
+            rec = await b.append_messages(key, head, msgs, metadata=meta, create=True)
+            head = rec.head_seq
+        if i % 3 == 0:
+            await b.archive_messages(
+                key, compression_id=f"c-{i}", upto_seq=4, summary=f"summary {i}", expected_consolidated=0
+            )
+    # "a-child" sorts before "z-parent": the parent link must survive a forward reference.
+    await b.create_task(NewTask(id="z-parent", title="parent"))
+    await b.create_task(NewTask(id="a-child", title="child", parent_task_id="z-parent", idempotency_key="k1"))
+    step, run = await b.begin_step("a-child", "fetch", rerun_started=False)
+    assert run
+    await b.finish_step("a-child", "fetch", status="succeeded", attempt=step.attempt, result=b'{"ok": true}')
+    audit = AuditLog(b, store.codec)
+    for n in range(5):
+        await audit.append("tool_call", "agent-1", f"task-{n % 2}", {"n": n, "args": [1, 2.5, "x"]})
+    now = dt.datetime.now(dt.UTC)
+    await b.create_approval(
+        "ap-1",
+        subject="deploy",
+        action="push",
+        args=store.codec.encode({"branch": "main"}),
+        args_hash="h1",
+        requested_by="agent-1",
+        expires_at=now + dt.timedelta(hours=1),
+    )
+
+
+async def _dump(backend: StorageBackend) -> dict[str, list[tuple[Any, ...]]]:
+    """Every copyable table in key order, JSON compared by value (PostgreSQL JSONB reformats text)."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for info in await backend.copy_tables():
+        spec = table_spec(info.name)
+        rows: list[tuple[Any, ...]] = []
+        after = None
+        while True:
+            page = await backend.export_rows(info.name, after=after, limit=3)
+            if not page.rows:
+                break
+            for row in page.rows:
+                rows.append(
+                    tuple(
+                        orjson.loads(v) if kind == "json" and v is not None else v
+                        for (_, kind), v in zip(spec.columns, row, strict=True)
+                    )
+                )
+            after = page.last_key
+        out[info.name] = rows
+    return out
+
+
+async def _assert_same(src: statekeel.Store, dst: statekeel.Store) -> None:
+    src_dump, dst_dump = await _dump(src.backend), await _dump(dst.backend)
+    assert set(src_dump) == {t.name for t in TABLES}
+    assert src_dump == dst_dump
+    # What users depend on, through the contract: history, archive, chains.
+    for i in range(7):
+        key = f"sess-{i:03d}-é"
+        assert await dst.backend.load_session_with_messages(
+            key
+        ) == await src.backend.load_session_with_messages(key)
+        assert await dst.backend.read_archive(key) == await src.backend.read_archive(key)
+    child = await dst.backend.get_task("a-child")
+    assert child is not None and child.parent_task_id == "z-parent"
+    verification = await AuditLog(dst.backend, dst.codec).verify()
+    assert verification.ok and verification.count == 5
+
+
+@pytest.mark.postgres
+async def test_copy_sqlite_to_postgres_copies_every_kind_verbatim(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await _populate(src)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, batch_size=4)
+    assert report.verified
+    assert {t.table: t.source_rows for t in report.tables}["messages"] == 7 * 10 - 3 * 4
+    assert report.copied == sum(t.destination_rows for t in report.tables)
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(pg_migrated) as dst:
+        await _assert_same(src, dst)
+        # The copy is a working store: appends continue at the copied head.
+        rec = await dst.backend.append_messages("sess-001-é", 10, [_msg(dst, "user", "after copy")])
+        assert rec.head_seq == 11
+
+
+@pytest.mark.postgres
+async def test_copy_postgres_to_sqlite_copies_every_kind_verbatim(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(pg_migrated) as src:
+        await _populate(src)
+    dst_url = _sqlite_url(tmp_path, "dst.db")
+    report = await statekeel.copy_store(pg_migrated, dst_url, batch_size=5)
+    assert report.verified and not report.resumed
+    async with statekeel.open_store(pg_migrated) as src, statekeel.open_store(dst_url) as dst:
+        await _assert_same(src, dst)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.postgres
+async def test_interrupted_copy_resumes_where_it_stopped(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await _populate(src)
+    batches: list[tuple[str, int]] = []
+
+    def crash_in_messages(table: str, copied: int) -> None:
+        batches.append((table, copied))
+        if table == "messages" and copied >= 12:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        await statekeel.copy_store(
+            _sqlite_url(tmp_path), pg_migrated, batch_size=4, on_batch=crash_in_messages
+        )
+    async with statekeel.open_store(pg_migrated) as dst:
+        assert await dst.backend.count_rows("sessions") == 7
+        assert await dst.backend.count_rows("messages") == 12
+        assert await dst.backend.count_rows("audit_log") == 0
+    # Without resume=True the half-filled destination is refused, and left as it was.
+    with pytest.raises(statekeel.ConflictError, match="resume=True"):
+        await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, batch_size=4, resume=True)
+    assert report.resumed and report.verified
+    by_table = {t.table: t for t in report.tables}
+    assert by_table["sessions"].copied == 0  # finished before the crash: not copied again
+    assert by_table["messages"].copied == 7 * 10 - 3 * 4 - 12
+    assert by_table["messages"].resumed_after is not None
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(pg_migrated) as dst:
+        await _assert_same(src, dst)
+
+
+@pytest.mark.postgres
+async def test_copy_into_non_empty_destination_is_refused_and_writes_nothing(
+    tmp_path: Any, pg_migrated: str
+) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await _populate(src, sessions=2)
+    async with statekeel.open_store(pg_migrated) as dst:
+        await dst.backend.append_messages("mine", 0, [_msg(dst, "user", "keep me")], create=True)
+    with pytest.raises(statekeel.ConflictError, match="not empty") as info:
+        await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated)
+    assert info.value.table == "sessions"  # type: ignore[attr-defined]
+    async with statekeel.open_store(pg_migrated) as dst:
+        assert await dst.backend.count_rows("sessions") == 1
+        assert await dst.backend.count_rows("messages") == 1
+
+
+@pytest.mark.postgres
+async def test_overwrite_replaces_destination_contents(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(pg_migrated) as dst:
+        await dst.backend.append_messages("stale", 0, [_msg(dst, "user", "old")], create=True)
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await src.backend.append_messages("fresh", 0, [_msg(src, "user", "new")], create=True)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, overwrite=True)
+    assert report.overwritten and report.verified
+    async with statekeel.open_store(pg_migrated) as dst:
+        assert await dst.backend.load_session("stale") is None
+        assert [m.payload["content"] for m in await dst.backend.read_messages("fresh")] == ["new"]
+
+
+async def test_overwrite_refuses_to_delete_audit_entries(tmp_path: Any) -> None:
+    src_url, dst_url = _sqlite_url(tmp_path, "a.db"), _sqlite_url(tmp_path, "b.db")
+    async with statekeel.open_store(src_url) as src:
+        await src.backend.append_messages("s", 0, [_msg(src, "user", "x")], create=True)
+    async with statekeel.open_store(dst_url) as dst:
+        await AuditLog(dst.backend, dst.codec).append("k", "actor", "subject", {"keep": True})
+    with pytest.raises(statekeel.ConflictError, match="never deleted"):
+        await statekeel.copy_store(src_url, dst_url, overwrite=True)
+    async with statekeel.open_store(dst_url) as dst:
+        assert await dst.backend.count_rows("audit_log") == 1
+
+
+async def test_copy_between_open_memory_stores(tmp_path: Any) -> None:
+    async with statekeel.open_store("memory://") as src, statekeel.open_store("memory://") as dst:
+        await _populate(src)
+        report = await statekeel.copy_store(src, dst, batch_size=1000)
+        assert report.verified
+        await _assert_same(src, dst)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": "10"}, "batch_size"),
+        ({"resume": True, "overwrite": True}, "not both"),
+    ],
+)
+async def test_bad_copy_arguments_raise_invalid_argument_before_anything_is_opened(
+    tmp_path: Any, kwargs: dict[str, Any], match: str
+) -> None:
+    dst = _sqlite_url(tmp_path, "never.db")
+    with pytest.raises(statekeel.InvalidArgument, match=match):
+        await statekeel.copy_store(_sqlite_url(tmp_path), dst, **kwargs)
+    assert not _exists(dst.removeprefix("sqlite:///"))
+
+
+async def test_copy_refuses_a_store_onto_itself_and_memory_urls(tmp_path: Any) -> None:
+    with pytest.raises(statekeel.InvalidArgument, match="same store"):
+        await statekeel.copy_store(_sqlite_url(tmp_path), _sqlite_url(tmp_path))
+    with pytest.raises(statekeel.InvalidArgument, match="memory"):
+        await statekeel.copy_store("memory://", _sqlite_url(tmp_path))

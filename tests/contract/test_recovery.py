@@ -1,0 +1,109 @@
+"""store.recover(): what a restarted agent needs to know and repair, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import statekeel
+from statekeel.recovery import INTERRUPTED_CONTENT, missing_tool_results
+
+
+def _assistant_calls(*ids: str) -> dict[str, object]:
+    return {
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "run", "arguments": "{}"}} for i in ids
+        ]
+    }
+
+
+async def _session_with_unanswered_call(store: statekeel.Store, key: str) -> None:
+    session = await store.sessions.get_or_create(key)
+    session.add_message("user", "run the tests and the linter")
+    session.add_message("assistant", None, **_assistant_calls("c1", "c2"))
+    session.add_message("tool", "3 passed", tool_call_id="c1")
+    await store.sessions.save(session)
+
+
+def test_missing_tool_results_reads_only_the_last_assistant_turn() -> None:
+    msgs = [
+        {"role": "assistant", "tool_calls": [{"id": "old"}]},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]},
+        {"role": "tool", "tool_call_id": "b", "content": "ok"},
+    ]
+    assert missing_tool_results(msgs) == ["a"]
+    assert missing_tool_results([*msgs, {"role": "assistant", "content": "done"}]) == []
+    assert missing_tool_results([]) == []
+
+
+async def test_recover_answers_orphaned_tool_calls_with_an_interrupted_result(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    report = await store.recover()
+    assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
+    reloaded = await store.sessions.load("agent-1")
+    assert reloaded is not None
+    last = reloaded.messages[-1]
+    assert last["role"] == "tool" and last["tool_call_id"] == "c2"
+    assert last["content"] == INTERRUPTED_CONTENT
+    assert [m.seq for m in await store.backend.read_messages("agent-1")] == [0, 1, 2, 3]
+
+
+async def test_recover_is_idempotent(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    await store.recover()
+    head = (await store.backend.load_session("agent-1")).head_seq  # type: ignore[union-attr]
+    second = await store.recover()
+    assert second.orphaned_tool_calls == {}
+    assert second.interrupted_tasks == []
+    assert (await store.backend.load_session("agent-1")).head_seq == head  # type: ignore[union-attr]
+
+
+async def test_recover_without_repair_writes_nothing(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    task = await store.tasks.create("build", status="queued")
+    claimed = await store.tasks.claim("w1", lease_seconds=30)
+    assert claimed is not None and claimed.id == task.id
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    report = await store.recover(repair=False, now=later)
+    assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
+    assert [t.id for t in report.interrupted_tasks] == [task.id]
+    assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]
+    current = await store.tasks.get(task.id)
+    assert current is not None and current.status == "running"
+
+
+async def test_recover_interrupts_running_tasks_whose_lease_expired(store: statekeel.Store) -> None:
+    expired = await store.tasks.create("expired", status="queued")
+    await store.tasks.claim("w1", lease_seconds=30)
+    live = await store.tasks.create("live", status="queued")
+    await store.tasks.claim("w2", lease_seconds=3600)
+    report = await store.recover(now=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+    assert [t.id for t in report.interrupted_tasks] == [expired.id]
+    assert (await store.tasks.get(expired.id)).status == "interrupted"  # type: ignore[union-attr]
+    assert (await store.tasks.get(live.id)).status == "running"  # type: ignore[union-attr]
+
+
+async def test_recover_lists_what_needs_a_decision(store: statekeel.Store) -> None:
+    approval = await store.approvals.request("repo", "deploy", {"env": "prod"}, "agent")
+    wf = await store.workflows.create("ship", [{"name": "build"}, {"name": "test", "depends_on": ["build"]}])
+    await store.workflows.start(wf.id)
+    report = await store.recover()
+    assert [a.id for a in report.pending_approvals] == [approval.id]
+    assert [w.id for w in report.unfinished_workflows] == [wf.id]
+    assert report.audit is not None and report.audit.ok
+    assert report.ok
+    assert report.summary()["pending_approvals"] == 1
+
+
+async def test_recover_leaves_sessions_held_by_a_live_agent_alone(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    lock = store.sessions.lock("agent-1")
+    await lock.acquire()
+    try:
+        report = await asyncio.create_task(store.recover())
+    finally:
+        await lock.release()
+    assert report.sessions_busy == ["agent-1"]
+    assert report.orphaned_tool_calls == {}
+    assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]

@@ -1,0 +1,393 @@
+"""SessionManager on every backend: round trips, delta saves, conflicts, lifecycle, listing, compression,
+the cache and bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+import statekeel
+from statekeel.backends.base import NewMessage
+from statekeel.sessions import Session
+
+
+async def stored(store: statekeel.Store, key: str) -> list[dict[str, Any]]:
+    """Every message of a session as the backend holds it (archive included), in seq order."""
+    found = await store.backend.load_session_with_messages(key, include_archived=True)
+    assert found is not None
+    record, rows = found
+    assert [r.seq for r in rows] == list(range(record.head_seq))  # dense
+    return [r.payload for r in rows]
+
+
+async def test_round_trip_of_messages_and_metadata(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("user-42")
+    s.metadata["title"] = "fix the build"
+    s.metadata["at"] = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+    s.add_message("user", "run the tests")
+    s.add_message("assistant", None, tool_calls=[{"id": "c1", "name": "pytest"}])
+    s.add_message("tool", {"passed": 3, "cost": Decimal("0.25"), "blob": b"\x00\x01"}, tool_call_id="c1")
+    await sm.save(s)
+    other = statekeel.SessionManager(store.backend, store.codec)  # no cache: reads the backend
+    again = await other.load("user-42")
+    assert again is not None
+    assert again.messages == s.messages
+    assert again.metadata == s.metadata
+    assert (again.status, again.last_consolidated, again.head_seq) == ("active", 0, 3)
+
+
+async def test_save_writes_only_new_messages_and_nothing_when_unchanged(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.add_message("user", "a")
+    await sm.save(s)
+    version = (await store.backend.load_session("s")).version  # type: ignore[union-attr]
+    await sm.save(s)  # nothing changed: no write
+    assert (await store.backend.load_session("s")).version == version  # type: ignore[union-attr]
+    s.add_message("assistant", "b")
+    await sm.save(s)
+    assert await stored(store, "s") == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ]
+
+
+async def test_concurrent_writer_makes_save_raise_conflict_and_nothing_interleaves(
+    store: statekeel.Store,
+) -> None:
+    first = store.sessions
+    second = statekeel.SessionManager(store.backend, store.codec)
+    a = await first.get_or_create("s")
+    a.add_message("user", "base")
+    await first.save(a)
+    b = await second.load("s")
+    assert b is not None
+    b.add_message("user", "from b")
+    await second.save(b)
+    a.add_message("user", "from a")
+    with pytest.raises(statekeel.ConflictError) as info:
+        await first.save(a)
+    assert info.value.current == 2
+    assert [m["content"] for m in await stored(store, "s")] == ["base", "from b"]
+
+
+async def test_metadata_and_status_changes_are_saved(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    await sm.save(s)
+    s.metadata = {"k": 1}
+    s.status = "archived"
+    await sm.save(s)
+    rec = await store.backend.load_session("s")
+    assert rec is not None and rec.metadata == {"k": 1} and rec.status == "archived"
+
+
+async def test_load_of_a_missing_session_is_none_and_get_or_create_writes_nothing(
+    store: statekeel.Store,
+) -> None:
+    assert await store.sessions.load("nope") is None
+    s = await store.sessions.get_or_create("nope")
+    assert s.messages == [] and s.status == "active"
+    assert await store.backend.load_session("nope") is None
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+BAD_KEYS: list[Any] = ["", "a\x00b", "x" * 513, 42, None, b"key"]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+async def test_invalid_keys_are_refused_everywhere(store: statekeel.Store, key: Any) -> None:
+    sm = store.sessions
+    for call in (
+        lambda: sm.load(key),
+        lambda: sm.get_or_create(key),
+        lambda: sm.expire(key),
+        lambda: sm.delete(key),
+        lambda: sm.compress(key, 1, "s"),
+        lambda: sm.archived(key),
+    ):
+        with pytest.raises(statekeel.InvalidKey):
+            await call()
+    with pytest.raises(statekeel.InvalidKey):
+        sm.lock(key)
+    with pytest.raises(statekeel.InvalidKey):
+        async with sm.open(key):
+            pass
+    assert (await sm.list()).items == []
+
+
+async def test_message_that_is_not_a_dict_or_has_a_bad_role_is_refused_before_writing(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.add_message("user", "kept")
+    await sm.save(s)
+    for bad in ("just text", {"content": "no role"}, {"role": "", "content": "x"}, {"role": 7}):
+        s.messages.append(bad)  # type: ignore[arg-type]
+        s.add_message("user", "after the bad one")
+        with pytest.raises(statekeel.InvalidArgument):
+            await sm.save(s)
+        del s.messages[1:]
+    assert [m["content"] for m in await stored(store, "s")] == ["kept"]
+    s.add_message("user", "store still usable")
+    await sm.save(s)
+    assert len(await stored(store, "s")) == 2
+
+
+async def test_removing_saved_messages_is_refused(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.add_message("user", "a")
+    s.add_message("user", "b")
+    await sm.save(s)
+    s.messages.pop()
+    with pytest.raises(statekeel.InvalidArgument):
+        await sm.save(s)
+
+
+async def test_saving_a_session_of_another_store_is_refused(store: statekeel.Store) -> None:
+    async with statekeel.open_store("memory://") as other:
+        foreign = await other.sessions.get_or_create("s")
+        foreign.add_message("user", "x")
+        with pytest.raises(statekeel.InvalidArgument):
+            await store.sessions.save(foreign)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.sessions.save("not a session")  # type: ignore[arg-type]
+    assert await store.backend.load_session("s") is None
+
+
+async def test_bad_status_and_list_arguments_are_refused(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.status = "paused"
+    with pytest.raises(statekeel.InvalidArgument):
+        await sm.save(s)
+    assert await store.backend.load_session("s") is None
+    for kwargs in ({"status": "paused"}, {"limit": 0}, {"limit": 10_001}, {"cursor": 3}, {"cursor": "zz"}):
+        with pytest.raises(statekeel.InvalidArgument):
+            await sm.list(**kwargs)
+
+
+# --- lifecycle -----------------------------------------------------------------------------------------
+
+
+async def saved(store: statekeel.Store, key: str, n: int = 1) -> Session:
+    s = await store.sessions.get_or_create(key)
+    for i in range(n):
+        s.add_message("user", f"{key}-{i}")
+    await store.sessions.save(s)
+    return s
+
+
+async def test_expire_archive_reopen_follow_the_legal_transitions(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await saved(store, "s")
+    assert (await sm.expire("s")).status == "expired"
+    assert s.status == "expired"  # the cached session follows
+    assert (await sm.archive("s")).status == "archived"
+    version = (await store.backend.load_session("s")).version  # type: ignore[union-attr]
+    with pytest.raises(statekeel.InvalidTransition):
+        await sm.expire("s")  # archived -> expired is not a transition
+    assert (await store.backend.load_session("s")).version == version  # type: ignore[union-attr]
+    assert (await sm.reopen("s")).status == "active"
+    assert (await sm.reopen("s")).status == "active"  # already there: no change
+    with pytest.raises(statekeel.NotFound):
+        await sm.expire("missing")
+
+
+async def test_delete_removes_the_session_and_its_messages(store: statekeel.Store) -> None:
+    sm = store.sessions
+    await saved(store, "s", 3)
+    assert await sm.delete("s") is True
+    assert await sm.load("s") is None
+    assert await store.backend.read_messages("s") == []
+    assert await sm.delete("s") is False
+
+
+async def test_cleanup_expires_idle_active_sessions_and_archives_idle_expired_ones(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    await saved(store, "idle")
+    await saved(store, "also-idle")
+    await saved(store, "old-expired")
+    await sm.expire("old-expired")
+    now = dt.datetime.now(dt.UTC)
+    changed = await sm.cleanup_expired(now + dt.timedelta(hours=2), expiry_hours=1, archive_hours=1000)
+    assert changed == 2  # idle, also-idle -> expired; old-expired stays expired (archive_hours not reached)
+    statuses = {r.key: r.status for r in (await sm.list()).items}
+    assert statuses == {"idle": "expired", "also-idle": "expired", "old-expired": "expired"}
+    assert await sm.cleanup_expired(now + dt.timedelta(hours=1001), expiry_hours=1, archive_hours=1000) == 3
+    assert {r.status for r in (await sm.list()).items} == {"archived"}
+    assert await sm.cleanup_expired(now) == 0
+    with pytest.raises(statekeel.InvalidArgument):
+        await sm.cleanup_expired(dt.datetime(2026, 1, 1))  # naive
+
+
+async def test_cleanup_leaves_recent_sessions_alone(store: statekeel.Store) -> None:
+    await saved(store, "s")
+    assert await store.sessions.cleanup_expired() == 0
+    assert (await store.backend.load_session("s")).status == "active"  # type: ignore[union-attr]
+
+
+async def test_list_pages_10000_sessions_newest_first_without_gaps(store: statekeel.Store) -> None:
+    n = 10_000
+    msg = NewMessage("user", store.codec.encode({"role": "user", "content": "x"}))
+    async with store.backend.atomic():
+        for i in range(n):
+            await store.backend.append_messages(f"s{i:05d}", 0, [msg], create=True)
+    await store.sessions.expire("s00007")
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    last = None
+    while True:
+        page = await store.sessions.list(limit=1000, cursor=cursor)
+        pages += 1
+        for rec in page.items:
+            key = (rec.updated_at, rec.key)
+            assert last is None or key < last  # strictly newest first
+            last = key
+            seen.append(rec.key)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert pages == 10 and len(seen) == n and len(set(seen)) == n
+    assert seen[0] == "s00007"  # expire touched it last
+    expired = await store.sessions.list(status="expired")
+    assert [r.key for r in expired.items] == ["s00007"] and expired.next_cursor is None
+
+
+# --- compression -----------------------------------------------------------------------------------------
+
+
+async def test_compress_moves_messages_to_the_archive_atomically_and_load_reads_only_the_rest(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 10)
+    everything = list(s.messages)
+    cid = await sm.compress("s", 6, "six messages about nothing")
+    assert s.last_consolidated == 6 and s.messages == everything[6:]  # the cached session follows
+    fresh = await statekeel.SessionManager(store.backend, store.codec).load("s")
+    assert fresh is not None
+    assert fresh.messages == everything[6:] and fresh.last_consolidated == 6 and fresh.head_seq == 10
+    assert [(x.compression_id, x.first_seq, x.upto_seq) for x in fresh.summaries] == [(cid, 0, 6)]
+    archived = await sm.archived("s", cid)
+    assert [a.payload for a in archived] == everything[:6] and [a.seq for a in archived] == list(range(6))
+    cid2 = await sm.compress("s", 8, "two more")
+    assert [a.compression_id for a in await sm.archived("s")] == [cid] * 6 + [cid2] * 2
+    full = await statekeel.SessionManager(store.backend, store.codec).load("s", include_archived=True)
+    assert full is not None and full.messages == everything and full.head_seq == 10
+    assert await stored(store, "s") == everything
+
+
+@pytest.mark.parametrize("upto", [0, 4, 11, -1])
+async def test_compress_out_of_range_is_refused_and_writes_nothing(store: statekeel.Store, upto: int) -> None:
+    sm = store.sessions
+    await saved(store, "s", 10)
+    await sm.compress("s", 4, "first")
+    before = await store.backend.load_session("s")
+    with pytest.raises(statekeel.InvalidArgument):
+        await sm.compress("s", upto, "bad")
+    assert await store.backend.load_session("s") == before
+    assert len(await sm.archived("s")) == 4
+    with pytest.raises(statekeel.InvalidArgument):
+        await sm.compress("s", 6, None)  # type: ignore[arg-type]
+    with pytest.raises(statekeel.NotFound):
+        await sm.compress("missing", 1, "x")
+
+
+async def test_messages_added_after_compression_keep_dense_sequence_numbers(store: statekeel.Store) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 4)
+    await sm.compress("s", 3, "sum")
+    s.add_message("user", "after")
+    await sm.save(s)
+    assert [m["content"] for m in await stored(store, "s")] == ["s-0", "s-1", "s-2", "s-3", "after"]
+
+
+# --- cache -----------------------------------------------------------------------------------------------
+
+
+async def test_same_session_object_while_cached_and_reload_after_eviction(
+    store_url: str, tmp_path: Any
+) -> None:
+    async with statekeel.open_store(store_url, cache_size=2, fallback_dir=os.fspath(tmp_path)) as st:
+        sm = st.sessions
+        a = await sm.get_or_create("a")
+        a.add_message("user", "in a")
+        await sm.save(a)
+        assert await sm.load("a") is a
+        await sm.get_or_create("b")
+        await sm.get_or_create("c")  # evicts a
+        assert sm.cached("a") is None
+        again = await sm.load("a")
+        assert (
+            again is not a and again is not None and again.messages == [{"role": "user", "content": "in a"}]
+        )
+
+
+async def test_eviction_saves_a_dirty_session_first(store_url: str, tmp_path: Any) -> None:
+    async with statekeel.open_store(store_url, cache_size=1, fallback_dir=os.fspath(tmp_path)) as st:
+        sm = st.sessions
+        a = await sm.get_or_create("a")
+        a.add_message("user", "never explicitly saved")
+        a.metadata["x"] = 1
+        await sm.get_or_create("b")  # evicts a, saving it
+        assert sm.cached("a") is None
+        rec = await st.backend.load_session("a")
+        assert rec is not None and rec.head_seq == 1 and rec.metadata == {"x": 1}
+
+
+async def test_a_dirty_session_whose_save_fails_stays_cached(store_url: str, tmp_path: Any) -> None:
+    async with statekeel.open_store(store_url, cache_size=1, fallback_dir=os.fspath(tmp_path)) as st:
+        sm = st.sessions
+        other = statekeel.SessionManager(st.backend, st.codec)
+        a = await sm.get_or_create("a")
+        a.add_message("user", "mine")
+        theirs = await other.get_or_create("a")
+        theirs.add_message("user", "theirs")
+        await other.save(theirs)
+        await sm.get_or_create("b")  # a's save conflicts: a stays cached, with a warning
+        assert sm.cached("a") is a and sm.cached("b") is not None
+        assert [m["content"] for m in await stored(st, "a")] == ["theirs"]
+
+
+async def test_load_sees_another_writers_appends_instead_of_a_stale_cache(store: statekeel.Store) -> None:
+    sm = store.sessions
+    other = statekeel.SessionManager(store.backend, store.codec)
+    await saved(store, "s", 1)
+    theirs = await other.load("s")
+    assert theirs is not None
+    theirs.add_message("assistant", "new")
+    await other.save(theirs)
+    mine = await sm.load("s")
+    assert mine is not None and [m["content"] for m in mine.messages] == ["s-0", "new"]
+
+
+async def test_open_saves_on_exit_also_when_the_block_raises(store: statekeel.Store) -> None:
+    sm = store.sessions
+    with pytest.raises(RuntimeError):
+        async with sm.open("s") as s:
+            s.add_message("user", "before the crash")
+            raise RuntimeError("tool blew up")
+    assert [m["content"] for m in await stored(store, "s")] == ["before the crash"]
+    async with sm.open("s") as s:
+        assert [m["content"] for m in s.messages] == ["before the crash"]
+        s.add_message("assistant", "recovered")
+    assert len(await stored(store, "s")) == 2
+
+
+async def test_unique_keys_per_test_do_not_leak(store: statekeel.Store) -> None:
+    # A sanity check of the fixture: every test starts from an empty store.
+    assert (await store.sessions.list()).items == []
+    assert uuid.uuid4()

@@ -1,0 +1,172 @@
+"""The step journal: two-phase records, replay, steps in doubt, resolution — on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+import statekeel
+
+Store = statekeel.Store
+
+
+class Counter:
+    """A side effect we can count."""
+
+    def __init__(self, value: Any = "done") -> None:
+        self.calls = 0
+        self.value = value
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.value
+
+
+async def _running(store: Store) -> statekeel.Task:
+    await store.tasks.create("t", status="queued")
+    task = await store.tasks.claim("w")
+    assert task is not None
+    return task
+
+
+async def test_a_step_runs_once_and_later_calls_return_the_recorded_result(store: Store) -> None:
+    task = await _running(store)
+    fn = Counter({"sent": 3, "at": dt.datetime(2024, 5, 1, tzinfo=dt.UTC)})
+    first = await store.tasks.step(task.id, "send-mail", fn)
+    again = await store.tasks.step(task.id, "send-mail", fn)
+    assert fn.calls == 1
+    assert first == again == fn.value
+    [record] = await store.tasks.steps(task.id)
+    assert (record.status, record.attempt, record.result) == ("succeeded", 1, fn.value)
+    assert record.finished_at is not None
+
+
+async def test_async_functions_and_awaitables_are_steps_too(store: Store) -> None:
+    task = await _running(store)
+    calls = []
+
+    async def fetch() -> int:
+        calls.append(1)
+        return 42
+
+    assert await store.tasks.step(task.id, "a", fetch) == 42
+    assert await store.tasks.step(task.id, "b", fetch()) == 42
+    assert await store.tasks.step(task.id, "a", fetch) == 42
+    # A coroutine passed for a step that already succeeded is closed, not run.
+    assert await store.tasks.step(task.id, "b", fetch()) == 42
+    assert len(calls) == 2
+
+
+async def test_a_failing_step_records_its_error_and_runs_again_next_time(store: Store) -> None:
+    task = await _running(store)
+
+    def boom() -> None:
+        raise ValueError("disk full")
+
+    with pytest.raises(ValueError, match="disk full"):
+        await store.tasks.step(task.id, "write", boom)
+    record = await store.tasks.get_step(task.id, "write")
+    assert record is not None and record.status == "failed"
+    assert record.error == {"type": "builtins.ValueError", "message": "disk full"}
+    fn = Counter(7)
+    assert await store.tasks.step(task.id, "write", fn) == 7
+    assert fn.calls == 1
+    record = await store.tasks.get_step(task.id, "write")
+    assert record is not None and (record.status, record.attempt) == ("succeeded", 2)
+
+
+async def _crash_after_start(store: Store, task_id: str, step_key: str) -> None:
+    """What a process that died inside ``fn`` leaves behind: a committed *started* record."""
+    _, run = await store.backend.begin_step(task_id, step_key, rerun_started=False)
+    assert run
+
+
+async def test_a_started_non_idempotent_step_is_in_doubt_and_fn_is_not_called(store: Store) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "charge")
+    fn = Counter()
+    with pytest.raises(statekeel.StepInDoubt) as info:
+        await store.tasks.step(task.id, "charge", fn)
+    assert fn.calls == 0
+    assert info.value.record.status == "started" and info.value.step_key == "charge"
+
+
+async def test_a_started_idempotent_step_is_run_again(store: Store) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "read")
+    fn = Counter("content")
+    assert await store.tasks.step(task.id, "read", fn, idempotent=True) == "content"
+    assert fn.calls == 1
+    record = await store.tasks.get_step(task.id, "read")
+    assert record is not None and (record.status, record.attempt) == ("succeeded", 2)
+
+
+async def test_resolve_step_settles_a_step_in_doubt(store: Store) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "charge")
+    await _crash_after_start(store, task.id, "refund")
+    fn = Counter("new")
+    settled = await store.tasks.resolve_step(task.id, "charge", "succeeded", result={"charge_id": "ch_1"})
+    assert settled.status == "succeeded"
+    assert await store.tasks.step(task.id, "charge", fn) == {"charge_id": "ch_1"}
+    await store.tasks.resolve_step(task.id, "refund", "failed", error="never reached the bank")
+    assert await store.tasks.step(task.id, "refund", fn) == "new"
+    assert fn.calls == 1
+    with pytest.raises(statekeel.InvalidTransition):
+        await store.tasks.resolve_step(task.id, "charge", "failed")
+    with pytest.raises(statekeel.NotFound):
+        await store.tasks.resolve_step(task.id, "unknown", "failed")
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.resolve_step(task.id, "charge", "maybe")
+
+
+async def test_steps_in_doubt_lists_started_steps_whose_runner_is_gone(store: Store) -> None:
+    live = await _running(store)
+    await _crash_after_start(store, live.id, "busy")
+    assert await store.tasks.steps_in_doubt() == []  # its task still holds a live lease
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    [doubt] = await store.tasks.steps_in_doubt()
+    assert (doubt.task_id, doubt.step_key, doubt.status) == (live.id, "busy", "started")
+
+
+async def test_an_unstorable_result_raises_and_leaves_the_step_in_doubt(store: Store) -> None:
+    task = await _running(store)
+    fn = Counter({"handle": object()})
+    with pytest.raises(statekeel.SerializationError, match="handle"):
+        await store.tasks.step(task.id, "open", fn)
+    record = await store.tasks.get_step(task.id, "open")
+    assert record is not None and record.status == "started"
+    with pytest.raises(statekeel.StepInDoubt):
+        await store.tasks.step(task.id, "open", fn)
+    assert fn.calls == 1
+
+
+async def test_bad_step_arguments_raise_typed_errors_and_write_nothing(store: Store) -> None:
+    task = await _running(store)
+    with pytest.raises(statekeel.InvalidKey):
+        await store.tasks.step(task.id, "", Counter())
+    with pytest.raises(statekeel.InvalidArgument, match="callable or an awaitable"):
+        await store.tasks.step(task.id, "k", 42)  # type: ignore[arg-type]
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.step(task.id, "k", Counter(), idempotent="yes")  # type: ignore[arg-type]
+    with pytest.raises(statekeel.NotFound):
+        await store.tasks.step("no-such-task", "k", Counter())
+    assert await store.tasks.steps(task.id) == []
+    assert await store.tasks.step(task.id, "k", Counter(1)) == 1
+
+
+async def test_a_worker_whose_lease_was_taken_over_cannot_start_a_step(store: Store) -> None:
+    zombie = await _running(store)
+    assert await store.tasks.step(zombie.id, "early", Counter(1), lease_epoch=zombie.lease_epoch) == 1
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    await store.tasks.transition(zombie.id, "queued")
+    heir = await store.tasks.claim("heir")
+    assert heir is not None and heir.lease_epoch == zombie.lease_epoch + 1
+    fn = Counter()
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.step(zombie.id, "late", fn, lease_epoch=zombie.lease_epoch)
+    assert fn.calls == 0 and await store.tasks.get_step(zombie.id, "late") is None
+    assert await store.tasks.step(heir.id, "late", fn, lease_epoch=heir.lease_epoch) == "done"
+    assert fn.calls == 1

@@ -1,0 +1,90 @@
+"""Parsing postgresql:// URLs: statekeel's options are validated before any connection is tried."""
+
+from __future__ import annotations
+
+import pytest
+
+import statekeel
+from statekeel.backends.postgres.backend import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_SIZE,
+    DEFAULT_MIN_SIZE,
+    PgTarget,
+    translate,
+)
+
+
+def test_url_options_are_read_and_removed_from_the_dsn() -> None:
+    t = PgTarget(
+        "postgresql://alice:s3cret@db.example:6432/agents"
+        "?pgbouncer=true&pool_min_size=0&pool_max_size=3&connect_timeout=2.5&sslmode=disable"
+    )
+    assert (t.host, t.port, t.database) == ("db.example", 6432, "agents")
+    assert t.pgbouncer is True
+    assert (t.min_size, t.max_size, t.connect_timeout) == (0, 3, 2.5)
+    # asyncpg must not see statekeel's options (it would send them to the server as settings).
+    assert "pgbouncer" not in t.dsn and "pool_" not in t.dsn and "connect_timeout" not in t.dsn
+    assert "sslmode=disable" in t.dsn
+
+
+def test_url_without_options_gets_the_defaults() -> None:
+    t = PgTarget("postgresql://postgres@127.0.0.1/postgres")
+    assert t.port == 5432
+    assert t.pgbouncer is False
+    assert (t.min_size, t.max_size, t.connect_timeout) == (
+        DEFAULT_MIN_SIZE,
+        DEFAULT_MAX_SIZE,
+        CONNECT_TIMEOUT_S,
+    )
+
+
+def test_target_names_host_and_database_but_never_the_password() -> None:
+    t = PgTarget("postgresql://alice:hunter2-secret@db.example:5433/agents")
+    assert str(t) == "postgresql://db.example:5433/agents"
+    assert "hunter2" not in str(t)
+    assert t.scrub("auth for hunter2-secret failed") == "auth for *** failed"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "pgbouncer=maybe",
+        "pool_max_size=0",
+        "pool_max_size=-1",
+        "pool_min_size=x",
+        "pool_min_size=5&pool_max_size=2",
+        "connect_timeout=0",
+        "connect_timeout=soon",
+    ],
+)
+def test_bad_url_option_raises_invalid_argument(query: str) -> None:
+    with pytest.raises(statekeel.InvalidArgument):
+        PgTarget(f"postgresql://postgres@localhost/db?{query}")
+
+
+def test_bad_port_raises_invalid_argument_without_the_password() -> None:
+    with pytest.raises(statekeel.InvalidArgument) as info:
+        PgTarget("postgresql://alice:pw-9f3a@localhost:notaport/db")
+    assert "pw-9f3a" not in str(info.value)
+
+
+def test_not_a_postgres_url_does_not_echo_the_url() -> None:
+    with pytest.raises(statekeel.InvalidArgument) as info:
+        PgTarget("mysql://alice:pw-9f3a@localhost/db")
+    assert "pw-9f3a" not in str(info.value)
+
+
+async def test_bad_url_option_fails_open_store_before_connecting() -> None:
+    # Port 1 would refuse or hang; the option error must come first.
+    with pytest.raises(statekeel.InvalidArgument, match="pool_max_size"):
+        await statekeel.open_store("postgresql://postgres@127.0.0.1:1/db?pool_max_size=0")
+
+
+def test_translate_keeps_statekeel_errors_and_scrubs_driver_messages() -> None:
+    t = PgTarget("postgresql://alice:topsecret@h/db")
+    original = statekeel.NotFound("x")
+    assert translate(original, t) is original
+    err = translate(OSError("could not reach h with password topsecret"), t)
+    assert isinstance(err, statekeel.BackendUnavailable)
+    assert "topsecret" not in str(err)
+    assert (err.host, err.database) == ("h", "db")  # type: ignore[attr-defined]
