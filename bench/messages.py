@@ -11,10 +11,11 @@ from typing import Any
 
 import orjson
 
-_WORDS = (
+_TEXT = (
     "agent repository test failure patch branch module import request latency retry budget cache "
     "session review deploy rollback config schema index query plan worker queue shard replica"
-).split()
+)
+_WORDS = _TEXT.split(" ")
 
 
 def _text(n_bytes: int, seed: int) -> str:
@@ -41,7 +42,10 @@ def turn(i: int) -> list[dict[str, Any]]:
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": "run_tests", "arguments": orjson.dumps({"path": _text(120, i)}).decode()},
+                    "function": {
+                        "name": "run_tests",
+                        "arguments": orjson.dumps({"path": _text(120, i)}).decode(),
+                    },
                 }
             ],
         },

@@ -15,6 +15,7 @@ back with ``load``. Each is driven through its own public API:
 from __future__ import annotations
 
 import abc
+import json
 import os
 import sqlite3
 import time
@@ -134,10 +135,13 @@ class Baseline(Adapter):
 
 
 class Original(Adapter):
-    """The original design, emulated: every save rewrites the whole session as one JSON document."""
+    """The original design, emulated: every save rewrites the whole session as one JSON document.
+
+    As that design ran it: stdlib ``json`` and aiosqlite's defaults (rollback journal, synchronous=FULL).
+    """
 
     name = "original-design"
-    durability = "normal"
+    durability = "full"
 
     def __init__(self) -> None:
         self.conn: Any = None
@@ -146,9 +150,9 @@ class Original(Adapter):
         import aiosqlite
 
         self.conn = await aiosqlite.connect(os.path.join(directory, "original.db"))
-        await self.conn.execute("PRAGMA journal_mode = WAL")
-        await self.conn.execute("PRAGMA synchronous = NORMAL")
-        await self.conn.execute("CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, data TEXT NOT NULL)")
+        await self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, data TEXT NOT NULL)"
+        )
         await self.conn.commit()
 
     async def start(self, key: str) -> Any:
@@ -158,7 +162,7 @@ class Original(Adapter):
         handle["messages"].extend(messages)
         await self.conn.execute(
             "INSERT OR REPLACE INTO sessions (key, data) VALUES (?, ?)",
-            (handle["key"], orjson.dumps(handle).decode()),
+            (handle["key"], json.dumps(handle)),
         )
         await self.conn.commit()
 
@@ -166,7 +170,7 @@ class Original(Adapter):
         async with self.conn.execute("SELECT data FROM sessions WHERE key = ?", (key,)) as cur:
             row = await cur.fetchone()
         assert row is not None
-        return list(orjson.loads(row[0])["messages"])
+        return list(json.loads(row[0])["messages"])
 
     async def close(self) -> None:
         await self.conn.close()
@@ -228,7 +232,11 @@ class LangGraph(Adapter):
         await self.saver.setup()
 
     async def start(self, key: str) -> Any:
-        return {"config": {"configurable": {"thread_id": key, "checkpoint_ns": ""}}, "messages": [], "step": 0}
+        return {
+            "config": {"configurable": {"thread_id": key, "checkpoint_ns": ""}},
+            "messages": [],
+            "step": 0,
+        }
 
     async def append_turn(self, handle: Any, messages: list[dict[str, Any]]) -> None:
         from langgraph.checkpoint.base import empty_checkpoint

@@ -30,7 +30,8 @@ from .errors import (
     StepInDoubt,
     StorageCorrupt,
 )
-from .sessions import Session, SessionManager
+from .fallback import ReplayReport
+from .sessions import Session, SessionLock, SessionManager
 from .store import Store, open_store
 from .tasks import Task, TaskManager
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
@@ -54,9 +55,11 @@ __all__ = [
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",
+    "ReplayReport",
     "SchemaTooNew",
     "SerializationError",
     "Session",
+    "SessionLock",
     "SessionManager",
     "StatekeelError",
     "StepInDoubt",

@@ -239,6 +239,18 @@ def _from_json(value: Any) -> Any:
     return value
 
 
+def _decode_tree(value: Any) -> Any:
+    """:func:`_from_json` with malformed tagged values (damaged or foreign data) as SerializationError."""
+    try:
+        return _from_json(value)
+    except SerializationError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+        raise SerializationError(
+            f"stored record has a malformed tagged value ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def _untag(tag: str, value: dict[str, Any]) -> Any:
     v: Any = value.get("v")
     if tag == "dict":
@@ -260,10 +272,19 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
     if tag == "bytes":
         return base64.b64decode(v)
     if tag == "enum":
-        return _resolve_class(value["cls"])(_from_json(v))
+        enum_cls = _resolve_class(value["cls"])
+        # Stored data names the class: only ever call an Enum, never an arbitrary class of an imported
+        # module (that would let a tampered record run code).
+        if not issubclass(enum_cls, enum.Enum):
+            raise SerializationError(f"stored enum refers to {value['cls']!r}, which is not an Enum")
+        return enum_cls(_from_json(v))
     if tag == "dataclass":
         cls: Any = _resolve_class(value["cls"])
+        if not dataclasses.is_dataclass(cls):
+            raise SerializationError(f"stored dataclass refers to {value['cls']!r}, which is not a dataclass")
         fields = _from_json(v)
+        if type(fields) is not dict:
+            raise SerializationError(f"stored dataclass {value['cls']!r} has no field mapping")
         obj = object.__new__(cls)
         # Bypass __init__ (and frozen checks): we restore exactly what was stored.
         for name, field_value in fields.items():
@@ -341,12 +362,12 @@ class Codec:
         # Most records have no tagged values: skip the Python walk entirely for them.
         needle = _TAG_BYTES if isinstance(raw, (bytes, bytearray, memoryview)) else '"$sk"'
         if needle in raw:  # type: ignore[operator]
-            return _from_json(value)
+            return _decode_tree(value)
         return value
 
     def from_json(self, value: Any) -> Any:
         """Undo :meth:`to_json` on a value that was already parsed (e.g. a JSONB column)."""
-        return _from_json(value)
+        return _decode_tree(value)
 
 
 default_codec = Codec()

@@ -97,7 +97,6 @@ class Session:
     """
 
     __slots__ = (
-        "__weakref__",
         "_codec",
         "_fallback",
         "_first",
@@ -429,6 +428,8 @@ class SessionManager:
             session = await self.get_or_create(key)
             try:
                 yield session
+            except GeneratorExit:
+                raise  # the block was abandoned, not finished: nothing may be awaited any more
             except BaseException:
                 try:
                     await self.save(session)

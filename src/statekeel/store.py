@@ -126,8 +126,8 @@ class Store:
     async def recover(self, repair: bool = True, *, now: dt.datetime | None = None) -> RecoveryReport:
         """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
 
-            report = await store.recover()
-            assert report.ok, report.summary()
+        report = await store.recover()
+        assert report.ok, report.summary()
         """
         return await recover(self, repair=repair, now=now)
 

@@ -237,3 +237,42 @@ async def test_copy_refuses_a_store_onto_itself_and_memory_urls(tmp_path: Any) -
         await statekeel.copy_store(_sqlite_url(tmp_path), _sqlite_url(tmp_path))
     with pytest.raises(statekeel.InvalidArgument, match="memory"):
         await statekeel.copy_store("memory://", _sqlite_url(tmp_path))
+
+
+# Tables that copy_store deliberately leaves out: the schema record (the destination has its own) and
+# session leases (locks held by live processes of the source, meaningless in another store).
+NOT_COPIED = {"schema_migrations", "session_leases"}
+
+
+def _sqlite_tables(path: str) -> set[str]:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+
+
+async def test_every_sqlite_table_is_copied_or_deliberately_left_out(tmp_path: Any) -> None:
+    url = _sqlite_url(tmp_path, "schema.db")
+    async with statekeel.open_store(url):
+        pass
+    tables = _sqlite_tables(url.removeprefix("sqlite:///"))
+    # A new state kind's table must be added to backends/sql/copy.py TABLES (and copy.sql), or here.
+    assert tables - NOT_COPIED == {t.name for t in TABLES}
+
+
+@pytest.mark.postgres
+async def test_every_postgres_table_is_copied_or_deliberately_left_out(pg_migrated: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_migrated)
+    try:
+        rows = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+            "AND table_type = 'BASE TABLE'"
+        )
+    finally:
+        await conn.close()
+    assert {r[0] for r in rows} - NOT_COPIED == {t.name for t in TABLES}

@@ -136,7 +136,9 @@ async def test_list_with_a_cursor_it_did_not_return_is_invalid_argument(
     assert len((await store.backend.list_sessions()).items) == 1
 
 
-async def test_update_session_with_expected_version_changes_metadata_and_status(store: statekeel.Store) -> None:
+async def test_update_session_with_expected_version_changes_metadata_and_status(
+    store: statekeel.Store,
+) -> None:
     rec = await store.backend.create_session("s")
     new = await store.backend.update_session(
         "s", expected_version=rec.version, metadata=store.codec.encode({"a": 1}), status="expired"
@@ -151,7 +153,9 @@ async def test_update_session_at_stale_version_raises_conflict_with_current_and_
     store: statekeel.Store,
 ) -> None:
     rec = await store.backend.create_session("s", metadata=store.codec.encode({"a": 1}))
-    await store.backend.update_session("s", expected_version=rec.version, metadata=store.codec.encode({"a": 2}))
+    await store.backend.update_session(
+        "s", expected_version=rec.version, metadata=store.codec.encode({"a": 2})
+    )
     before = await store.backend.load_session("s")
     assert before is not None
     with pytest.raises(statekeel.ConflictError) as info:
@@ -203,7 +207,9 @@ async def test_read_messages_by_range_and_tail(store: statekeel.Store) -> None:
 async def test_archive_moves_messages_and_advances_last_consolidated_together(store: statekeel.Store) -> None:
     b = store.backend
     await _fill(store, "s", 6)
-    rec = await b.archive_messages("s", compression_id="c1", upto_seq=4, summary="sum1", expected_consolidated=0)
+    rec = await b.archive_messages(
+        "s", compression_id="c1", upto_seq=4, summary="sum1", expected_consolidated=0
+    )
     assert (rec.last_consolidated, rec.head_seq) == (4, 6)
     assert [r.seq for r in await b.read_messages("s")] == [4, 5]
     archived = await b.read_archive("s")
@@ -255,13 +261,17 @@ async def test_archive_at_stale_consolidation_conflicts_and_changes_nothing(stor
 
 
 @pytest.mark.parametrize("upto", [0, 2, 7, -1])
-async def test_archive_of_a_bad_range_is_refused_and_changes_nothing(store: statekeel.Store, upto: int) -> None:
+async def test_archive_of_a_bad_range_is_refused_and_changes_nothing(
+    store: statekeel.Store, upto: int
+) -> None:
     b = store.backend
     await _fill(store, "s", 6)
     await b.archive_messages("s", compression_id="c1", upto_seq=2, summary="s", expected_consolidated=0)
     before = await _snapshot(store, "s")
     with pytest.raises(statekeel.InvalidArgument):
-        await b.archive_messages("s", compression_id="c2", upto_seq=upto, summary="s", expected_consolidated=2)
+        await b.archive_messages(
+            "s", compression_id="c2", upto_seq=upto, summary="s", expected_consolidated=2
+        )
     assert await _snapshot(store, "s") == before
 
 

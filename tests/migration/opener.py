@@ -1,6 +1,6 @@
 """A process that opens a store the moment its parent says go (used by the concurrent-open tests).
 
-    python opener.py URL NAME   # prints "ready", waits for a line on stdin, opens, writes, prints "ok N"
+python opener.py URL NAME   # prints "ready", waits for a line on stdin, opens, writes, prints "ok N"
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ def paths(tmp_path: Path) -> tuple[str, Path, Path]:
     return f"sqlite:///{db}", db, tmp_path / "fallback"
 
 
+def read_bytes(path: str | Path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 async def contents(store: statekeel.Store, key: str) -> list[Any]:
     found = await store.backend.load_session_with_messages(key)
     assert found is not None
@@ -110,7 +115,9 @@ async def test_a_session_created_during_the_outage_survives_a_restart_and_is_rep
         assert os.listdir(fb) == []
 
 
-async def test_tricky_keys_get_distinct_fallback_files_inside_the_directory(paths: tuple[str, Path, Path]) -> None:
+async def test_tricky_keys_get_distinct_fallback_files_inside_the_directory(
+    paths: tuple[str, Path, Path],
+) -> None:
     url, db, fb = paths
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
         with database_write_locked(db):
@@ -119,7 +126,9 @@ async def test_tricky_keys_get_distinct_fallback_files_inside_the_directory(path
                 s.add_message("user", f"content of {key}")
                 await store.sessions.save(s)
             assert len(os.listdir(fb)) == len(NASTY_KEYS)
-            assert sorted(os.listdir(fb.parent)) == sorted(["agent.db", "agent.db-shm", "agent.db-wal", "fallback"])
+            assert sorted(os.listdir(fb.parent)) == sorted(
+                ["agent.db", "agent.db-shm", "agent.db-wal", "fallback"]
+            )
             fresh = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)
             for key in NASTY_KEYS:
                 s = await fresh.load(key)
@@ -147,7 +156,7 @@ async def test_a_corrupt_fallback_file_is_quarantined_without_stopping_the_other
         assert report.replayed == {"good-1": 1, "good-2": 1}
         assert len(report.quarantined) == 1
         (quarantined,) = report.quarantined
-        assert Path(quarantined).exists() and not bad.exists()
+        assert os.listdir(fb) == [os.path.basename(quarantined)]  # renamed aside; the good ones are gone
         assert await contents(store, "good-1") == ["good-1"]
         assert await store.backend.load_session("bad") is None
 
@@ -199,7 +208,7 @@ async def test_a_fallback_that_conflicts_with_another_writer_is_quarantined_not_
         report = await fresh.replay_fallback()
         assert report.replayed == {} and len(report.quarantined) == 1
         (path,) = report.quarantined
-        assert b"fallback only" in Path(path).read_bytes()  # kept for a human, never lost
+        assert b"fallback only" in read_bytes(path)  # kept for a human, never lost
         assert await contents(store, "s") == ["a", "other writer"]
 
 
@@ -294,3 +303,42 @@ def test_kill_9_while_writing_fallback_files_leaves_the_last_acknowledged_or_a_n
         assert snap is not None
         assert [m["content"] for m in snap.messages] == list(range(len(snap.messages)))
         assert len(snap.messages) >= acknowledged + 1
+
+
+async def test_a_lock_that_cannot_record_its_lease_raises_and_is_not_left_held(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        lock = store.sessions.lock("s")
+        with database_write_locked(db), pytest.raises(statekeel.BackendUnavailable):
+            async with store.sessions.open("s"):
+                pass
+        assert not lock.locked() and "s" not in store.sessions._held
+        async with store.sessions.open("s") as s:  # the store stays usable
+            s.add_message("user", "after")
+        assert await contents(store, "s") == ["after"]
+
+
+async def test_load_quarantines_a_corrupt_fallback_file_and_returns_the_database_version(
+    paths: tuple[str, Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        s = await store.sessions.get_or_create("s")
+        s.add_message("user", "in the database")
+        await store.sessions.save(s)
+        with database_write_locked(db):
+            s.add_message("user", "in the file")
+            await store.sessions.save(s)
+    name = file_stem("s") + ".jsonl"
+    with open(fb / name, "ab") as fh:
+        fh.write(b'{"role": "user", "content": "torn')  # a torn last line
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        with caplog.at_level(logging.WARNING, "statekeel.fallback"):
+            loaded = await store.sessions.load("s")
+        assert loaded is not None and [m["content"] for m in loaded.messages] == ["in the database"]
+        (aside,) = os.listdir(fb)
+        assert aside.startswith(name + ".corrupt-") and "quarantined" in caplog.text
+        report = await store.sessions.replay_fallback()
+        assert list(report.quarantined) == [os.fspath(fb / aside)]  # reported by the next replay

@@ -170,7 +170,19 @@ def message_list_with(bad: Any) -> dict[str, Any]:
         type("Custom", (), {})(),
         ToolCall,  # a class, not an instance
     ],
-    ids=["lambda", "builtin", "set", "frozenset", "nan", "inf", "-inf", "decimal-nan", "object", "custom", "class"],
+    ids=[
+        "lambda",
+        "builtin",
+        "set",
+        "frozenset",
+        "nan",
+        "inf",
+        "-inf",
+        "decimal-nan",
+        "object",
+        "custom",
+        "class",
+    ],
 )
 def test_unsupported_values_raise_serialization_error_naming_their_path(bad: Any) -> None:
     assert _path_of(message_list_with(bad)) == "messages[3].content.foo"
@@ -282,3 +294,45 @@ def test_orjson_codec_against_stdlib_json_on_a_typical_message(capsys: pytest.Ca
             f"statekeel/orjson {ours / n * 1e6:.1f} us, stdlib json {stdlib / n * 1e6:.1f} us "
             f"(stdlib/ours = {stdlib / ours:.1f}x)"
         )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"$sk": "bytes"}',
+        b'{"$sk": "bytes", "v": "not base64!"}',
+        b'{"$sk": "int", "v": "12x"}',
+        b'{"$sk": "datetime", "v": 5}',
+        b'{"$sk": "date", "v": "yesterday"}',
+        b'{"$sk": "uuid", "v": "nope"}',
+        b'{"$sk": "decimal", "v": "1.2.3"}',
+        b'{"$sk": "dict", "v": [1]}',
+        b'{"$sk": "nulstr", "v": "////"}',
+        b'{"$sk": "enum", "v": 1}',
+        b'{"$sk": "dataclass", "cls": "test_codec:ToolCall", "v": [1, 2]}',
+        b'{"$sk": 7}',
+    ],
+)
+def test_decoding_a_malformed_tagged_value_raises_serialization_error(raw: bytes) -> None:
+    with pytest.raises(SerializationError):
+        Codec().decode(raw)
+
+
+class Spy:
+    """A class that must never be instantiated by decoding stored data."""
+
+    calls: list[Any] = []
+
+    def __init__(self, *args: Any) -> None:
+        Spy.calls.append(args)
+
+
+@pytest.mark.parametrize("tag", ["enum", "dataclass"])
+def test_decoding_never_instantiates_a_class_that_is_not_an_enum_or_dataclass(tag: str) -> None:
+    ref = f"{Spy.__module__}:{Spy.__qualname__}"
+    raw = json.dumps({"$sk": tag, "cls": ref, "v": "payload" if tag == "enum" else {}}).encode()
+    with pytest.raises(SerializationError):
+        Codec().decode(raw)
+    assert Spy.calls == []
+    with pytest.raises(SerializationError):
+        Codec().decode(json.dumps({"$sk": "enum", "cls": "subprocess:Popen", "v": ["true"]}).encode())

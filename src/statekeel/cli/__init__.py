@@ -1,7 +1,7 @@
 """The ``statekeel`` command: a thin layer over the public API.
 
-    statekeel demo                 # the crash-and-resume demo, in a fresh temporary directory
-    statekeel --db sqlite:///agent.db info
+statekeel demo                 # the crash-and-resume demo, in a fresh temporary directory
+statekeel --db sqlite:///agent.db info
 """
 
 from __future__ import annotations

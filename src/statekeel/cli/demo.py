@@ -32,16 +32,21 @@ from . import main
 )
 @click.option("--seed", type=int, default=None, help="Seed of the random kill moments.")
 @click.pass_context
-def demo(ctx: click.Context, url: str | None, keep: bool, sessions: int, cycles: int, seed: int | None) -> None:
+def demo(
+    ctx: click.Context, url: str | None, keep: bool, sessions: int, cycles: int, seed: int | None
+) -> None:
     """A writer process appends agent turns and is killed with SIGKILL at a random moment; the store is
     reopened and every acknowledged message is verified. Exits 0 only if verified.
 
     $STATEKEEL_URL is not used: the demo never writes into your store unless you pass --db.
     """
     parent = ctx.parent
-    if url is None and parent is not None:
-        if parent.get_parameter_source("url") == click.core.ParameterSource.COMMANDLINE:
-            url = parent.params["url"]
+    if (
+        url is None
+        and parent is not None
+        and parent.get_parameter_source("url") == click.core.ParameterSource.COMMANDLINE
+    ):
+        url = parent.params["url"]
     console = Console(highlight=False)
     tmpdir: str | None = None
     if url is None:
@@ -58,9 +63,7 @@ def demo(ctx: click.Context, url: str | None, keep: bool, sessions: int, cycles:
             )
         where = url
     try:
-        result = asyncio.run(
-            run_demo(url, sessions=sessions, cycles=cycles, rng=random.Random(seed))
-        )
+        result = asyncio.run(run_demo(url, sessions=sessions, cycles=cycles, rng=random.Random(seed)))
     except DemoFailed as exc:
         console.print(f"[red bold]demo could not run[/red bold]: {exc}", markup=True)
         ctx.exit(1)

@@ -45,7 +45,11 @@ def expected_message(key: str, seq: int) -> dict[str, Any]:
                     "type": "function",
                     "function": {
                         "name": "run_tests",
-                        "arguments": f'{{"path": "tests/test_{turn % 17}.py", "verbose": true}}',
+                        "arguments": (
+                            f'{{"path": "tests/test_{turn % 17}.py", "verbose": true, "timeout_s": 120, '
+                            '"env": {"PYTHONHASHSEED": "0", "CI": "true"}, '
+                            '"extra_args": ["-x", "-q", "--tb=short"]}'
+                        ),
                     },
                 }
             ],

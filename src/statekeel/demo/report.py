@@ -34,7 +34,8 @@ def render(console: Console, result: DemoResult, *, where: str) -> None:
     extra = v.stored - v.acknowledged
     if v.ok:
         console.print(
-            f"[green]verified[/green]: all {v.acknowledged} acknowledged messages survived the kill, in order, "
+            f"[green]verified[/green]: all {v.acknowledged} acknowledged messages survived the kill, "
+            "in order, "
             f"with dense sequence numbers and the exact content written ({result.verify_s * 1000:.0f} ms). "
             f"{extra} more were committed just before the kill without being acknowledged. "
             "integrity_check: ok."

@@ -1,7 +1,7 @@
 """The demo's parent side: run the writer, SIGKILL it at a random moment, reopen and verify.
 
-    result = await run_demo("sqlite:////path/to/demo.db", sessions=3, cycles=1, rng=random.Random(7))
-    assert result.verification.ok
+result = await run_demo("sqlite:////path/to/demo.db", sessions=3, cycles=1, rng=random.Random(7))
+assert result.verification.ok
 """
 
 from __future__ import annotations
@@ -76,7 +76,12 @@ async def _read_acks(stream: asyncio.StreamReader, cycle: Cycle, ready: asyncio.
 
 
 async def run_cycle(
-    url: str, *, sessions: int = 3, kill_after_s: float, from_spawn: bool = False, max_turns: int | None = None
+    url: str,
+    *,
+    sessions: int = 3,
+    kill_after_s: float,
+    from_spawn: bool = False,
+    max_turns: int | None = None,
 ) -> Cycle:
     """Start the writer on ``url`` and SIGKILL it ``kill_after_s`` after it is ready (or after spawning it,
     with ``from_spawn``: then the kill may land while it opens or migrates the store)."""

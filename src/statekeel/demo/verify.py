@@ -71,18 +71,22 @@ async def check_session(store: Store, key: str, acked: Iterable[int]) -> Session
     """Verify one session against its acknowledged sequence numbers."""
     acked_set = set(acked)
     problems: list[str] = []
-    session = await store.sessions.load(key)
-    if session is None:
+    # The backend's row and messages on one snapshot: head_seq is what the store promised, not a count.
+    found = await store.backend.load_session_with_messages(key)
+    if found is None:
         return SessionCheck(key, len(acked_set), 0, ("session is missing",))
-    rows = await store.backend.read_messages(key, start=session.last_consolidated)
+    record, rows = found
     seqs = [row.seq for row in rows]
-    expected_seqs = list(range(session.last_consolidated, session.head_seq))
+    expected_seqs = list(range(record.last_consolidated, record.head_seq))
     if seqs != expected_seqs:
         problems.append(
-            f"sequence numbers are not dense and ordered: expected {_span(expected_seqs)}, found {_span(seqs)}"
+            "sequence numbers are not dense and ordered: "
+            f"expected {_span(expected_seqs)}, found {_span(seqs)}"
         )
-    if [row.payload for row in rows] != session.messages:
-        problems.append("load() and read_messages() disagree on the messages")
+    # What an agent would get back through the public API must be the same messages.
+    session = await store.sessions.load(key)
+    if session is None or session.messages != [row.payload for row in rows]:
+        problems.append("sessions.load() does not return the stored messages")
     present = set(seqs)
     missing = sorted(s for s in acked_set if s not in present)
     if missing:

@@ -2,8 +2,18 @@
 
 The same operations as SQLite run on pooled asyncpg connections; there is no instance-wide lock, so
 independent calls proceed in parallel and conditional updates (``WHERE head_seq = $n``) do the
-serializing. ``?pgbouncer=true`` in the URL turns off the prepared-statement cache for PgBouncer's
-transaction pooling. Migrations are serialized across processes with ``pg_advisory_lock``.
+serializing. Migrations are serialized across processes with ``pg_advisory_lock``.
+
+URL options (``postgresql://user@host:5432/db?pool_max_size=20``): ``pgbouncer=true`` (no prepared
+statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size`` (1),
+``pool_max_size`` (10), ``connect_timeout`` (10 s). Anything else goes to asyncpg.
+
+When the server goes away (restart, failover, ``pg_terminate_backend``) calls raise
+``BackendUnavailable`` naming host and database, and the pool reconnects by itself. A call that met a
+dead connection is retried once on a fresh one — reads always, writes only if COMMIT was not sent yet
+(the server rolled the transaction back). A write whose COMMIT got no answer is never retried: it raises
+``BackendUnavailable`` with ``outcome="unknown"``, and the caller re-reads (a conditional append then
+tells whether it landed).
 """
 
 from __future__ import annotations
@@ -45,6 +55,11 @@ MIGRATION_LOCK_ID = 0x5D_7A_7E_4E_E1
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_MIN_SIZE = 1
 DEFAULT_MAX_SIZE = 10
+
+_SCHEMA_MIGRATIONS_DDL = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+    "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+)
 
 _QUERIES: dict[str, str] | None = None
 
@@ -303,6 +318,13 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     init=None if self.target.pgbouncer else self._init_connection,
                     reset=_keep_session,
                 )
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"{self.target} did not answer within the connect timeout ({self._connect_timeout:g} s)",
+                host=self.target.host,
+                port=self.target.port,
+                database=self.target.database,
+            ) from None
         except BaseException as exc:
             raise translate(exc, self.target) from None
         try:
@@ -344,24 +366,31 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         try:
             async with pool.acquire() as conn:
                 # Cheap path: an up-to-date database needs no lock.
-                if not pending(await self._applied(conn), self._migrations, where=str(self.target)):
-                    return
-                await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
-                try:
-                    for mig in pending(await self._applied(conn), self._migrations, where=str(self.target)):
-                        await self._apply(conn, mig)
-                finally:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+                async with conn.transaction():
+                    if not pending(await self._applied(conn), self._migrations, where=str(self.target)):
+                        return
+                # One transaction per migration, holding the advisory lock until its COMMIT (a session
+                # lock would not hold behind PgBouncer's transaction pooling, where each transaction may
+                # run on another server connection). _apply's own transaction nests as a savepoint.
+                while True:
+                    async with conn.transaction():
+                        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
+                        # DDL makes the server process pending catalog invalidations: without it this
+                        # connection's cached "no schema_migrations" from the cheap path could survive
+                        # the wait for the lock, and a migration another process just applied would be
+                        # applied again.
+                        await conn.execute(_SCHEMA_MIGRATIONS_DDL)
+                        todo = pending(await self._applied(conn), self._migrations, where=str(self.target))
+                        if not todo:
+                            return
+                        await self._apply(conn, todo[0])
         except BaseException as exc:
             raise translate(exc, self.target) from exc
 
     async def _apply(self, conn: asyncpg.Connection, mig: Migration) -> None:
         try:
             async with conn.transaction():
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                    "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
-                )
+                await conn.execute(_SCHEMA_MIGRATIONS_DDL)
                 await conn.execute(mig.sql)
                 await conn.execute(
                     "INSERT INTO schema_migrations (version, name, checksum, applied_at) "
@@ -385,7 +414,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
     async def migrations(self) -> list[MigrationInfo]:
         pool = self._require_pool()
         try:
-            async with pool.acquire() as conn:
+            async with pool.acquire() as conn, conn.transaction(readonly=True):
                 return await self._applied(conn)
         except BaseException as exc:
             raise translate(exc, self.target) from exc
@@ -395,7 +424,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         problems: list[str] = []
         pool = self._require_pool()
         try:
-            async with pool.acquire() as conn:
+            async with pool.acquire() as conn, conn.transaction(readonly=True):
                 for table in (
                     "sessions",
                     "messages",

@@ -1,0 +1,94 @@
+"""The ``statekeel`` command group: --db resolution and ``info`` (the demo has its acceptance tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import statekeel
+from statekeel.cli import main
+
+
+def make_store(path: Path, statuses: dict[str, str]) -> None:
+    async def fill() -> None:
+        async with statekeel.open_store(f"sqlite:///{path}") as store:
+            for key, status in statuses.items():
+                await store.backend.create_session(key)
+                if status != "active":
+                    await store.backend.update_session(key, status=status)
+
+    asyncio.run(fill())
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_info_reports_schema_sessions_and_integrity(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    make_store(db, {"a": "active", "b": "active", "c": "expired"})
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "info"])
+    assert result.exit_code == 0, result.output
+    out = flat(result.output)
+    version = len(os.listdir(Path(statekeel.__file__).parent / "backends" / "sqlite" / "migrations")) - 1
+    assert f"schema version {version}" in out
+    assert "sessions: 3 (2 active, 1 expired)" in out
+    assert "integrity check: ok" in out
+
+
+def test_db_defaults_to_statekeel_url_from_the_environment(tmp_path: Path) -> None:
+    db = tmp_path / "env.db"
+    make_store(db, {"x": "active"})
+    result = CliRunner().invoke(main, ["info"], env={"STATEKEEL_URL": f"sqlite:///{db}"})
+    assert result.exit_code == 0, result.output
+    assert "sessions: 1 (1 active)" in flat(result.output)
+
+
+def test_db_defaults_to_statekeel_db_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STATEKEEL_URL", raising=False)
+    result = CliRunner().invoke(main, ["info"])
+    assert result.exit_code == 1
+    assert "no store at statekeel.db" in flat(result.output)
+    assert os.listdir(tmp_path) == []  # info never creates a store
+    make_store(tmp_path / "statekeel.db", {"here": "active"})
+    result = CliRunner().invoke(main, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "sessions: 1" in flat(result.output)
+
+
+def test_info_on_a_file_that_is_not_a_store_exits_1_and_leaves_it(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n" * 100)
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{path}", "info"])
+    assert result.exit_code == 1
+    assert "StorageCorrupt" in flat(result.output)
+    assert path.read_text() == "hello\n" * 100
+
+
+def test_info_with_an_unknown_scheme_exits_1(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--db", "mysql://h/db", "info"])
+    assert result.exit_code == 1
+    assert "InvalidArgument" in flat(result.output)
+
+
+def test_group_level_db_on_the_command_line_is_used_by_the_demo(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "demo", "--sessions", "1"])
+    assert result.exit_code == 0, result.output
+    assert db.exists()
+    assert f"store: sqlite:///{db}" in flat(result.output)
+
+
+def test_demo_ignores_statekeel_url_and_uses_a_temporary_directory(tmp_path: Path) -> None:
+    db = tmp_path / "mine.db"
+    result = CliRunner().invoke(main, ["demo", "--sessions", "1"], env={"STATEKEEL_URL": f"sqlite:///{db}"})
+    assert result.exit_code == 0, result.output
+    assert not db.exists()
+    assert "(temporary, removed afterwards)" in flat(result.output)
