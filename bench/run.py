@@ -28,6 +28,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import floor  # noqa: E402
 import large  # noqa: E402
 import stores  # noqa: E402
 import workloads  # noqa: E402
@@ -205,7 +206,7 @@ def print_tables(s: dict[str, dict[str, float]], big: dict[str, Any] | None, tgt
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=160)
     base, base_full = s.get("sqlite3"), s.get("sqlite3-full")
     t = Table(title="W1 / W2 / W3 (medians)")
     for col in (
@@ -317,6 +318,8 @@ def main() -> int:
         f"statekeel bench: {repeats} repeats, W1 {turns} turns, W3 {w3_sessions}x{w3_turns}, work dir {work}"
     )
     try:
+        hop = asyncio.run(floor.hop_seconds())
+        print(f"thread round trip (the floor of one save): {hop * 1e6:.1f} µs", flush=True)
         raw = asyncio.run(run_workloads(adapters, repeats, turns, w3_sessions, w3_turns, work))
         summary = summarize(raw)
         big = None
@@ -337,7 +340,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     tgt = targets(summary, big, rss)
     result = {
-        "meta": meta | {"seconds": time.time() - started},
+        "meta": meta | {"seconds": time.time() - started, "thread_round_trip_s": hop},
         "summary": summary,
         "large": big,
         "rss": rss,

@@ -239,13 +239,17 @@ def _from_json(value: Any) -> Any:
     return value
 
 
+def _is_dataclass_type(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls)
+
+
 def _decode_tree(value: Any) -> Any:
     """:func:`_from_json` with malformed tagged values (damaged or foreign data) as SerializationError."""
     try:
         return _from_json(value)
     except SerializationError:
         raise
-    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, ArithmeticError, RecursionError) as exc:
         raise SerializationError(
             f"stored record has a malformed tagged value ({type(exc).__name__}: {exc})"
         ) from None
@@ -280,7 +284,7 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
         return enum_cls(_from_json(v))
     if tag == "dataclass":
         cls: Any = _resolve_class(value["cls"])
-        if not dataclasses.is_dataclass(cls):
+        if not _is_dataclass_type(cls):
             raise SerializationError(f"stored dataclass refers to {value['cls']!r}, which is not a dataclass")
         fields = _from_json(v)
         if type(fields) is not dict:

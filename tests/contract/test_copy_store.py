@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sqlite3
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 
@@ -245,8 +247,6 @@ NOT_COPIED = {"schema_migrations", "session_leases"}
 
 
 def _sqlite_tables(path: str) -> set[str]:
-    import sqlite3
-
     conn = sqlite3.connect(path)
     try:
         return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -265,8 +265,6 @@ async def test_every_sqlite_table_is_copied_or_deliberately_left_out(tmp_path: A
 
 @pytest.mark.postgres
 async def test_every_postgres_table_is_copied_or_deliberately_left_out(pg_migrated: str) -> None:
-    import asyncpg
-
     conn = await asyncpg.connect(pg_migrated)
     try:
         rows = await conn.fetch(

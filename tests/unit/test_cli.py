@@ -92,3 +92,10 @@ def test_demo_ignores_statekeel_url_and_uses_a_temporary_directory(tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert not db.exists()
     assert "(temporary, removed afterwards)" in flat(result.output)
+
+
+def test_info_never_prints_a_database_password() -> None:
+    result = CliRunner().invoke(main, ["--db", "postgresql://ada:s3cret@127.0.0.1:1/none", "info"])
+    assert result.exit_code == 1
+    assert "s3cret" not in result.output
+    assert "ada:***@127.0.0.1:1" in flat(result.output)

@@ -7,10 +7,20 @@ statekeel --db sqlite:///agent.db info
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 
 DEFAULT_URL = "sqlite:///statekeel.db"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

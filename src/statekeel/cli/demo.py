@@ -11,10 +11,11 @@ from urllib.parse import urlsplit
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ..demo.report import render
 from ..demo.runner import DemoFailed, run_demo
-from . import main
+from . import main, redact_url
 
 
 @main.command()
@@ -61,11 +62,11 @@ def demo(
                 "postgresql:// database",
                 param_hint="--db",
             )
-        where = url
+        where = redact_url(url)
     try:
         result = asyncio.run(run_demo(url, sessions=sessions, cycles=cycles, rng=random.Random(seed)))
     except DemoFailed as exc:
-        console.print(f"[red bold]demo could not run[/red bold]: {exc}", markup=True)
+        console.print(f"[red bold]demo could not run[/red bold]: {escape(str(exc))}")
         ctx.exit(1)
     finally:
         if tmpdir is not None and not keep:

@@ -8,11 +8,12 @@ import os
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import StatekeelError
 from ..store import Store, open_store, sqlite_path
-from . import main
+from . import main, redact_url
 
 
 async def _gather(url: str) -> tuple[list[tuple[int, str, str]], list[str], dict[str, int]]:
@@ -50,14 +51,17 @@ def info(ctx: click.Context) -> None:
             raise click.BadParameter(str(exc), param_hint="--db") from None
         if path is not None and not os.path.exists(path):
             # Opening would create (and migrate) a new database: not what "info" should do.
-            console.print(f"[red]no store at {path}[/red]; pass --db or set $STATEKEEL_URL")
+            console.print(f"[red]no store at {escape(path)}[/red]; pass --db or set $STATEKEEL_URL")
             ctx.exit(1)
     try:
         migrations, problems, counts = asyncio.run(_gather(url))
     except StatekeelError as exc:
-        console.print(f"[red]cannot open {url}[/red]: {type(exc).__name__}: {exc}", markup=True)
+        console.print(
+            f"[red]cannot open {escape(redact_url(url))}[/red]: {type(exc).__name__}: {escape(str(exc))}"
+        )
         ctx.exit(1)
-    console.print(f"[bold]{url}[/bold] — schema version {max((m[0] for m in migrations), default=0)}")
+    version = max((m[0] for m in migrations), default=0)
+    console.print(f"[bold]{escape(redact_url(url))}[/bold] — schema version {version}")
     table = Table(show_edge=False)
     for column in ("version", "migration", "applied at"):
         table.add_column(column)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .runner import DemoResult
@@ -10,7 +11,7 @@ from .runner import DemoResult
 
 def render(console: Console, result: DemoResult, *, where: str) -> None:
     """Print what happened: the writer runs, the kills, and the verdict per session."""
-    console.print(f"[bold]statekeel demo[/bold] — store: {where}")
+    console.print(f"[bold]statekeel demo[/bold] — store: {escape(where)}")
     for n, cycle in enumerate(result.cycles, start=1):
         how = (
             f"killed with SIGKILL {cycle.kill_after_s:.2f} s after it started writing"
@@ -28,7 +29,9 @@ def render(console: Console, result: DemoResult, *, where: str) -> None:
     table.add_column("stored", justify="right")
     table.add_column("verdict")
     for s in v.sessions:
-        table.add_row(s.key, str(s.acknowledged), str(s.stored), "ok" if s.ok else "[red]FAILED[/red]")
+        table.add_row(
+            escape(s.key), str(s.acknowledged), str(s.stored), "ok" if s.ok else "[red]FAILED[/red]"
+        )
     if v.sessions:
         console.print(table)
     extra = v.stored - v.acknowledged

@@ -487,8 +487,9 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
     async def _connections_lost(self, exc: BaseException) -> None:
         # One dead connection usually means all of them died (server restart, failover,
         # pg_terminate_backend): reconnect every idle one instead of failing on each in turn.
-        log.warning("%s: a connection was lost (%s); reconnecting and retrying once", self.target, exc)
-        if self._pool is not None:
+        log.warning("%s: a connection failed (%s); retrying once on a new one", self.target, exc)
+        busy = isinstance(exc, asyncpg.TooManyConnectionsError | asyncpg.CannotConnectNowError)
+        if self._pool is not None and not busy:  # a busy server: fresh connections would not help
             await self._pool.expire_connections()
 
     async def _release(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:

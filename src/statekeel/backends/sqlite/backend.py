@@ -191,6 +191,7 @@ class _Worker:
         # SimpleQueue is implemented in C: a put/get costs less than a Condition round trip.
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._held: _Job | None = None  # taken off the queue while forming a group; runs next
+        self._contended = False  # a recent group had a failing job: use savepoints from the start
         self._conn: sqlite3.Connection | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -283,30 +284,50 @@ class _Worker:
         else:
             _resolve(job, None, result)
 
-    def _run_group(self, batch: list[_Job]) -> None:
-        conn = self._connection()
+    def _begin(self, conn: sqlite3.Connection, batch: list[_Job]) -> bool:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             err = self._failed(exc)
             _resolve_group(batch, [(err, None)] * len(batch))
+            return False
+        return True
+
+    def _run_group(self, batch: list[_Job]) -> None:
+        """Run a group of writes in one transaction and settle them after its COMMIT.
+
+        Savepoints cost two statements per job, so a group first runs without them; if a job fails, the
+        whole transaction is rolled back and the group runs again with each job in its own savepoint, so
+        that the failing job rolls back alone. Jobs are re-runnable: an operation touches only the
+        database, through its Tx. After a failure, the next groups go straight to savepoints until one
+        runs clean (conflicts tend to come in bursts).
+        """
+        conn = self._connection()
+        if not self._begin(conn, batch):
             return
-        if len(batch) == 1:
-            # Alone in its transaction, a job needs no savepoint: a failure rolls back the transaction.
-            job = batch[0]
-            assert job.fn is not None
-            try:
-                result = job.fn(conn)
-            except BaseException as exc:
+        outcomes: list[tuple[BaseException | None, Any]] | None = None
+        if len(batch) == 1 or not self._contended:
+            outcomes = []
+            for job in batch:
+                assert job.fn is not None
                 try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                _resolve_group(batch, [(self._failed(exc), None)])
+                    outcomes.append((None, job.fn(conn)))
+                except BaseException as exc:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    if len(batch) == 1:  # its transaction was its own savepoint
+                        _resolve_group(batch, [(self._failed(exc), None)])
+                        return
+                    self._contended = True
+                    outcomes = None
+                    break
+            if outcomes is None and not self._begin(conn, batch):
                 return
-            outcomes: list[tuple[BaseException | None, Any]] = [(None, result)]
-        else:
+        if outcomes is None:
             outcomes = [self._in_savepoint(conn, job) for job in batch]
+            self._contended = any(exc is not None for exc, _ in outcomes)
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
