@@ -21,7 +21,7 @@ from typing import Any
 
 from .backends.base import AuditRecord, StorageBackend
 from .codec import Codec, canonical
-from .errors import InvalidArgument
+from .errors import AuditTampered, InvalidArgument
 from .validation import check_int, check_key
 
 GENESIS_HASH = "0" * 64
@@ -76,6 +76,18 @@ class AuditVerification:
     count: int
     first_bad_seq: int | None = None
     reason: str | None = None
+
+    def raise_if_tampered(self) -> None:
+        """Raise :class:`~statekeel.errors.AuditTampered` (with ``first_bad_seq``) unless the chain verified.
+
+            (await store.audit.verify()).raise_if_tampered()
+        """
+        if not self.ok:
+            raise AuditTampered(
+                f"the audit chain breaks at seq {self.first_bad_seq}: {self.reason}",
+                first_bad_seq=self.first_bad_seq,
+                reason=self.reason,
+            )
 
 
 class AuditLog:

@@ -109,6 +109,9 @@ async def test_changing_an_entrys_data_behind_the_triggers_makes_verify_name_its
     report = await verify(shared_url)
     assert (report.ok, report.first_bad_seq, report.count) == (False, 3, 2)
     assert report.reason is not None and "changed" in report.reason
+    with pytest.raises(statekeel.AuditTampered) as info:
+        report.raise_if_tampered()
+    assert info.value.first_bad_seq == 3
 
 
 async def test_deleting_an_entry_behind_the_triggers_makes_verify_name_its_seq(shared_url: str) -> None:
