@@ -44,7 +44,7 @@ def turn(i: int) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": "run_tests",
-                        "arguments": orjson.dumps({"path": _text(120, i)}).decode(),
+                        "arguments": orjson.dumps({"path": _text(150, i)}).decode(),
                     },
                 }
             ],

@@ -6,10 +6,13 @@ back with ``load``. Each is driven through its own public API:
 - ``statekeel``: ``store.sessions.get_or_create`` / ``Session.add_message`` / ``sessions.save`` / ``load``.
 - ``baseline``: the physical limit — stdlib ``sqlite3``, WAL, one transaction per append with
   ``executemany`` of orjson-encoded rows, no thread hop, no session row.
-- ``original``: the design statekeel replaces, emulated — the whole session JSON rewritten with
-  ``INSERT OR REPLACE`` on each save, through aiosqlite.
+- ``original``: the design statekeel replaces, emulated — the whole session JSON (stdlib ``json``)
+  rewritten with ``INSERT OR REPLACE`` on each save, through aiosqlite with its default settings.
 - ``openai-agents``: ``agents.memory.SQLiteSession.add_items`` / ``get_items``.
 - ``langgraph``: ``AsyncSqliteSaver.aput`` of one checkpoint per turn holding the message list.
+
+The peers run with their own defaults, which are WAL (or a rollback journal) with ``synchronous=FULL``:
+the durability of ``statekeel-full``, not of statekeel's default.
 """
 
 from __future__ import annotations
@@ -260,8 +263,26 @@ class LangGraph(Adapter):
         await self._cm.__aexit__(None, None, None)
 
 
-def all_adapters(*, peers: bool = True) -> list[Adapter]:
+_PEER_MODULES = {
+    "original-design": "aiosqlite",
+    "openai-agents": "agents.memory",
+    "langgraph": "langgraph.checkpoint.sqlite.aio",
+}
+
+
+def all_adapters(*, peers: bool = True) -> tuple[list[Adapter], dict[str, str]]:
+    """The stores to run, and the peers left out with the reason (not installed: ``pip install -e
+    '.[bench]'``)."""
+    import importlib
+
     out: list[Adapter] = [Statekeel("normal"), Baseline("normal"), Statekeel("full"), Baseline("full")]
+    missing: dict[str, str] = {}
     if peers:
-        out += [Original(), OpenAIAgents(), LangGraph()]
-    return out
+        for adapter in (Original(), OpenAIAgents(), LangGraph()):
+            try:
+                importlib.import_module(_PEER_MODULES[adapter.name])
+            except ImportError as exc:
+                missing[adapter.name] = f"cannot import {_PEER_MODULES[adapter.name]}: {exc}"
+                continue
+            out.append(adapter)
+    return out, missing

@@ -80,7 +80,7 @@ class AuditVerification:
     def raise_if_tampered(self) -> None:
         """Raise :class:`~statekeel.errors.AuditTampered` (with ``first_bad_seq``) unless the chain verified.
 
-            (await store.audit.verify()).raise_if_tampered()
+        (await store.audit.verify()).raise_if_tampered()
         """
         if not self.ok:
             raise AuditTampered(

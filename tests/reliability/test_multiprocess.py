@@ -21,6 +21,9 @@ from statekeel.backends.base import NewMessage
 PROCS = 4
 ROLES = ("user", "assistant", "tool", "assistant")
 DEADLINE_S = 180.0
+# Four SQLite writers on a loaded 2-core machine may queue for the file lock longer than the default 5 s;
+# this test is about what is stored, not about lock waits.
+BUSY_TIMEOUT_MS = 60_000
 
 
 def _content(proc: int, session: int, turn: int, k: int) -> str:
@@ -45,7 +48,7 @@ async def _barrier(barrier: Path, proc: int) -> None:
 
 async def _worker_sessions(url: str, barrier: Path, proc: int, sessions: int, turns: int) -> dict[str, Any]:
     """``sessions`` sessions of this process, concurrently; turns in order within each."""
-    async with statekeel.open_store(url) as store:
+    async with statekeel.open_store(url, busy_timeout_ms=BUSY_TIMEOUT_MS) as store:
         b = store.backend
 
         async def one(j: int) -> None:
@@ -64,7 +67,7 @@ async def _worker_sessions(url: str, barrier: Path, proc: int, sessions: int, tu
 
 async def _worker_shared_cas(url: str, barrier: Path, proc: int, turns: int) -> dict[str, Any]:
     """Append turns to one shared session with the conditional append, re-reading the head on conflict."""
-    async with statekeel.open_store(url) as store:
+    async with statekeel.open_store(url, busy_timeout_ms=BUSY_TIMEOUT_MS) as store:
         b = store.backend
         await b.create_session("shared", if_missing=True)
         await _barrier(barrier, proc)
@@ -83,7 +86,7 @@ async def _worker_shared_cas(url: str, barrier: Path, proc: int, turns: int) -> 
 
 async def _worker_shared_lock(url: str, barrier: Path, proc: int, turns: int) -> dict[str, Any]:
     """Append turns to one shared session through ``sessions.open`` (lock + load + save)."""
-    async with statekeel.open_store(url) as store:
+    async with statekeel.open_store(url, busy_timeout_ms=BUSY_TIMEOUT_MS) as store:
         await _barrier(barrier, proc)
         started = time.perf_counter()
         for t in range(turns):

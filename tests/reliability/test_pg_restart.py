@@ -140,9 +140,9 @@ async def test_server_restart_mid_run_loses_nothing_acknowledged_and_the_pool_re
         # The pool reconnects by itself: the same store acknowledges new turns.
         await _until(lambda: len(acked) >= acked_while_down + 5, "turns after the restart", 60)
     finally:
+        await asyncio.to_thread(_ensure_running)  # first: other tests need the server whatever happened
         stop.set()
         await asyncio.wait_for(task, timeout=60)
-        await asyncio.to_thread(_ensure_running)
 
     assert all(isinstance(f, statekeel.BackendUnavailable) for f in failures)
     assert all("127.0.0.1" in str(f) for f in failures)

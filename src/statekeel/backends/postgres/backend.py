@@ -118,6 +118,7 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    asyncpg.InternalClientError,  # the protocol lost track of the connection's state: treat it as dead
     ConnectionError,
     OSError,
     TimeoutError,
@@ -458,6 +459,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
             committing = False
             try:
                 conn = await pool.acquire()
+                failure: BaseException | None = None
                 try:
                     tx = conn.transaction()
                     await tx.start()
@@ -469,8 +471,11 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     committing = True
                     await tx.commit()
                     committing = False
+                except BaseException as exc:
+                    failure = exc
+                    raise
                 finally:
-                    await self._release(pool, conn)
+                    await self._release(pool, conn, failure)
                 return result
             except _CONNECTION_ERRORS as exc:
                 if committing:
@@ -492,7 +497,17 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         if self._pool is not None and not busy:  # a busy server: fresh connections would not help
             await self._pool.expire_connections()
 
-    async def _release(self, pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    async def _release(
+        self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
+    ) -> None:
+        if isinstance(failure, _CONNECTION_ERRORS):
+            # Never hand a connection that failed mid-conversation to the next caller: the release
+            # hook does not probe it (see _keep_session).
+            try:
+                conn.terminate()
+            except asyncpg.InterfaceError:
+                pass  # closed already: asyncpg has returned it to the pool as dead
+
         try:
             await pool.release(conn)
         except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
@@ -506,11 +521,16 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         pool = self._require_pool()
         for attempt in (1, 2):
             try:
-                async with (
-                    pool.acquire() as conn,
-                    conn.transaction(isolation="repeatable_read", readonly=True),
-                ):
-                    return await op(PgTx(conn, self.codec), *args)
+                conn = await pool.acquire()
+                failure: BaseException | None = None
+                try:
+                    async with conn.transaction(isolation="repeatable_read", readonly=True):
+                        return await op(PgTx(conn, self.codec), *args)
+                except BaseException as exc:
+                    failure = exc
+                    raise
+                finally:
+                    await self._release(pool, conn, failure)
             except _CONNECTION_ERRORS as exc:
                 # A read is safe to retry once on a fresh connection.
                 if attempt == 2:
@@ -530,25 +550,29 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
             conn = await pool.acquire()
         except BaseException as exc:
             raise translate(exc, self.target) from None
+        failure: BaseException | None = None
         try:
             tx = conn.transaction()
             try:
                 await tx.start()
             except BaseException as exc:
+                failure = exc
                 raise translate(exc, self.target) from None
             token = self._current.set(PgTx(conn, self.codec))
             try:
                 yield
-            except BaseException:
+            except BaseException as exc:
                 self._current.reset(token)
+                failure = exc.__context__ if isinstance(exc, StatekeelError) else exc
                 await _rollback(tx)
                 raise
             self._current.reset(token)
             try:
                 await tx.commit()
             except _CONNECTION_ERRORS as exc:
+                failure = exc
                 raise _unknown_outcome(exc, self.target) from None
             except BaseException as exc:
                 raise translate(exc, self.target) from None
         finally:
-            await self._release(pool, conn)
+            await self._release(pool, conn, failure)
