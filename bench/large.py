@@ -73,7 +73,12 @@ async def build(path: str, sessions: int, per_session: int, progress: Any = None
 async def dataset(sessions: int, per_session: int, progress: Any = None) -> str:
     """The path of the cached large store, building it if needed."""
     os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
-    path = os.path.join(CACHE_DIR, f"large-{schema_tag()}-{sessions}x{per_session}.db")
+    tag = schema_tag()
+    # Datasets of an older schema are never used again: do not let them pile up (hundreds of MB each).
+    for name in os.listdir(CACHE_DIR):
+        if name.startswith("large-") and not name.startswith(f"large-{tag}-"):
+            os.unlink(os.path.join(CACHE_DIR, name))
+    path = os.path.join(CACHE_DIR, f"large-{tag}-{sessions}x{per_session}.db")
     if not os.path.isfile(path):  # noqa: ASYNC240 -- a bench script, no loop to keep responsive
         tmp = path + ".building"
         _unlink_db(tmp)
