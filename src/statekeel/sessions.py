@@ -33,7 +33,6 @@ from typing import Any
 from .backends.base import (
     SESSION_STATUSES,
     ArchivedMessage,
-    MessageRecord,
     NewMessage,
     Page,
     SessionLease,
@@ -508,14 +507,12 @@ class SessionManager:
         return session
 
     async def _load_fresh(self, key: str, include_archived: bool) -> Session | None:
-        found = await self.backend.load_session_with_messages(key, include_archived=include_archived)
+        found = await self.backend.load_session_payloads(key, include_archived=include_archived)
         snap = await self._read_fallback(key)
         session: Session | None = None
         if found is not None:
-            record, rows = found
-            session = self._from_backend(key, record, rows, include_archived)
-            if record.last_consolidated > 0:
-                session.summaries = [Summary(*s) for s in await self.backend.read_summaries(key)]
+            session = self._from_backend(key, found.record, found.messages, include_archived)
+            session.summaries = [Summary(*s) for s in found.summaries]
         if snap is None:
             return session
         if session is None:
@@ -554,10 +551,10 @@ class SessionManager:
         return session
 
     def _from_backend(
-        self, key: str, record: SessionRecord, rows: list[MessageRecord], full: bool
+        self, key: str, record: SessionRecord, messages: builtins.list[dict[str, Any]], full: bool
     ) -> Session:
         session = self._new(key, record)
-        session.messages = [r.payload for r in rows]
+        session.messages = messages
         if full:
             session._first = 0
             session._full = True

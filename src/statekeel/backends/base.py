@@ -54,6 +54,18 @@ class NewMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadedSession:
+    """What a session load needs, read on one snapshot: the row, the message payloads in sequence order
+    (seq ``first_seq`` onwards, dense), and ``(compression_id, first_seq, upto_seq, summary)`` per
+    compression."""
+
+    record: SessionRecord
+    messages: list[dict[str, Any]]
+    first_seq: int
+    summaries: list[tuple[str, int, int, str]]
+
+
+@dataclass(frozen=True, slots=True)
 class MessageRecord:
     session_key: str
     seq: int
@@ -142,6 +154,13 @@ class SessionBackend(abc.ABC):
     @abc.abstractmethod
     async def load_session(self, key: str) -> SessionRecord | None:
         """The session's row, or None when the backend says it does not exist (errors always raise)."""
+
+    @abc.abstractmethod
+    async def load_session_payloads(
+        self, key: str, *, include_archived: bool = False
+    ) -> LoadedSession | None:
+        """The fast load: row, payloads and summaries in one snapshot (None when the session does not
+        exist). Raises ``StorageCorrupt`` if a sequence number in the range is missing."""
 
     @abc.abstractmethod
     async def load_session_with_messages(

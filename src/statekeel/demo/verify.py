@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..errors import StatekeelError
+from ..errors import StatekeelError, StorageCorrupt
 from ..store import Store
 from .agent import expected_message
 
@@ -83,10 +83,15 @@ async def check_session(store: Store, key: str, acked: Iterable[int]) -> Session
             "sequence numbers are not dense and ordered: "
             f"expected {_span(expected_seqs)}, found {_span(seqs)}"
         )
-    # What an agent would get back through the public API must be the same messages.
-    session = await store.sessions.load(key)
-    if session is None or session.messages != [row.payload for row in rows]:
-        problems.append("sessions.load() does not return the stored messages")
+    # What an agent would get back through the public API must be the same messages (a load that finds
+    # a gap refuses with StorageCorrupt rather than return a history with a hole in it).
+    try:
+        session = await store.sessions.load(key)
+    except StorageCorrupt as exc:
+        problems.append(f"sessions.load() refuses the session: {exc}")
+    else:
+        if session is None or session.messages != [row.payload for row in rows]:
+            problems.append("sessions.load() does not return the stored messages")
     present = set(seqs)
     missing = sorted(s for s in acked_set if s not in present)
     if missing:

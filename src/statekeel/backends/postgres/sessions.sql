@@ -101,3 +101,14 @@ WHERE status = $2 AND updated_at < $3;
 
 -- name: archive_as_messages
 SELECT seq, role, payload, created_at FROM message_archive WHERE session_key = $1 ORDER BY seq;
+
+-- name: message_payload_array
+-- The live history as one JSON array; the caller checks count and bounds for density.
+SELECT coalesce(json_agg(payload ORDER BY seq), '[]'::json)::text AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM messages WHERE session_key = $1 AND seq >= $2;
+
+-- name: archive_payload_array
+SELECT coalesce(json_agg(payload ORDER BY seq), '[]'::json)::text AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM message_archive WHERE session_key = $1;

@@ -9,10 +9,11 @@ from typing import Any
 
 import orjson
 
-from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound
+from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt
 from ...validation import check_int, check_key
 from ..base import (
     ArchivedMessage,
+    LoadedSession,
     MessageRecord,
     NewMessage,
     Page,
@@ -113,6 +114,45 @@ async def op_load_with_messages(
     rows = list(await tx.fetchall("archive_as_messages", key)) if include_archived else []
     rows += await tx.fetchall("message_range_open", key, record.last_consolidated)
     return record, [message_from_row(tx, key, r) for r in rows]
+
+
+def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[str, Any]]:
+    """Decode one ``[payload, ...]`` array, after checking it holds exactly the dense seqs lo..hi-1."""
+    n = row["n"]
+    if n != hi - lo or (n and (row["lo"] != lo or row["hi"] != hi - 1)):
+        raise StorageCorrupt(
+            f"session {key!r}: messages {lo}..{hi - 1} should all be stored, found {n} "
+            f"(seq {row['lo']}..{row['hi']})",
+            key=key,
+        )
+    if not n:
+        return []
+    payloads: list[dict[str, Any]] = tx.json_out(row["arr"])
+    return payloads
+
+
+async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSession | None:
+    # One query returns the whole history as one JSON array: a single decode instead of one per row.
+    row = await tx.fetchone("session_get", key)
+    if row is None:
+        return None
+    record = session_from_row(tx, row)
+    live_from = record.last_consolidated
+    messages: list[dict[str, Any]] = []
+    if include_archived and live_from > 0:
+        archived = await tx.fetchone("archive_payload_array", key)
+        assert archived is not None  # an aggregate always returns a row
+        messages = _payload_array(tx, archived, key, 0, live_from)
+    live = await tx.fetchone("message_payload_array", key, live_from)
+    assert live is not None
+    messages += _payload_array(tx, live, key, live_from, record.head_seq)
+    summaries: list[tuple[str, int, int, str]] = []
+    if live_from > 0:
+        summaries = [
+            (r["compression_id"], r["first_seq"], r["upto_seq"], r["summary"])
+            for r in await tx.fetchall("compression_list", key)
+        ]
+    return LoadedSession(record, messages, 0 if include_archived else live_from, summaries)
 
 
 async def op_list_sessions(tx: Tx, status: str | None, limit: int, cursor: str | None) -> Page:
@@ -342,6 +382,11 @@ class SqlSessions(SqlBackend, SessionBackend):
 
     async def load_session(self, key: str) -> SessionRecord | None:
         return await self._read(op_load_session, key)
+
+    async def load_session_payloads(
+        self, key: str, *, include_archived: bool = False
+    ) -> LoadedSession | None:
+        return await self._read(op_load_payloads, key, include_archived)
 
     async def load_session_with_messages(
         self, key: str, *, include_archived: bool = False

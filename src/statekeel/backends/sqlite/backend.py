@@ -46,6 +46,8 @@ log = logging.getLogger("statekeel.sqlite")
 T = TypeVar("T")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _MAX_GROUP = 256
+# Inline mode turns SQLite's autocheckpoint off; the writer thread checkpoints every so many commits.
+_CHECKPOINT_EVERY = 200
 
 _QUERIES: dict[str, str] | None = None
 
@@ -99,7 +101,7 @@ class SqliteTx(Tx):
 
 
 # Job kinds
-_WRITE, _READ, _ATOMIC, _CALL, _STOP = range(5)
+_WRITE, _READ, _ATOMIC, _CALL, _STOP, _CHECKPOINT = range(6)
 
 
 class _Job:
@@ -117,6 +119,15 @@ class _Job:
         self.loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
         self.inner = inner
+
+    @classmethod
+    def checkpoint(cls) -> _Job:
+        """A job nobody waits for (no loop, no future): checkpoint the WAL."""
+        job = cls.__new__(cls)
+        job.kind = _CHECKPOINT
+        job.fn = None
+        job.inner = None
+        return job
 
 
 def _settle(future: asyncio.Future[Any], exc: BaseException | None, result: Any) -> None:
@@ -193,6 +204,14 @@ class _Worker:
         self._held: _Job | None = None  # taken off the queue while forming a group; runs next
         self._contended = False  # a recent group had a failing job: use savepoints from the start
         self._conn: sqlite3.Connection | None = None
+        # Held while the connection is in use: by the thread for each job, or by a caller running a write
+        # inline (see try_inline). Only the thread ever waits for it.
+        self._lock = threading.Lock()
+        self._idle = True  # the thread is waiting for work (read without the lock: a hint)
+        self._stopped = False
+        self.inline = False  # set by the backend: only where a commit never fsyncs (durability normal)
+        self.busy_timeout_ms = 0
+        self._commits = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -225,41 +244,109 @@ class _Worker:
             self._drop_connection()
         return translate(exc, self._where)
 
+    def try_inline(self, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, BaseException | None, Any]:
+        """Run a write on the caller's thread when the writer is idle: ``(done, error, result)``.
+
+        Handing a job to the thread and waking the event loop back costs more than the write itself when
+        a commit does not fsync. Not done (the caller queues it) when the thread is busy or has work
+        queued, or when another process holds SQLite's write lock: only the thread waits for that.
+        """
+        if not (self.inline and self._idle and self._held is None and self._queue.empty()):
+            return False, None, None
+        if not self._lock.acquire(blocking=False):
+            return False, None, None
+        try:
+            if self._stopped:
+                return False, None, None
+            conn = self._connection()
+            try:
+                conn.execute("PRAGMA busy_timeout = 0")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc).lower() or "busy" in str(exc).lower():
+                    return False, None, None
+                return True, self._failed(exc), None
+            except BaseException as exc:
+                return True, self._failed(exc), None
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                return True, self._failed(exc), None
+            self._committed()
+            return True, None, result
+        finally:
+            self._lock.release()
+
+    def _committed(self) -> None:
+        # With autocheckpoint off (inline mode), the thread checkpoints every so many commits, so that no
+        # caller's write ever pays for copying the WAL back into the database.
+        self._commits += 1
+        if self.inline and self._commits % _CHECKPOINT_EVERY == 0:
+            self._queue.put(_Job.checkpoint())
+
     def _run(self) -> None:
         jobs = self._queue
         while True:
             first = self._held
             if first is None:
+                self._idle = True
                 first = jobs.get()
+            self._idle = False
             self._held = None
-            batch = [first]
+            with self._lock:
+                if not self._run_one(first):
+                    return
+
+    def _checkpoint(self) -> None:
+        try:
+            self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:  # the next one retries; commits are unaffected
+            log.warning("WAL checkpoint of %s failed: %s", self._where, exc)
+
+    def _run_one(self, first: _Job) -> bool:
+        """Process one job (or a group of writes starting with it); False after STOP."""
+        jobs = self._queue
+        if first.kind == _CHECKPOINT:
+            self._checkpoint()
+            return True
+        batch = [first]
+        if first.kind == _WRITE:
+            # Group every write already waiting: they share one COMMIT (and one fsync).
+            while len(batch) < _MAX_GROUP:
+                try:
+                    nxt = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt.kind != _WRITE:
+                    self._held = nxt
+                    break
+                batch.append(nxt)
+        if first.kind == _STOP:
+            self._stopped = True
+            self._drop_connection()
+            _resolve(first, None)
+            return False
+        try:
             if first.kind == _WRITE:
-                # Group every write already waiting: they share one COMMIT (and one fsync).
-                while len(batch) < _MAX_GROUP:
-                    try:
-                        nxt = jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt.kind != _WRITE:
-                        self._held = nxt
-                        break
-                    batch.append(nxt)
-            if first.kind == _STOP:
-                self._drop_connection()
-                _resolve(first, None)
-                return
-            try:
-                if first.kind == _WRITE:
-                    self._run_group(batch)
-                elif first.kind == _ATOMIC:
-                    self._run_atomic(first)
-                elif first.kind == _READ:
-                    self._run_read(first)
-                else:
-                    self._run_call(first)
-            except BaseException as exc:  # never let the thread die: fail the jobs instead
-                for job in batch:
-                    _resolve(job, self._failed(exc))
+                self._run_group(batch)
+            elif first.kind == _ATOMIC:
+                self._run_atomic(first)
+            elif first.kind == _READ:
+                self._run_read(first)
+            else:
+                self._run_call(first)
+        except BaseException as exc:  # never let the thread die: fail the jobs instead
+            for job in batch:
+                _resolve(job, self._failed(exc))
+        return True
 
     def _run_call(self, job: _Job) -> None:
         assert job.fn is not None
@@ -338,6 +425,7 @@ class _Worker:
             err = self._failed(exc)
             _resolve_group(batch, [(err, None)] * len(batch))
             return
+        self._committed()
         _resolve_group(batch, outcomes)
 
     def _in_savepoint(self, conn: sqlite3.Connection, job: _Job) -> tuple[BaseException | None, Any]:
@@ -400,6 +488,7 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         durability: str = "normal",
         busy_timeout_ms: int = 5000,
         migrations: list[Migration] | None = None,
+        inline_writes: bool | None = None,
     ) -> None:
         super().__init__(url, codec=codec)
         if durability not in ("normal", "full"):
@@ -408,6 +497,10 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             raise InvalidArgument(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
         self.path = path
         self.durability = durability
+        # At "normal" a commit does not fsync: running a write on the caller's thread when the writer is
+        # idle is cheaper than two thread hand-offs. At "full" every write goes through the thread, where
+        # concurrent writes share one fsync (group commit).
+        self.inline_writes = durability == "normal" if inline_writes is None else inline_writes
         self.busy_timeout_ms = busy_timeout_ms
         self._migrations = migrations if migrations is not None else migrations_shipped()
         self._where = path or "memory://"
@@ -435,6 +528,9 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             conn.execute("PRAGMA foreign_keys = ON")
             if read_only:
                 conn.execute("PRAGMA query_only = ON")
+            elif self.inline_writes:
+                # Inline writes run on the caller's thread: the writer thread checkpoints instead.
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
             conn.close()
             raise
@@ -480,6 +576,8 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         self._writer = _Worker(
             "statekeel-sqlite-writer", lambda: self._open(read_only=False), self._where, True
         )
+        self._writer.inline = self.inline_writes
+        self._writer.busy_timeout_ms = self.busy_timeout_ms
         try:
             await self._call(self._writer, self._migrate)
             if self.path is not None:
@@ -644,6 +742,11 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             block.put(inner)
             result: T = await inner.future
             return result
+        done, error, inline_result = writer.try_inline(job)
+        if done:
+            if error is not None:
+                raise error
+            return inline_result  # type: ignore[no-any-return]
         result = await writer.submit(_Job(_WRITE, job, loop))
         return result
 

@@ -101,3 +101,15 @@ WHERE status = ?2 AND updated_at < ?3;
 
 -- name: archive_as_messages
 SELECT seq, role, payload, created_at FROM message_archive WHERE session_key = ?1 ORDER BY seq;
+
+-- name: message_payload_array
+-- The live history as one JSON array. The ordered subquery is not flattened into the aggregate, so
+-- group_concat sees the rows in seq order; the caller checks count and bounds for density.
+SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM (SELECT seq, payload FROM messages WHERE session_key = ?1 AND seq >= ?2 ORDER BY seq);
+
+-- name: archive_payload_array
+SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM (SELECT seq, payload FROM message_archive WHERE session_key = ?1 ORDER BY seq);
