@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import statekeel
 from messages import turn
 from statekeel.backends.base import NewMessage
-from stores import Adapter
+from stores import Adapter, StatekeelSessions
 from workloads import BenchFailure, W1Result, w1, w3
 
 HERE = Path(__file__).resolve().parent
@@ -78,25 +78,11 @@ class _FreshDatabase(Adapter):
         return self.size
 
 
-class StatekeelPg(_FreshDatabase):
+class StatekeelPg(StatekeelSessions, _FreshDatabase):
     name = "statekeel-pg"
 
     async def open(self, directory: str) -> None:
         self.store = await statekeel.open_store(await self._create())
-
-    async def start(self, key: str) -> Any:
-        return await self.store.sessions.get_or_create(key)
-
-    async def append_turn(self, handle: Any, messages: list[dict[str, Any]]) -> None:
-        for m in messages:
-            fields = {k: v for k, v in m.items() if k not in ("role", "content")}
-            handle.add_message(m["role"], m["content"], **fields)
-        await self.store.sessions.save(handle)
-
-    async def load(self, key: str) -> list[Any]:
-        session = await self.store.sessions.load(key)
-        assert session is not None
-        return list(session.messages)
 
     async def close(self) -> None:
         await self.store.close()

@@ -60,18 +60,10 @@ class Adapter(abc.ABC):
         return total
 
 
-class Statekeel(Adapter):
-    def __init__(self, durability: str = "normal") -> None:
-        self.durability = durability
-        self.name = "statekeel" if durability == "normal" else "statekeel-full"
-        self.store: Any = None
+class StatekeelSessions(Adapter):
+    """Turns through the public session API; subclasses open ``self.store`` on their backend."""
 
-    async def open(self, directory: str) -> None:
-        import statekeel
-
-        self.store = await statekeel.open_store(
-            f"sqlite:///{os.path.join(directory, 'statekeel.db')}", durability=self.durability
-        )
+    store: Any = None
 
     async def start(self, key: str) -> Any:
         return await self.store.sessions.get_or_create(key)
@@ -86,6 +78,20 @@ class Statekeel(Adapter):
         session = await self.store.sessions.load(key)
         assert session is not None
         return list(session.messages)
+
+
+class Statekeel(StatekeelSessions):
+    def __init__(self, durability: str = "normal") -> None:
+        self.durability = durability
+        self.name = "statekeel" if durability == "normal" else "statekeel-full"
+        self.store: Any = None
+
+    async def open(self, directory: str) -> None:
+        import statekeel
+
+        self.store = await statekeel.open_store(
+            f"sqlite:///{os.path.join(directory, 'statekeel.db')}", durability=self.durability
+        )
 
     async def close(self) -> None:
         await self.store.close()
