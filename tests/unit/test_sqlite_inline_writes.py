@@ -83,6 +83,64 @@ async def test_at_normal_an_idle_writer_runs_the_write_on_the_callers_thread(tmp
             backend._writer,
             lambda c: c.set_trace_callback(lambda _s: threads.append(threading.current_thread().name)),
         )
+        # The thread marks itself idle just after settling the job above: wait for that (bounded).
+        deadline = time.monotonic() + 5
+        while not backend._writer._idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
         await backend.append_messages("s", 0, [_msg(store, "a")], create=True)
         assert threads and set(threads) == {threading.current_thread().name}
         assert [m.seq for m in await backend.read_messages("s")] == [0]
+
+
+async def test_writes_issued_in_one_event_loop_turn_share_one_commit(tmp_path: Path) -> None:
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        backend = store.backend
+        assert isinstance(backend, SqliteBackend) and backend._writer is not None
+        statements: list[str] = []
+        await backend._call(backend._writer, lambda c: c.set_trace_callback(statements.append))
+        records = await asyncio.gather(
+            *(backend.append_messages(f"s{i}", 0, [_msg(store, str(i))], create=True) for i in range(20))
+        )
+        assert [r.head_seq for r in records] == [1] * 20
+        assert sum(1 for s in statements if s.strip().upper() == "COMMIT") == 1
+        for i in range(20):
+            assert [m.payload["content"] for m in await backend.read_messages(f"s{i}")] == [str(i)]
+
+
+async def test_a_failing_write_in_a_loop_turn_group_rolls_back_alone(tmp_path: Path) -> None:
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        backend = store.backend
+        await backend.append_messages("taken", 0, [_msg(store, "first")], create=True)
+        results = await asyncio.gather(
+            backend.append_messages("a", 0, [_msg(store, "a")], create=True),
+            backend.append_messages("taken", 0, [_msg(store, "stale head")]),  # conflicts
+            backend.append_messages("b", 0, [_msg(store, "b")], create=True),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], statekeel.ConflictError)
+        assert [type(r).__name__ for r in (results[0], results[2])] == ["SessionRecord", "SessionRecord"]
+        assert [m.payload["content"] for m in await backend.read_messages("taken")] == ["first"]
+        assert len(await backend.read_messages("a")) == len(await backend.read_messages("b")) == 1
+
+
+async def test_a_write_cancelled_before_its_turn_ends_is_not_written(tmp_path: Path) -> None:
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'c.db'}") as store:
+        backend = store.backend
+        task = asyncio.create_task(backend.append_messages("s", 0, [_msg(store, "never")], create=True))
+        await asyncio.sleep(0)  # the task queues its write for the end of this turn
+        task.cancel()
+        done = asyncio.create_task(backend.append_messages("other", 0, [_msg(store, "x")], create=True))
+        await done
+        assert task.cancelled()
+        assert await backend.load_session("s") is None
+
+
+async def test_close_writes_what_was_accepted_before_it(tmp_path: Path) -> None:
+    path = tmp_path / "close.db"
+    store = await statekeel.open_store(f"sqlite:///{path}")
+    write = asyncio.create_task(store.backend.append_messages("s", 0, [_msg(store, "kept")], create=True))
+    await asyncio.sleep(0)  # the write is waiting for the end of the turn
+    await store.close()
+    assert (await write).head_seq == 1
+    async with statekeel.open_store(f"sqlite:///{path}") as again:
+        assert [m.payload["content"] for m in await again.backend.read_messages("s")] == ["kept"]

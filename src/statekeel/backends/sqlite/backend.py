@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import os
 import queue
@@ -151,6 +152,18 @@ def _settle_all(outcomes: list[tuple[asyncio.Future[Any], BaseException | None, 
         _settle(future, exc, result)
 
 
+def _transfer(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """Settle ``target`` like ``source`` (a job's future), unless its caller gave up on it."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
 def _resolve_group(jobs: Sequence[_Job], outcomes: Sequence[tuple[BaseException | None, Any]]) -> None:
     """Settle a committed group with one wake-up per event loop, not one per job."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], BaseException | None, Any]]]
@@ -244,20 +257,22 @@ class _Worker:
             self._drop_connection()
         return translate(exc, self._where)
 
-    def try_inline(self, fn: Callable[[sqlite3.Connection], Any]) -> tuple[bool, BaseException | None, Any]:
-        """Run a write on the caller's thread when the writer is idle: ``(done, error, result)``.
+    def try_inline(
+        self, fns: list[Callable[[sqlite3.Connection], Any]]
+    ) -> list[tuple[BaseException | None, Any]] | None:
+        """Run a group of writes on the caller's thread when the writer is idle; their outcomes, or None.
 
-        Handing a job to the thread and waking the event loop back costs more than the write itself when
-        a commit does not fsync. Not done (the caller queues it) when the thread is busy or has work
+        Handing jobs to the thread and waking the event loop back costs more than the writes themselves
+        when a commit does not fsync. None (the caller queues them) when the thread is busy or has work
         queued, or when another process holds SQLite's write lock: only the thread waits for that.
         """
         if not (self.inline and self._idle and self._held is None and self._queue.empty()):
-            return False, None, None
+            return None
         if not self._lock.acquire(blocking=False):
-            return False, None, None
+            return None
         try:
             if self._stopped:
-                return False, None, None
+                return None
             conn = self._connection()
             try:
                 conn.execute("PRAGMA busy_timeout = 0")
@@ -267,21 +282,11 @@ class _Worker:
                     conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             except sqlite3.OperationalError as exc:
                 if "locked" in str(exc).lower() or "busy" in str(exc).lower():
-                    return False, None, None
-                return True, self._failed(exc), None
+                    return None
+                return [(self._failed(exc), None)] * len(fns)
             except BaseException as exc:
-                return True, self._failed(exc), None
-            try:
-                result = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                return True, self._failed(exc), None
-            self._committed()
-            return True, None, result
+                return [(self._failed(exc), None)] * len(fns)
+            return self._group_body(conn, fns, may_restart=False)
         finally:
             self._lock.release()
 
@@ -381,39 +386,53 @@ class _Worker:
         return True
 
     def _run_group(self, batch: list[_Job]) -> None:
-        """Run a group of writes in one transaction and settle them after its COMMIT.
-
-        Savepoints cost two statements per job, so a group first runs without them; if a job fails, the
-        whole transaction is rolled back and the group runs again with each job in its own savepoint, so
-        that the failing job rolls back alone. Jobs are re-runnable: an operation touches only the
-        database, through its Tx. After a failure, the next groups go straight to savepoints until one
-        runs clean (conflicts tend to come in bursts).
-        """
+        """Run a group of writes in one transaction and settle them after its COMMIT."""
         conn = self._connection()
         if not self._begin(conn, batch):
             return
+        fns: list[Callable[[sqlite3.Connection], Any]] = [job.fn for job in batch if job.fn is not None]
+        _resolve_group(batch, self._group_body(conn, fns, may_restart=True))
+
+    def _group_body(
+        self,
+        conn: sqlite3.Connection,
+        fns: list[Callable[[sqlite3.Connection], Any]],
+        *,
+        may_restart: bool,
+    ) -> list[tuple[BaseException | None, Any]]:
+        """Run ``fns`` in the open transaction, COMMIT, and return each one's outcome.
+
+        A failing job rolls back alone. Savepoints cost two statements per job, so where the transaction
+        may be restarted (the thread, which may wait for the write lock again) a group first runs without
+        them; if a job fails, the whole transaction is rolled back and the group runs again with each job
+        in its own savepoint. Jobs are re-runnable: an operation touches only the database, through its
+        Tx. After a failure the next groups go straight to savepoints until one runs clean (conflicts tend
+        to come in bursts). Inline groups never give up the write lock midway: they use savepoints.
+        """
         outcomes: list[tuple[BaseException | None, Any]] | None = None
-        if len(batch) == 1 or not self._contended:
+        if len(fns) == 1 or (may_restart and not self._contended):
             outcomes = []
-            for job in batch:
-                assert job.fn is not None
+            for fn in fns:
                 try:
-                    outcomes.append((None, job.fn(conn)))
+                    outcomes.append((None, fn(conn)))
                 except BaseException as exc:
                     try:
                         conn.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass
-                    if len(batch) == 1:  # its transaction was its own savepoint
-                        _resolve_group(batch, [(self._failed(exc), None)])
-                        return
+                    if len(fns) == 1:  # its transaction was its own savepoint
+                        return [(self._failed(exc), None)]
                     self._contended = True
                     outcomes = None
                     break
-            if outcomes is None and not self._begin(conn, batch):
-                return
+            if outcomes is None:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except BaseException as exc:
+                    err = self._failed(exc)
+                    return [(err, None)] * len(fns)
         if outcomes is None:
-            outcomes = [self._in_savepoint(conn, job) for job in batch]
+            outcomes = [self._in_savepoint(conn, fn) for fn in fns]
             self._contended = any(exc is not None for exc, _ in outcomes)
         try:
             conn.execute("COMMIT")
@@ -423,16 +442,16 @@ class _Worker:
             except sqlite3.Error:
                 pass
             err = self._failed(exc)
-            _resolve_group(batch, [(err, None)] * len(batch))
-            return
+            return [(err, None)] * len(fns)
         self._committed()
-        _resolve_group(batch, outcomes)
+        return outcomes
 
-    def _in_savepoint(self, conn: sqlite3.Connection, job: _Job) -> tuple[BaseException | None, Any]:
-        assert job.fn is not None
+    def _in_savepoint(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]
+    ) -> tuple[BaseException | None, Any]:
         conn.execute("SAVEPOINT op")
         try:
-            result = job.fn(conn)
+            result = fn(conn)
         except BaseException as exc:
             conn.execute("ROLLBACK TO op")
             conn.execute("RELEASE op")
@@ -468,7 +487,8 @@ class _Worker:
                 else:
                     _resolve(inner, None)
                 return
-            exc_or_none, result = self._in_savepoint(conn, inner)
+            assert inner.fn is not None
+            exc_or_none, result = self._in_savepoint(conn, inner.fn)
             _resolve(inner, exc_or_none, result)
 
 
@@ -505,6 +525,8 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         self._migrations = migrations if migrations is not None else migrations_shipped()
         self._where = path or "memory://"
         self._writer: _Worker | None = None
+        # Writes waiting for the end of the current event loop turn (inline mode).
+        self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
         self._reader: _Worker | None = None
         self._closed = False
         self.backup_path: str | None = None
@@ -591,6 +613,8 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
     async def close(self) -> None:
         if self._closed:
             return
+        if self._pending:
+            self._flush_pending()  # writes accepted before close are written (or queued before STOP)
         self._closed = True
         for worker in (self._writer, self._reader):
             if worker is not None:
@@ -742,13 +766,53 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             block.put(inner)
             result: T = await inner.future
             return result
-        done, error, inline_result = writer.try_inline(job)
-        if done:
-            if error is not None:
-                raise error
-            return inline_result  # type: ignore[no-any-return]
+        if writer.inline:
+            # Writes issued in the same turn of the event loop commit together (see _flush_pending).
+            future: asyncio.Future[T] = loop.create_future()
+            self._pending.append((job, future))
+            if len(self._pending) == 1:
+                loop.call_soon(self._flush_pending)
+            return await future
         result = await writer.submit(_Job(_WRITE, job, loop))
         return result
+
+    def _flush_pending(self) -> None:
+        """Commit the writes collected during one turn of the event loop, as one group.
+
+        Inline when the writer thread is idle (one transaction, no thread hand-off); otherwise they go to
+        the thread's queue, where they are grouped just the same. A write whose caller was cancelled
+        before this ran is not written.
+        """
+        batch, self._pending = self._pending, []
+        live = [(fn, future) for fn, future in batch if not future.cancelled()]
+        if not live:
+            return
+        writer = self._writer
+        if writer is None or self._closed:
+            for _, future in live:
+                future.set_exception(BackendUnavailable(f"store {self._where} is closed"))
+            return
+        try:
+            outcomes = writer.try_inline([fn for fn, _ in live])
+        except BaseException as exc:  # a callback must not raise: give the error to every caller
+            for _, future in live:
+                if not future.done():
+                    future.set_exception(translate(exc, self._where))
+            return
+        if outcomes is None:
+            loop = asyncio.get_running_loop()
+            for fn, future in live:
+                job = _Job(_WRITE, fn, loop)
+                writer.submit(job)
+                job.future.add_done_callback(functools.partial(_transfer, future))
+            return
+        for (_, future), (error, result) in zip(live, outcomes, strict=True):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
     async def _read(self, op: Op[T], *args: Any) -> T:
         writer = self._require_open()
