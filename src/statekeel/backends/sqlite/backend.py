@@ -606,6 +606,8 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
                 self._reader = _Worker(
                     "statekeel-sqlite-reader", lambda: self._open(read_only=True), self._where, False
                 )
+                # Connect now: a reader that cannot open fails the open, not the first load.
+                await self._call(self._reader, lambda conn: None)
         except BaseException:
             await self.close()
             raise
