@@ -1,0 +1,143 @@
+"""Task costs for the Tasks issue: ``python bench/tasks_costs.py [--tasks 4000] [--steps 2000] [--pg URL]``.
+
+- Claim throughput: 4 OS processes claim (and complete) queued tasks from one store until none is left;
+  claims per second from the moment all four start to the last one's end. Every task must be claimed
+  exactly once, or the bench fails.
+- The cost of a recorded step: ``tasks.step(task_id, key, fn)`` with a trivial ``fn`` (two commits: the
+  *started* record, then the outcome), median over ``--steps`` steps; and the replay of a recorded step.
+
+SQLite file at durability normal and full; PostgreSQL too with ``--pg postgresql://…/postgres`` (a
+database is created and dropped). Prints the figures and writes ``bench/results/tasks-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+import statekeel  # noqa: E402
+
+WORKERS = 4
+
+
+def _claimer(url: str, worker: str, start: Any, out: Any) -> None:
+    async def run() -> list[str]:
+        claimed: list[str] = []
+        async with statekeel.open_store(url) as store:
+            start.wait()
+            while (task := await store.tasks.claim(worker, lease_seconds=60)) is not None:
+                await store.tasks.transition(
+                    task.id, "success", worker_id=worker, lease_epoch=task.lease_epoch
+                )
+                claimed.append(task.id)
+        return claimed
+
+    out.put((worker, asyncio.run(run()), time.time()))
+
+
+async def _queue_tasks(url: str, n: int) -> set[str]:
+    async with statekeel.open_store(url) as store:
+        ids = set()
+        for i in range(n):
+            ids.add((await store.tasks.create(f"t{i}", status="queued")).id)
+        return ids
+
+
+def claim_throughput(url: str, n: int) -> float:
+    ids = asyncio.run(_queue_tasks(url, n))
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, f"w{i}", start, out)) for i in range(WORKERS)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # let the workers import and open the store before the clock starts
+    began = time.time()
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    claimed = [t for _, tasks, _ in results for t in tasks]
+    if len(claimed) != len(set(claimed)) or set(claimed) != ids:
+        raise SystemExit(f"claims were lost or duplicated: {len(claimed)} claims of {len(ids)} tasks")
+    return n / (max(end for _, _, end in results) - began)
+
+
+async def step_costs(url: str, steps: int, durability: str = "normal") -> dict[str, float]:
+    async with statekeel.open_store(url, durability=durability) as store:
+        task = await store.tasks.create("steps", status="queued")
+        run, replay = [], []
+        for i in range(steps):
+            started = time.perf_counter()
+            await store.tasks.step(task.id, f"s{i}", lambda: {"ok": True})
+            run.append((time.perf_counter() - started) * 1e6)
+        for i in range(min(steps, 500)):
+            started = time.perf_counter()
+            await store.tasks.step(task.id, f"s{i}", lambda: {"ok": False})
+            replay.append((time.perf_counter() - started) * 1e6)
+    return {"step_us_median": statistics.median(run), "replay_us_median": statistics.median(replay)}
+
+
+async def _pg_admin(base: str, sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(base)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=4000)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--pg", default=None, help="admin URL of a PostgreSQL server, e.g. …/postgres")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    with tempfile.TemporaryDirectory() as directory:
+        for durability in ("normal", "full"):
+            name = f"sqlite-{durability}"
+            steps_url = f"sqlite:///{os.path.join(directory, f'steps-{durability}.db')}"
+            results[name] = asyncio.run(step_costs(steps_url, args.steps, durability))
+            print(name, {k: round(v, 1) for k, v in results[name].items()})
+        claims_url = f"sqlite:///{os.path.join(directory, 'claims.db')}"
+        results["sqlite-normal"]["claims_per_s_4_procs"] = claim_throughput(claims_url, args.tasks)
+        print(
+            "sqlite-normal claims/s with 4 processes:",
+            round(results["sqlite-normal"]["claims_per_s_4_procs"]),
+        )
+        results["memory"] = asyncio.run(step_costs("memory://", args.steps))
+        print("memory", {k: round(v, 1) for k, v in results["memory"].items()})
+    if args.pg:
+        # Two databases: the step bench's own task must not be among the tasks the claimers count.
+        names = [f"sk_bench_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+        for name in names:
+            asyncio.run(_pg_admin(args.pg, f'CREATE DATABASE "{name}"'))
+        try:
+            steps_url, claims_url = (args.pg.rsplit("/", 1)[0] + f"/{name}" for name in names)
+            results["postgres"] = asyncio.run(step_costs(steps_url, args.steps))
+            results["postgres"]["claims_per_s_4_procs"] = claim_throughput(claims_url, args.tasks)
+            print("postgres", {k: round(v, 1) for k, v in results["postgres"].items()})
+        finally:
+            for name in names:
+                asyncio.run(_pg_admin(args.pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    out = os.path.join(HERE, "results", f"tasks-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(results, fh, indent=2)
+    print("wrote", os.path.relpath(out, os.path.dirname(HERE)))
+
+
+if __name__ == "__main__":
+    main()
