@@ -22,7 +22,7 @@ from .audit import AuditLog
 from .backends.base import ApprovalRecord, StorageBackend
 from .codec import Codec, canonical
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .validation import check_int, check_key
+from .validation import check_int, check_key, check_text
 
 Approval = ApprovalRecord
 """An approval as stored: see :class:`statekeel.backends.base.ApprovalRecord`."""
@@ -58,7 +58,7 @@ class ApprovalLog:
         check_key(action, "action")
         check_key(requested_by, "requested_by")
         if expires_at is not None:
-            if type(expires_at) is not dt.datetime or expires_at.tzinfo is None:
+            if type(expires_at) is not dt.datetime or expires_at.utcoffset() is None:
                 raise InvalidArgument(f"expires_at must be a timezone-aware datetime, got {expires_at!r}")
             if expires_at <= _utcnow():
                 raise InvalidArgument(f"expires_at {expires_at.isoformat()} is already past")
@@ -95,8 +95,8 @@ class ApprovalLog:
         if type(granted) is not bool:
             raise InvalidArgument(f"granted must be a bool, got {granted!r}")
         check_key(decided_by, "decided_by")
-        if reason is not None and type(reason) is not str:
-            raise InvalidArgument(f"reason must be a str, got {type(reason).__name__}")
+        if reason is not None:
+            check_text(reason, "reason", allow_empty=True)
         now = _utcnow()
         async with self.backend.atomic():
             record = await self.backend.decide_approval(

@@ -139,7 +139,7 @@ class AuditLog:
             check_key(subject, "subject")
         if kind is not None:
             check_key(kind, "kind")
-        if since is not None and (type(since) is not dt.datetime or since.tzinfo is None):
+        if since is not None and (type(since) is not dt.datetime or since.utcoffset() is None):
             raise InvalidArgument(f"since must be a timezone-aware datetime, got {since!r}", since=since)
         check_int(limit, "limit", minimum=1)
         check_int(after_seq, "after_seq", minimum=0)

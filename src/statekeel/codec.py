@@ -1,10 +1,12 @@
 """One JSON codec for everything statekeel stores.
 
-Plain JSON values pass through; a registry of types round-trips exactly (``datetime``, ``date``, ``time``,
-``UUID``, ``Decimal``, ``bytes``, ``Enum`` members, dataclass instances, integers beyond 64 bits, strings
-holding NUL). Tuples are stored as lists. Anything else — functions, sets, NaN/±inf, non-string dict keys,
-arbitrary objects — raises :class:`~statekeel.errors.SerializationError` naming the path of the bad value
-(``messages[3].content.foo``) before anything is written.
+Plain JSON values pass through; a registry of types round-trips exactly (``datetime`` with its
+``ZoneInfo`` zone if any, ``date``, ``time``, ``UUID``, ``Decimal``, ``bytes``, ``Enum`` members, dataclass
+instances, integers beyond 64 bits, strings holding NUL, and the floats PostgreSQL's JSONB would change:
+``-0.0`` and those of magnitude 1e16 or more). Tuples are stored as lists. Anything else — functions,
+sets, NaN/±inf, non-string dict keys, arbitrary objects — raises
+:class:`~statekeel.errors.SerializationError` naming the path of the bad value (``messages[3].content.foo``)
+before anything is written.
 
 Tagged values are objects with the reserved key ``"$sk"``; a user object that itself has that key is
 escaped, so every JSON object the caller stores comes back unchanged.
@@ -26,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -36,6 +39,17 @@ _TAG_BYTES = b'"$sk"'
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_DEPTH = 100
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# PostgreSQL's JSONB keeps numbers as ``numeric``: a float written in exponent form (|x| >= 1e16) comes
+# back as an integer, and -0.0 as 0.0. Such floats are tagged so they round-trip on every backend.
+_FLOAT_EXACT = 1e16
+
+
+def _plain_float(value: float) -> bool:
+    """True if ``value`` survives a plain JSON number on every backend (NaN and infinities do not)."""
+    if not -_FLOAT_EXACT < value < _FLOAT_EXACT:
+        return False
+    return value != 0.0 or math.copysign(1.0, value) > 0.0
+
 
 Encoder = Callable[[Any], Any]
 Decoder = Callable[[Any], Any]
@@ -113,8 +127,10 @@ def _to_json(value: Any, depth: int, max_depth: int) -> Any:
             return value
         return {TAG: "int", "v": str(value)}
     if t is float:
-        if math.isfinite(value):
+        if _plain_float(value):
             return value
+        if math.isfinite(value):
+            return {TAG: "float", "v": repr(value)}
         raise _Bad(f"float {value!r} is not valid JSON (NaN and infinities are refused)", [])
     if depth >= max_depth:
         raise _Bad(f"nesting deeper than {max_depth} levels", [])
@@ -178,7 +194,7 @@ def _plain_container(value: Any, depth: int, max_depth: int) -> bool:
             if not _INT64_MIN <= v <= _INT64_MAX:
                 return False
         elif t is float:
-            if not math.isfinite(v):
+            if not -_FLOAT_EXACT < v < _FLOAT_EXACT or (v == 0.0 and math.copysign(1.0, v) < 0.0):
                 return False
         elif t is dict or t is list or t is tuple:
             if not _plain_container(v, depth + 1, max_depth):
@@ -191,6 +207,10 @@ def _plain_container(value: Any, depth: int, max_depth: int) -> bool:
 def _to_json_special(value: Any, depth: int, max_depth: int) -> Any:
     t = type(value)
     if t is _dt.datetime:
+        # An offset alone would lose the zone's rules (DST): keep the IANA name when there is one.
+        zone = value.tzinfo.key if isinstance(value.tzinfo, ZoneInfo) else None
+        if zone is not None:
+            return {TAG: "datetime", "v": value.isoformat(), "tz": zone}
         return {TAG: "datetime", "v": value.isoformat()}
     if t is _dt.date:
         return {TAG: "date", "v": value.isoformat()}
@@ -263,7 +283,16 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
         return base64.b64decode(v).decode("utf-8", "surrogatepass")
     if tag == "int":
         return int(v)
+    if tag == "float":
+        number = float(v)
+        if type(v) is not str or not math.isfinite(number):
+            raise SerializationError(f"stored float {v!r} is not a finite number")
+        return number
     if tag == "datetime":
+        zone = value.get("tz")
+        if zone is not None:
+            # The stored offset fixes the instant; the zone gives it back its wall clock and fold.
+            return _dt.datetime.fromisoformat(v).astimezone(ZoneInfo(zone))
         return _dt.datetime.fromisoformat(v)
     if tag == "date":
         return _dt.date.fromisoformat(v)
@@ -301,7 +330,20 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
 
 
 _BUILTIN_TAGS = frozenset(
-    {"dict", "nulstr", "int", "datetime", "date", "time", "uuid", "decimal", "bytes", "enum", "dataclass"}
+    {
+        "dict",
+        "nulstr",
+        "int",
+        "float",
+        "datetime",
+        "date",
+        "time",
+        "uuid",
+        "decimal",
+        "bytes",
+        "enum",
+        "dataclass",
+    }
 )
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from .backends.base import SESSION_STATUSES
 from .codec import Codec
 from .errors import SerializationError, StorageCorrupt
 
@@ -236,7 +237,15 @@ class FallbackDir:
             and snap.base_head >= 0
             and header.get("count") == len(messages)
             and isinstance(snap.metadata, dict)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+            # What a load or replay would write as is: must pass what save() checks.
+            and snap.status in SESSION_STATUSES
+            and type(snap.in_backend) is bool
+            and type(snap.status_changed) is bool
+            and type(snap.metadata_changed) is bool
+            and type(snap.last_consolidated) is int
+            and isinstance(snap.created_at, dt.datetime)
+            and isinstance(snap.updated_at, dt.datetime)
+            and all(isinstance(m, dict) and type(m.get("role")) is str and m["role"] for m in messages)
         )
         if not ok:
             raise FallbackCorrupt(f"fallback file {path} has an inconsistent header or messages", path=path)

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConflictError
+from .errors import ConflictError, LeaseLost, StatekeelError
 
 if TYPE_CHECKING:
     from .approvals import Approval
@@ -55,6 +55,8 @@ class RecoveryReport:
     # session key -> tool call ids answered with an "interrupted" result (or that would be, repair=False)
     orphaned_tool_calls: dict[str, list[str]] = field(default_factory=dict)
     sessions_busy: list[str] = field(default_factory=list)  # held by a live agent: left alone
+    # session key -> why it could not be checked or repaired (e.g. a damaged history); the others were
+    sessions_failed: dict[str, str] = field(default_factory=dict)
     interrupted_tasks: list[Task] = field(default_factory=list)
     steps_in_doubt: list[StepRecord] = field(default_factory=list)
     pending_approvals: list[Approval] = field(default_factory=list)
@@ -66,6 +68,7 @@ class RecoveryReport:
         """The store is whole: nothing corrupt, tampered or left in the fallback directory."""
         return (
             not self.integrity_problems
+            and not self.sessions_failed
             and (self.audit is None or self.audit.ok)
             and (self.fallback is None or self.fallback.ok)
         )
@@ -82,6 +85,7 @@ class RecoveryReport:
             else len(self.fallback.failed) + len(self.fallback.quarantined) + len(self.fallback.skipped),
             "orphaned_tool_calls": sum(len(v) for v in self.orphaned_tool_calls.values()),
             "sessions_busy": len(self.sessions_busy),
+            "sessions_failed": len(self.sessions_failed),
             "interrupted_tasks": len(self.interrupted_tasks),
             "steps_in_doubt": len(self.steps_in_doubt),
             "pending_approvals": len(self.pending_approvals),
@@ -108,30 +112,36 @@ def missing_tool_results(messages: list[dict[str, Any]]) -> list[str]:
     return []
 
 
+async def _repair_session(store: Store, report: RecoveryReport, repair: bool, key: str) -> None:
+    tail = await store.backend.tail_messages(key, _TAIL)
+    missing = missing_tool_results([m.payload for m in tail])
+    if not missing:
+        return
+    if not repair:
+        report.orphaned_tool_calls[key] = missing
+        return
+    async with store.sessions.open(key, timeout=_LOCK_TIMEOUT_S) as session:
+        # Re-check under the lock: the holder we waited for may have answered them.
+        missing = missing_tool_results(session.messages[-_TAIL:])
+        for call_id in missing:
+            session.add_message("tool", INTERRUPTED_CONTENT, tool_call_id=call_id, statekeel_interrupted=True)
+    if missing:
+        report.orphaned_tool_calls[key] = missing
+
+
 async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool) -> None:
-    sessions = store.sessions
     cursor: str | None = None
     while True:
         page = await store.backend.list_sessions(status="active", limit=_PAGE, cursor=cursor)
         for record in page.items:
-            tail = await store.backend.tail_messages(record.key, _TAIL)
-            if not missing_tool_results([m.payload for m in tail]):
-                continue
-            if not repair:
-                report.orphaned_tool_calls[record.key] = missing_tool_results([m.payload for m in tail])
-                continue
             try:
-                async with sessions.open(record.key, timeout=_LOCK_TIMEOUT_S) as session:
-                    # Re-check under the lock: the holder we waited for may have answered them.
-                    missing = missing_tool_results(session.messages[-_TAIL:])
-                    for call_id in missing:
-                        session.add_message(
-                            "tool", INTERRUPTED_CONTENT, tool_call_id=call_id, statekeel_interrupted=True
-                        )
-                if missing:
-                    report.orphaned_tool_calls[record.key] = missing
-            except ConflictError:
+                await _repair_session(store, report, repair, record.key)
+            except (ConflictError, LeaseLost):
                 report.sessions_busy.append(record.key)
+            except StatekeelError as exc:
+                # One damaged session must not stop the repair of the others nor the task recovery.
+                log.warning("could not check or repair session %r: %s", record.key, exc)
+                report.sessions_failed[record.key] = str(exc)
         if page.next_cursor is None:
             return
         cursor = page.next_cursor

@@ -20,6 +20,7 @@ import builtins
 import collections
 import datetime as dt
 import logging
+import math
 import os
 import secrets
 import socket
@@ -50,7 +51,7 @@ from .errors import (
     StatekeelError,
 )
 from .fallback import FallbackCorrupt, FallbackDir, FallbackSnapshot, ReplayReport
-from .validation import check_int, check_key, check_str
+from .validation import check_int, check_key, check_str, check_text
 
 log = logging.getLogger("statekeel.sessions")
 
@@ -60,6 +61,8 @@ DEFAULT_ARCHIVE_HOURS = 24.0 * 30
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_LOCK_TIMEOUT = 60.0
 MAX_LIST_LIMIT = 1000
+_MAX_HOURS = 24.0 * 365 * 1000
+_MAX_LEASE_SECONDS = 86400.0 * 365
 # Waiting for a lease held elsewhere: poll from 5 ms, doubling up to 250 ms (never past its expiry).
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.25
@@ -104,6 +107,7 @@ class Session:
         "_in_backend",
         "_metadata_raw",
         "_owner",
+        "_saved_last",
         "_saved_status",
         "_version",
         "created_at",
@@ -124,6 +128,8 @@ class Session:
         self.summaries: list[Summary] = []
         self._fallback = False  # unsaved content also sits in a fallback file
         self._full = False
+        # The last saved message object: if it is no longer at its place, the list was cut and regrown.
+        self._saved_last: dict[str, Any] | None = None
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}
@@ -166,6 +172,26 @@ class Session:
         self._codec.encode(message, where=f"messages[{self.head_seq}]")
         self.messages.append(message)
         return message
+
+    def _mark_saved(self) -> None:
+        saved = self._head - self._first
+        self._saved_last = self.messages[saved - 1] if 0 < saved <= len(self.messages) else None
+
+    def _check_append_only(self) -> None:
+        """Refuse a message list whose saved part was removed or replaced: ``unsaved()`` would be wrong."""
+        saved = self._head - self._first
+        if saved <= 0:
+            return
+        last = self._saved_last
+        if len(self.messages) < saved or (
+            last is not None and self.messages[saved - 1] is not last and self.messages[saved - 1] != last
+        ):
+            raise InvalidArgument(
+                f"session {self.key!r}: messages already saved (up to seq {self._head - 1}) were removed or "
+                "replaced; history is append-only. Add messages with add_message() and use "
+                "history(max_messages) for a shorter context",
+                key=self.key,
+            )
 
     def unsaved(self) -> list[dict[str, Any]]:
         """Messages the backend does not have yet (added since the last load or save)."""
@@ -237,7 +263,7 @@ class SessionLock:
             return
         manager = self._manager
         wait = manager.lock_timeout if timeout is None else timeout
-        if type(wait) not in (int, float) or wait < 0:
+        if type(wait) not in (int, float) or not wait >= 0:  # also refuses NaN
             raise InvalidArgument(f"timeout must be a non-negative number of seconds, got {timeout!r}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -340,14 +366,16 @@ class SessionManager:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         check_int(cache_size, "cache_size", minimum=1)
-        for name, value in (
-            ("expiry_hours", expiry_hours),
-            ("archive_hours", archive_hours),
-            ("lease_seconds", lease_seconds),
-            ("lock_timeout", lock_timeout),
+        # Bounded so that date arithmetic cannot overflow later; NaN fails every comparison.
+        # An infinite lock_timeout is "wait forever".
+        for name, value, top in (
+            ("expiry_hours", expiry_hours, _MAX_HOURS),
+            ("archive_hours", archive_hours, _MAX_HOURS),
+            ("lease_seconds", lease_seconds, _MAX_LEASE_SECONDS),
+            ("lock_timeout", lock_timeout, math.inf),
         ):
-            if type(value) not in (int, float) or not value > 0:
-                raise InvalidArgument(f"{name} must be a positive number, got {value!r}")
+            if type(value) not in (int, float) or not 0 < value <= top:
+                raise InvalidArgument(f"{name} must be a positive number up to {top}, got {value!r}")
         self.backend = backend
         self.codec = codec
         self.cache_size = cache_size
@@ -455,6 +483,7 @@ class SessionManager:
             cached._in_backend
             and record.head_seq == cached._head
             and record.last_consolidated == cached.last_consolidated
+            and record.created_at == cached.created_at  # not deleted and created again
         ):
             if record.version != cached._version:
                 # Someone changed status or metadata only: take theirs unless changed here too.
@@ -529,6 +558,13 @@ class SessionManager:
             session.messages = list(snap.messages)
             session._fallback = True
             return session
+        if snap.in_backend and snap.created_at != session.created_at:
+            await self._quarantine_key(
+                key,
+                "the session was deleted and created again in the backend after this file was written; "
+                "its messages were kept in the quarantined file",
+            )
+            return session
         if session._head == snap.base_head:
             # The fallback continues the backend: its messages are unsaved, written by the next save.
             session.messages.extend(snap.messages)
@@ -558,6 +594,7 @@ class SessionManager:
         if full:
             session._first = 0
             session._full = True
+        session._mark_saved()
         return session
 
     async def _read_fallback(self, key: str) -> FallbackSnapshot | None:
@@ -642,9 +679,11 @@ class SessionManager:
         """Save; True when the backend took it, False when it went to the fallback file."""
         session = self._check_owned(session)
         base = session._head
-        if len(session.messages) < base - session._first:
+        session._check_append_only()
+        if type(session.metadata) is not dict:
             raise InvalidArgument(
-                f"session {session.key!r} lost messages that were already saved; history is append-only"
+                f"session {session.key!r}: metadata must be a dict, got {type(session.metadata).__name__}",
+                key=session.key,
             )
         new = session.unsaved()
         encode = self.codec.encode
@@ -671,11 +710,14 @@ class SessionManager:
                 create=create,
                 status=changed_status,
                 lease=self._lease_for(session.key),
+                # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
+                expected_created_at=session.created_at if session._in_backend else None,
             )
         except BackendUnavailable as exc:
             await self._save_fallback(session, exc)
             return False
         session._head = record.head_seq
+        session._mark_saved()
         session._in_backend = True
         session._metadata_raw = meta_raw
         session._saved_status = record.status
@@ -771,8 +813,8 @@ class SessionManager:
         Each replay appends exactly the file's messages, conditional on the backend head the file
         follows. A file whose messages the backend already has is deleted; one that conflicts with
         another writer, or cannot be read, is quarantined (renamed aside) and reported; one whose session
-        is locked in this process is left to its holder's next save. Files are independent: one failure
-        never stops the others.
+        is held (in this process or another one) is left to its holder's next save and reported as
+        skipped. Files are independent: one failure never stops the others.
         """
         async with self._replaying:
             return await self._replay_all()
@@ -802,10 +844,25 @@ class SessionManager:
             if key in self._held:
                 report.skipped.append(key)
                 continue
+            # Replay as a holder of the session: one that another process holds (maybe the very agent
+            # that wrote this file and will save it) is left to it, not written under its feet.
+            lock = self.lock(key)
+            try:
+                await lock.acquire(timeout=0)
+            except ConflictError:
+                report.skipped.append(key)
+                continue
+            except StatekeelError as exc:
+                report.failed[key] = str(exc)
+                continue
             try:
                 await self._replay_one(snap, report)
-            except (BackendUnavailable, ConflictError, LeaseLost) as exc:
+            except StatekeelError as exc:
+                # Any error of one file (the backend is down, a message over a since-lowered
+                # max_record_bytes, the session deleted meanwhile) leaves it on disk and reported.
                 report.failed[key] = str(exc)
+            finally:
+                await lock.release()
         report.quarantined.update(self._quarantined)
         self._quarantined.clear()
         return report
@@ -826,6 +883,11 @@ class SessionManager:
         if record is None and snap.in_backend:
             await self._quarantine_key(
                 key, "the session was deleted from the backend after this file was written"
+            )
+            return
+        if record is not None and snap.in_backend and record.created_at != snap.created_at:
+            await self._quarantine_key(
+                key, "the session was deleted and created again in the backend after this file was written"
             )
             return
         if record is not None and record.head_seq != snap.base_head:
@@ -854,6 +916,8 @@ class SessionManager:
             else None,
             create=record is None,
             status=snap.status if snap.status_changed else None,
+            lease=self._lease_for(key),
+            expected_created_at=snap.created_at if snap.in_backend else None,
         )
         await asyncio.to_thread(self.fallback.delete, key, signature)
         self._pending_fallback.discard(key)
@@ -924,15 +988,18 @@ class SessionManager:
             raise InvalidArgument(f"now must be a timezone-aware datetime, got {now!r}")
         expiry = self.expiry_hours if expiry_hours is None else expiry_hours
         archive = self.archive_hours if archive_hours is None else archive_hours
+        cutoffs = []
         for name, value in (("expiry_hours", expiry), ("archive_hours", archive)):
-            if type(value) not in (int, float) or value < 0:
-                raise InvalidArgument(f"{name} must be a non-negative number, got {value!r}")
-        expired = await self.backend.transition_idle_sessions(
-            "active", "expired", now - dt.timedelta(hours=expiry)
-        )
-        archived = await self.backend.transition_idle_sessions(
-            "expired", "archived", now - dt.timedelta(hours=archive)
-        )
+            if type(value) not in (int, float) or not 0 <= value < math.inf:
+                raise InvalidArgument(f"{name} must be a non-negative finite number, got {value!r}")
+            try:
+                cutoffs.append(now - dt.timedelta(hours=value))
+            except OverflowError:
+                raise InvalidArgument(
+                    f"{name}={value!r} reaches before year 1 from {now.isoformat()}; use a smaller value"
+                ) from None
+        expired = await self.backend.transition_idle_sessions("active", "expired", cutoffs[0])
+        archived = await self.backend.transition_idle_sessions("expired", "archived", cutoffs[1])
         return expired + archived
 
     async def list(self, status: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
@@ -955,8 +1022,8 @@ class SessionManager:
         ``summary``, and advance ``last_consolidated`` — in one transaction. Returns the compression id."""
         check_key(key)
         check_int(upto_seq, "upto_seq", minimum=0)
-        if type(summary) is not str:
-            raise InvalidArgument(f"summary must be a str, got {type(summary).__name__}")
+        # Same text on every backend: PostgreSQL refuses NUL, SQLite would keep it (and copy_store fail).
+        check_text(summary, "summary", allow_empty=True)
         record = await self.backend.load_session(key)
         if record is None:
             raise NotFound(f"session {key!r} does not exist", key=key)

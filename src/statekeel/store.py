@@ -40,6 +40,7 @@ class StoreOptions:
     busy_timeout_ms: int = 5000
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     encryption_key: bytes | None = None
+    migrate: bool = True
 
     def __post_init__(self) -> None:
         check_int(self.cache_size, "cache_size", minimum=1)
@@ -49,6 +50,8 @@ class StoreOptions:
             raise InvalidArgument(f"durability must be 'normal' or 'full', got {self.durability!r}")
         if self.fallback_dir is not None and not isinstance(self.fallback_dir, (str, os.PathLike)):
             raise InvalidArgument(f"fallback_dir must be a path, got {type(self.fallback_dir).__name__}")
+        if type(self.migrate) is not bool:
+            raise InvalidArgument(f"migrate must be True or False, got {self.migrate!r}")
         if self.encryption_key is not None:
             raise InvalidArgument(
                 "encryption_key is not supported by this version of statekeel; open the store without it"
@@ -59,9 +62,18 @@ def sqlite_path(url: str) -> str | None:
     """The file path of a ``sqlite:///`` URL, or None for ``memory://``. Raises for other schemes."""
     parts = urlsplit(url)
     if parts.scheme == "memory":
+        if url != "memory://":
+            raise InvalidArgument(f"an in-memory store is opened with exactly memory://, got {url!r}")
         return None
     if parts.scheme != "sqlite":
         raise InvalidArgument(f"not a SQLite URL: {url!r}")
+    if "?" in url or "#" in url:
+        # Silently dropped, a query would lose the caller's options and a '#' would name another file.
+        raise InvalidArgument(
+            f"SQLite URL {url!r} has a query string or fragment ('?' or '#'); pass options as keyword "
+            "arguments of open_store (durability=..., busy_timeout_ms=...) and use a file name without "
+            "'?' or '#'"
+        )
     if parts.netloc:
         raise InvalidArgument(
             f"SQLite URL {url!r} has a host part; use sqlite:///relative.db or sqlite:////absolute/path.db"
@@ -86,6 +98,7 @@ def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBacken
             codec=codec,
             durability=options.durability,
             busy_timeout_ms=options.busy_timeout_ms,
+            migrate=options.migrate,
         )
     if scheme in ("postgresql", "postgres"):
         try:
@@ -94,7 +107,7 @@ def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBacken
             raise InvalidArgument(
                 f"PostgreSQL support needs asyncpg: pip install 'statekeel[postgres]' ({exc})"
             ) from exc
-        return PostgresBackend(url, codec=codec)
+        return PostgresBackend(url, codec=codec, migrate=options.migrate)
     raise InvalidArgument(
         f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory:// or postgresql://",
         url=url,
@@ -175,12 +188,16 @@ def open_store(
     busy_timeout_ms: int = 5000,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     encryption_key: bytes | None = None,
+    migrate: bool = True,
 ) -> _Opener:
     """Open (creating and migrating if needed) the store at ``url``.
 
     ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
     at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
     ``postgresql://user@host:5432/db``.
+
+    ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
+    and is left as it was (for tools that inspect a store shared with agents of another version).
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,
@@ -189,6 +206,7 @@ def open_store(
         busy_timeout_ms=busy_timeout_ms,
         max_record_bytes=max_record_bytes,
         encryption_key=encryption_key,
+        migrate=migrate,
     )
     make_backend_check = urlsplit(url).scheme if isinstance(url, str) else None
     if make_backend_check is None:

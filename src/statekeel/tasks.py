@@ -41,7 +41,7 @@ from .errors import (
     SerializationError,
     StepInDoubt,
 )
-from .validation import check_int, check_key, check_str
+from .validation import check_int, check_key, check_text
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
@@ -85,7 +85,8 @@ def check_lease_seconds(value: Any) -> float:
 
 
 def check_aware(value: Any, what: str) -> dt.datetime:
-    if type(value) is not dt.datetime or value.tzinfo is None:
+    # utcoffset(), not tzinfo: a tzinfo whose offset is None leaves the datetime naive.
+    if type(value) is not dt.datetime or value.utcoffset() is None:
         raise InvalidArgument(f"{what} must be a timezone-aware datetime, got {value!r}", value=value)
     return value
 
@@ -131,8 +132,19 @@ def plan_transition(
     )
 
 
-def _error_record(exc: BaseException) -> dict[str, str]:
-    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)}
+# A failed step's recorded message is cut to this many characters: the error must always be storable, or
+# a step whose outcome is known (it raised) would be left in doubt and the caller's exception replaced.
+_MAX_ERROR_MESSAGE_CHARS = 4096
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    try:
+        message = str(exc)
+    except Exception as str_exc:  # a broken __str__ must not hide the step's real outcome
+        message = f"<str() of the exception raised {type(str_exc).__name__}>"
+    if len(message) > _MAX_ERROR_MESSAGE_CHARS:
+        message = f"{message[:_MAX_ERROR_MESSAGE_CHARS]}… ({len(message)} characters, truncated)"
+    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message}
 
 
 def _discard(fn: Any) -> None:
@@ -193,7 +205,7 @@ class TaskManager:
         status: Any = "pending",
     ) -> NewTask:
         """A validated :class:`NewTask` (typed error before anything is written)."""
-        check_str(title, "title")
+        check_text(title, "title")
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
         if parent_task_id is not None:
@@ -206,8 +218,8 @@ class TaskManager:
         check_int(max_retries, "max_retries", minimum=0)
         if max_retries >= 2**31:
             raise InvalidArgument(f"max_retries must fit in 32 bits, got {max_retries}", value=max_retries)
-        if description is not None and type(description) is not str:
-            raise InvalidArgument(f"description must be a str, got {type(description).__name__}")
+        if description is not None:
+            check_text(description, "description", allow_empty=True)
         if status not in ("pending", "queued"):
             check_status(status)
             raise InvalidArgument(f"a new task starts pending or queued, not {status}", status=status)
@@ -272,6 +284,8 @@ class TaskManager:
 
         A worker passes its ``lease_epoch`` (and ``worker_id``) from :meth:`claim`: if the task was taken
         over or its lease expired since, the transition is refused with ``LeaseLost`` (fencing).
+        Moving a task to running here (not by :meth:`claim`) starts a new ``lease_epoch`` with no owner, so
+        whoever held it before is fenced out; the returned task carries the new epoch.
         """
         check_key(task_id, "task_id")
         check_status(new_status, "new_status")
@@ -365,16 +379,20 @@ class TaskManager:
         the record, until :meth:`resolve_step` settles it. The result is returned as stored (decoded).
 
         A worker passes its ``lease_epoch`` from :meth:`claim`: once its lease was taken over or expired,
-        ``LeaseLost`` is raised before anything is recorded or run (a recorded result is still returned).
+        ``LeaseLost`` is raised before anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
         """
-        check_key(task_id, "task_id")
-        check_key(step_key, "step_key")
-        if type(idempotent) is not bool:
-            raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
-        if lease_epoch is not None:
-            check_int(lease_epoch, "lease_epoch", minimum=1)
+        try:
+            check_key(task_id, "task_id")
+            check_key(step_key, "step_key")
+            if type(idempotent) is not bool:
+                raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
+            if lease_epoch is not None:
+                check_int(lease_epoch, "lease_epoch", minimum=1)
+        except InvalidArgument:
+            _discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
+            raise
         if not callable(fn) and not inspect.isawaitable(fn):
             raise InvalidArgument(
                 f"fn must be a callable or an awaitable, got {type(fn).__name__}", step_key=step_key

@@ -40,3 +40,18 @@ def check_str(value: Any, what: str) -> str:
     if type(value) is not str or not value:
         raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}", value=value)
     return value
+
+
+def check_text(value: Any, what: str, *, allow_empty: bool = False) -> str:
+    """Return ``value`` if it is a str every backend can store as text: no NUL (PostgreSQL refuses it,
+    SQLite would keep it, so a store could not be copied across) and no lone surrogate (not UTF-8)."""
+    if type(value) is not str or (not value and not allow_empty):
+        wanted = "a str" if allow_empty else "a non-empty str"
+        raise InvalidArgument(f"{what} must be {wanted}, got {value!r}", value=value)
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} {value[:40]!r} contains NUL; remove it or store it in metadata")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} {value[:40]!r} is not valid Unicode (lone surrogate)") from None
+    return value

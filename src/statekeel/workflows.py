@@ -30,7 +30,7 @@ from .backends.base import WORKFLOW_STATUSES, NewWorkflowStep, StorageBackend, T
 from .codec import Codec
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
 from .tasks import TaskManager, plan_transition
-from .validation import check_int, check_key, check_str
+from .validation import check_int, check_key, check_text
 
 Workflow = WorkflowRecord
 """A workflow as stored, with its steps and their tasks: see :class:`WorkflowRecord`."""
@@ -164,7 +164,7 @@ class WorkflowEngine:
         A cycle, an unknown or duplicate step name, or a malformed step raises ``InvalidArgument`` and
         nothing is written.
         """
-        check_str(name, "name")
+        check_text(name, "name")
         if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not steps:
             raise InvalidArgument("steps must be a non-empty list of steps", steps=type(steps).__name__)
         parsed = [_as_step(i, raw) for i, raw in enumerate(steps)]

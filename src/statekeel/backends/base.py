@@ -208,10 +208,12 @@ class SessionBackend(abc.ABC):
         create: bool = False,
         status: str | None = None,
         lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 
-        ``ConflictError`` with ``current`` = the actual head when another writer appended first;
+        ``ConflictError`` with ``current`` = the actual head when another writer appended first, or when
+        ``expected_created_at`` is given and the session was deleted and created again since;
         ``NotFound`` when the session does not exist and ``create`` is false.
         """
 
@@ -281,8 +283,9 @@ APPROVAL_STATUSES = ("pending", "granted", "denied")
 
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
-    """A task's row. ``lease_owner`` is the worker that last claimed it; ``lease_expires_at`` is set only
-    while it runs under a lease; ``lease_epoch`` (the fencing token) grows by one at every claim."""
+    """A task's row. ``lease_owner`` is the worker that last claimed it (None once the task re-entered
+    running by a transition, without a claim); ``lease_expires_at`` is set only while it runs under a lease;
+    ``lease_epoch`` (the fencing token) grows by one at every claim and every other entry into running."""
 
     id: str
     workflow_id: str | None
@@ -604,12 +607,14 @@ class ApprovalBackend(abc.ABC):
 @dataclass(frozen=True, slots=True)
 class CopyTableInfo:
     """A table ``copy_store`` moves: its primary key, the self-references set in a second pass
-    (``links``), and whether its rows can never be deleted (``append_only``)."""
+    (``links``), whether its rows can never be deleted (``append_only``), and the positions in an
+    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend)."""
 
     name: str
     key: tuple[str, ...]
     links: tuple[str, ...] = ()
     append_only: bool = False
+    json_columns: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -657,6 +662,11 @@ class CopyBackend(abc.ABC):
     @abc.abstractmethod
     async def clear_rows(self, table: str) -> int:
         """Delete every row of ``table`` (children cascade); returns how many."""
+
+    async def store_identity(self) -> str | None:
+        """A name of the physical database, equal for two stores open on the same one whatever their
+        URLs; None when there is none (an in-memory store). ``copy_store`` refuses to copy onto itself."""
+        return None
 
 
 class StorageBackend(

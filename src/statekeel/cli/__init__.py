@@ -7,7 +7,7 @@ statekeel --db sqlite:///agent.db info
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 
@@ -15,12 +15,19 @@ DEFAULT_URL = "sqlite:///statekeel.db"
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password, for printing."""
+    """``url`` without its password (``user:password@`` or ``?password=``, both accepted by asyncpg)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    in_query = any(name == "password" for name, _ in query)
+    if parts.password is None and not in_query:
+        return url  # unchanged: a split/unsplit round trip would drop sqlite:////'s empty host
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if in_query:
+        hidden = [(name, "***" if name == "password" else value) for name, value in query]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
+    return urlunsplit(parts)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -17,7 +17,8 @@ from . import main, redact_url
 
 
 async def _gather(url: str) -> tuple[list[tuple[int, str, str]], list[str], dict[str, int]]:
-    async with open_store(url) as store:
+    # Inspecting a store must not upgrade it: an older agent would then find a schema too new for it.
+    async with open_store(url, migrate=False) as store:
         return await _facts(store)
 
 

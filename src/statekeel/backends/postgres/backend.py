@@ -42,7 +42,7 @@ from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
-from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.workflows import SqlWorkflows
@@ -82,12 +82,15 @@ def _rowcount(status: str) -> int:
 
 
 class PgTx(Tx):
-    __slots__ = ("codec", "conn", "sql")
+    __slots__ = ("codec", "conn", "lock", "sql")
 
     def __init__(self, conn: asyncpg.Connection, codec: Codec) -> None:
         self.conn = conn
         self.codec = codec
         self.sql = queries()
+        # An atomic() block's operations may come from several tasks at once (child tasks inherit the
+        # block); one connection runs one query at a time, so they take turns, as on SQLite.
+        self.lock = asyncio.Lock()
 
     async def execute(self, name: str, *args: Any) -> int:
         return _rowcount(await self.conn.execute(self.sql[name], *args))
@@ -140,8 +143,9 @@ class PgTarget:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise InvalidArgument(f"not a PostgreSQL URL (scheme {parts.scheme!r}); use postgresql://…")
-        self._secret = parts.password
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        # asyncpg also takes the password from the query string (``?password=…``).
+        self._secrets = [s for s in (parts.password, params.get("password")) if s]
         flag = params.pop("pgbouncer", "false").lower()
         if flag not in ("true", "false", "1", "0"):
             raise InvalidArgument(f"pgbouncer must be true or false in a postgresql:// URL, got {flag!r}")
@@ -180,8 +184,8 @@ class PgTarget:
 
     def scrub(self, text: str) -> str:
         """``text`` with the URL's password (if any) blanked out."""
-        if self._secret:
-            text = text.replace(self._secret, "***")
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
         return text
 
     def __str__(self) -> str:
@@ -193,7 +197,7 @@ def _int_param(params: dict[str, str], name: str, default: int, *, minimum: int)
     raw = params.pop(name, None)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < minimum or int(raw) > 10_000:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < minimum or int(raw) > 10_000:
         raise InvalidArgument(f"{name} must be an integer in [{minimum}, 10000] in the URL, got {raw!r}")
     return int(raw)
 
@@ -224,6 +228,14 @@ def translate(exc: BaseException, target: PgTarget) -> BaseException:
         )
     if isinstance(exc, asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
         return ConflictError(f"{target}: concurrent update ({exc}); retry", sqlstate=exc.sqlstate)
+    if isinstance(exc, asyncpg.DataError):
+        # SQLSTATE class 22 (and asyncpg's own argument checks): a value PostgreSQL cannot store, e.g.
+        # NUL in text or an int out of range. Bad input, not an outage: no retry, no fallback file.
+        return InvalidArgument(
+            f"{target}: PostgreSQL refused a value ({detail}); nothing was written, fix the value",
+            sqlstate=exc.sqlstate,
+            **fields,
+        )
     if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedColumnError):
         return StorageCorrupt(f"{target}: schema is damaged: {exc}", **fields)
     if isinstance(exc, asyncpg.PostgresError):
@@ -278,8 +290,10 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         max_size: int | None = None,
         connect_timeout: float | None = None,
         migrations: list[Migration] | None = None,
+        migrate: bool = True,
     ) -> None:
         super().__init__(url, codec=codec)
+        self.migrate = migrate
         self.target = PgTarget(url)
         self._pool: asyncpg.Pool | None = None
         self._min_size = self.target.min_size if min_size is None else min_size
@@ -368,8 +382,12 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
             async with pool.acquire() as conn:
                 # Cheap path: an up-to-date database needs no lock.
                 async with conn.transaction():
-                    if not pending(await self._applied(conn), self._migrations, where=str(self.target)):
+                    applied = await self._applied(conn)
+                    todo = pending(applied, self._migrations, where=str(self.target))
+                    if not todo:
                         return
+                    if not self.migrate:
+                        refuse_upgrade(todo, applied, where=str(self.target))
                 # One transaction per migration, holding the advisory lock until its COMMIT (a session
                 # lock would not hold behind PgBouncer's transaction pooling, where each transaction may
                 # run on another server connection). _apply's own transaction nests as a savepoint.
@@ -450,7 +468,9 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         current: PgTx | None = self._current.get()
         if current is not None:
             try:
-                async with current.conn.transaction():  # a savepoint: a failed op leaves nothing behind
+                # One operation at a time on the block's connection; a savepoint: a failed op leaves
+                # nothing behind.
+                async with current.lock, current.conn.transaction():
                     return await op(current, *args)
             except BaseException as exc:
                 raise translate(exc, self.target) from None
@@ -461,7 +481,9 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                 conn = await pool.acquire()
                 failure: BaseException | None = None
                 try:
-                    tx = conn.transaction()
+                    # Pinned: a server default of repeatable read would let the audit head and the
+                    # conditional updates read a snapshot older than the locks they wait for.
+                    tx = conn.transaction(isolation="read_committed")
                     await tx.start()
                     try:
                         result = await op(PgTx(conn, self.codec), *args)
@@ -552,7 +574,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
             raise translate(exc, self.target) from None
         failure: BaseException | None = None
         try:
-            tx = conn.transaction()
+            tx = conn.transaction(isolation="read_committed")  # pinned, as in _write
             try:
                 await tx.start()
             except BaseException as exc:

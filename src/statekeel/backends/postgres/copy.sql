@@ -229,3 +229,9 @@ SELECT count(*) AS n FROM approvals;
 
 -- name: copy_approvals_clear
 DELETE FROM approvals;
+
+-- name: copy_store_identity
+-- The database on this server (whatever host name, port spelling or pooler reached it): the server's
+-- start time and port tell two servers apart.
+SELECT 'postgresql:' || current_database() || '@' || current_setting('port') || '/'
+    || pg_postmaster_start_time()::text AS id;

@@ -21,7 +21,11 @@ ORDER BY created_at, id LIMIT $5;
 -- name: task_update
 UPDATE tasks
 SET status = $1, retry_count = $2, lease_expires_at = $3, started_at = $4, completed_at = $5,
-    result = COALESCE($6::jsonb, result), error = COALESCE($7::jsonb, error), updated_at = $8, version = version + 1
+    result = COALESCE($6::jsonb, result), error = COALESCE($7::jsonb, error), updated_at = $8, version = version + 1,
+    -- Entering running without claim() grants no lease: a new epoch and no owner fence out whoever
+    -- held the task before (a zombie worker must not resume with its old epoch).
+    lease_owner = CASE WHEN $1 = 'running' THEN NULL ELSE lease_owner END,
+    lease_epoch = lease_epoch + (CASE WHEN $1 = 'running' THEN 1 ELSE 0 END)
 WHERE id = $9 AND status = $10 AND version = $11
 RETURNING *;
 

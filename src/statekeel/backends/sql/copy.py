@@ -32,7 +32,8 @@ class CopyTable:
         return tuple(columns.index(n) for n in names)
 
     def info(self) -> CopyTableInfo:
-        return CopyTableInfo(self.name, self.key, self.links, self.append_only)
+        json = tuple(i for i, (_, kind) in enumerate(self.columns) if kind == "json")
+        return CopyTableInfo(self.name, self.key, self.links, self.append_only, json)
 
 
 def _table(name: str, columns: str, key: str, *, links: str = "", append_only: bool = False) -> CopyTable:
@@ -207,6 +208,11 @@ async def op_clear_rows(tx: Tx, spec: CopyTable) -> int:
     return await tx.execute(f"copy_{spec.name}_clear")
 
 
+async def op_store_identity(tx: Tx) -> str | None:
+    row = await tx.fetchone("copy_store_identity")
+    return None if row is None or row["id"] is None else str(row["id"])
+
+
 class SqlCopy(SqlBackend, CopyBackend):
     """The copy contract over the shared operations above."""
 
@@ -243,3 +249,6 @@ class SqlCopy(SqlBackend, CopyBackend):
 
     async def clear_rows(self, table: str) -> int:
         return await self._write(op_clear_rows, table_spec(table))
+
+    async def store_identity(self) -> str | None:
+        return await self._read(op_store_identity)

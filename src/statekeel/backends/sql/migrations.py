@@ -67,3 +67,16 @@ def pending(applied: Sequence[MigrationInfo], known: Sequence[Migration], *, whe
             )
     done = {a.version for a in applied}
     return [m for m in known if m.version not in done]
+
+
+def refuse_upgrade(todo: Sequence[Migration], applied: Sequence[MigrationInfo], *, where: str) -> None:
+    """For a store opened with ``migrate=False``: refuse, writing nothing, when migrations are pending."""
+    if todo:
+        current = max((a.version for a in applied), default=0)
+        raise MigrationError(
+            f"{where} is at schema version {current}; this statekeel needs version {todo[-1].version} "
+            f"({len(todo)} migration(s) pending). It was opened with migrate=False, so nothing was changed: "
+            "open it with migrate=True (the default) to upgrade it",
+            version=current,
+            pending=[m.version for m in todo],
+        )

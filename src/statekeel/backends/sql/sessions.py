@@ -218,6 +218,7 @@ async def op_append_messages(
     create: bool,
     status: str | None = None,
     lease: SessionLease | None = None,
+    expected_created_at: dt.datetime | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -232,9 +233,20 @@ async def op_append_messages(
         key,
         expected_head,
         status,
+        None if expected_created_at is None else tx.ts_in(expected_created_at),
     )
     if row is None:
         current = await _require_session(tx, key)
+        if current["head_seq"] == expected_head:
+            # The head matches but the row is another incarnation: appending would fork histories.
+            raise ConflictError(
+                f"session {key!r} was deleted and created again since it was loaded "
+                f"(created at {tx.ts_out(current['created_at']).isoformat()}, expected "
+                f"{expected_created_at.isoformat() if expected_created_at else None})",
+                key=key,
+                expected=expected_head,
+                current=current["head_seq"],
+            )
         raise ConflictError(
             f"session {key!r} has head {current['head_seq']}, not the expected {expected_head}: "
             "another writer appended first",
@@ -422,12 +434,27 @@ class SqlSessions(SqlBackend, SessionBackend):
         create: bool = False,
         status: str | None = None,
         lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
         check_int(expected_head, "expected_head")
+        if expected_created_at is not None and (
+            not isinstance(expected_created_at, dt.datetime) or expected_created_at.tzinfo is None
+        ):
+            raise InvalidArgument(
+                f"expected_created_at must be a timezone-aware datetime, got {expected_created_at!r}"
+            )
         return await self._write(
-            op_append_messages, key, expected_head, messages, metadata, create, status, lease
+            op_append_messages,
+            key,
+            expected_head,
+            messages,
+            metadata,
+            create,
+            status,
+            lease,
+            expected_created_at,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:

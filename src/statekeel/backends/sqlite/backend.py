@@ -37,7 +37,7 @@ from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
-from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.workflows import SqlWorkflows
@@ -509,6 +509,7 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         busy_timeout_ms: int = 5000,
         migrations: list[Migration] | None = None,
         inline_writes: bool | None = None,
+        migrate: bool = True,
     ) -> None:
         super().__init__(url, codec=codec)
         if durability not in ("normal", "full"):
@@ -517,6 +518,7 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             raise InvalidArgument(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
         self.path = path
         self.durability = durability
+        self.migrate = migrate
         # At "normal" a commit does not fsync: running a write on the caller's thread when the writer is
         # idle is cheaper than two thread hand-offs. At "full" every write goes through the thread, where
         # concurrent writes share one fsync (group commit).
@@ -662,8 +664,12 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         # Refuses a newer schema or an edited migration before taking any lock or writing anything.
-        if not pending(self._applied(conn), self._migrations, where=self._where):
+        applied = self._applied(conn)
+        todo = pending(applied, self._migrations, where=self._where)
+        if not todo:
             return
+        if not self.migrate:
+            refuse_upgrade(todo, applied, where=self._where)
         first = True
         while True:
             conn.execute("BEGIN IMMEDIATE")

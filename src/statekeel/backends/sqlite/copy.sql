@@ -228,3 +228,8 @@ SELECT count(*) AS n FROM approvals;
 
 -- name: copy_approvals_clear
 DELETE FROM approvals;
+
+-- name: copy_store_identity
+-- The database file: two URLs naming one file (./a.db, a.db) give the same identity.
+SELECT CASE WHEN file = '' THEN NULL ELSE 'sqlite:' || file END AS id
+FROM pragma_database_list WHERE name = 'main';

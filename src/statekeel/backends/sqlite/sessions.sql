@@ -45,7 +45,7 @@ DELETE FROM sessions WHERE key = ?1;
 UPDATE sessions
 SET head_seq = head_seq + ?1, metadata = COALESCE(?2, metadata),
     status = COALESCE(?6, status), version = version + 1, updated_at = ?3
-WHERE key = ?4 AND head_seq = ?5
+WHERE key = ?4 AND head_seq = ?5 AND (?7 IS NULL OR created_at = ?7)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at;
 
 -- name: session_set_consolidated

@@ -60,6 +60,19 @@ BEGIN
         RAISE EXCEPTION 'statekeel: a decided approval cannot be re-decided, a consumed one not reused'
             USING ERRCODE = 'restrict_violation';
     END IF;
+    -- What was approved never changes: a grant cannot be re-pointed at other arguments, subject, action
+    -- or expiry; a decision is not rewritten; only a granted approval is consumed.
+    IF (NEW.id, NEW.subject, NEW.action, NEW.args, NEW.args_hash, NEW.requested_by, NEW.requested_at,
+        NEW.expires_at)
+       IS DISTINCT FROM (OLD.id, OLD.subject, OLD.action, OLD.args, OLD.args_hash, OLD.requested_by,
+                         OLD.requested_at, OLD.expires_at)
+       OR (OLD.status <> 'pending'
+           AND (NEW.decided_by, NEW.decided_at, NEW.reason)
+               IS DISTINCT FROM (OLD.decided_by, OLD.decided_at, OLD.reason))
+       OR (NEW.consumed_at IS NOT NULL AND NEW.status <> 'granted') THEN
+        RAISE EXCEPTION 'statekeel: an approval''s binding and decision cannot be changed'
+            USING ERRCODE = 'restrict_violation';
+    END IF;
     RETURN NEW;
 END
 $$;

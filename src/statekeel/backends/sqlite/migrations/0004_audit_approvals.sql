@@ -56,3 +56,17 @@ WHEN OLD.consumed_at IS NOT NULL OR (OLD.status <> 'pending' AND NEW.status <> O
 BEGIN
     SELECT RAISE(ABORT, 'statekeel: a decided approval cannot be re-decided, a consumed one not reused');
 END;
+
+-- What was approved never changes: a grant cannot be re-pointed at other arguments, subject, action or
+-- expiry; a decision is not rewritten; only a granted approval is consumed.
+CREATE TRIGGER approvals_binding_fixed BEFORE UPDATE ON approvals
+WHEN NEW.id IS NOT OLD.id OR NEW.subject IS NOT OLD.subject OR NEW.action IS NOT OLD.action
+    OR NEW.args IS NOT OLD.args OR NEW.args_hash IS NOT OLD.args_hash
+    OR NEW.requested_by IS NOT OLD.requested_by OR NEW.requested_at IS NOT OLD.requested_at
+    OR NEW.expires_at IS NOT OLD.expires_at
+    OR (OLD.status <> 'pending' AND (NEW.decided_by IS NOT OLD.decided_by
+        OR NEW.decided_at IS NOT OLD.decided_at OR NEW.reason IS NOT OLD.reason))
+    OR (NEW.consumed_at IS NOT NULL AND NEW.status <> 'granted')
+BEGIN
+    SELECT RAISE(ABORT, 'statekeel: an approval''s binding and decision cannot be changed');
+END;
