@@ -22,8 +22,6 @@ import datetime as dt
 import logging
 import math
 import os
-import secrets
-import socket
 import uuid
 import weakref
 from collections.abc import AsyncIterator
@@ -51,6 +49,7 @@ from .errors import (
     StatekeelError,
 )
 from .fallback import FallbackCorrupt, FallbackDir, FallbackSnapshot, ReplayReport
+from .holders import holder_is_dead, new_owner_id
 from .validation import check_int, check_key, check_str, check_text
 
 log = logging.getLogger("statekeel.sessions")
@@ -385,7 +384,7 @@ class SessionManager:
         self.lock_timeout = float(lock_timeout)
         self.fallback = None if fallback_dir is None else FallbackDir(fallback_dir, codec)
         # Identifies this manager's leases; unique per process and instance.
-        self.owner_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.owner_id = new_owner_id()
         self._cache: collections.OrderedDict[str, Session] = collections.OrderedDict()
         self._locks: weakref.WeakValueDictionary[str, SessionLock] = weakref.WeakValueDictionary()
         self._held: dict[str, SessionLock] = {}
@@ -429,6 +428,15 @@ class SessionManager:
             lease = await self.backend.acquire_session_lease(key, self.owner_id, self.lease_seconds)
             if lease.acquired:
                 return lease
+            if holder_is_dead(lease.owner):
+                # Its process is gone (a crash on this host): take over now rather than at expiry.
+                taken = await self.backend.acquire_session_lease(
+                    key, self.owner_id, self.lease_seconds, take_over=lease
+                )
+                if taken.acquired:
+                    log.info("session %r: took over the lease of %s, whose process is gone", key, lease.owner)
+                    return taken
+                lease = taken
             left = deadline - loop.time()
             if left <= 0:
                 raise ConflictError(

@@ -256,10 +256,14 @@ class SessionBackend(abc.ABC):
         (``updated_at`` is kept: a status change is not activity). Returns how many moved."""
 
     @abc.abstractmethod
-    async def acquire_session_lease(self, key: str, owner: str, ttl_seconds: float) -> SessionLease:
+    async def acquire_session_lease(
+        self, key: str, owner: str, ttl_seconds: float, *, take_over: SessionLease | None = None
+    ) -> SessionLease:
         """Take the session's lease if it is free, expired or already ``owner``'s, bumping its token.
 
-        Returns the lease with ``acquired=True``, or the current holder's lease with ``acquired=False``.
+        With ``take_over``, also take it while it is still exactly that lease (same owner and token): for a
+        holder known to be dead. Returns the lease with ``acquired=True``, or the current holder's lease
+        with ``acquired=False``.
         """
 
     @abc.abstractmethod

@@ -9,6 +9,12 @@ UPDATE session_leases SET owner = $1, token = token + 1, expires_at = $2
 WHERE session_key = $3 AND (owner IS NULL OR expires_at <= $4 OR owner = $1)
 RETURNING owner, token, expires_at;
 
+-- name: lease_take_over
+-- The holder's process is known to be dead: take the lease if it is still exactly that holder's.
+UPDATE session_leases SET owner = $1, token = token + 1, expires_at = $2
+WHERE session_key = $3 AND owner = $4 AND token = $5
+RETURNING owner, token, expires_at;
+
 -- name: lease_get
 SELECT owner, token, expires_at FROM session_leases WHERE session_key = $1;
 

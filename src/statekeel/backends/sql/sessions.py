@@ -348,11 +348,16 @@ def _lease_from_row(tx: Tx, key: str, row: Row, acquired: bool) -> SessionLease:
     )
 
 
-async def op_acquire_lease(tx: Tx, key: str, owner: str, ttl_seconds: float) -> SessionLease:
+async def op_acquire_lease(
+    tx: Tx, key: str, owner: str, ttl_seconds: float, take_over: SessionLease | None = None
+) -> SessionLease:
     now = utcnow()
     await tx.execute("lease_ensure", key)
     expires = tx.ts_in(now + dt.timedelta(seconds=ttl_seconds))
-    row = await tx.fetchone("lease_take", owner, expires, key, tx.ts_in(now))
+    if take_over is not None:
+        row = await tx.fetchone("lease_take_over", owner, expires, key, take_over.owner, take_over.token)
+    else:
+        row = await tx.fetchone("lease_take", owner, expires, key, tx.ts_in(now))
     if row is not None:
         return _lease_from_row(tx, key, row, True)
     row = await tx.fetchone("lease_get", key)
@@ -488,8 +493,10 @@ class SqlSessions(SqlBackend, SessionBackend):
     ) -> int:
         return await self._write(op_transition_idle, from_status, to_status, idle_before)
 
-    async def acquire_session_lease(self, key: str, owner: str, ttl_seconds: float) -> SessionLease:
-        return await self._write(op_acquire_lease, key, owner, ttl_seconds)
+    async def acquire_session_lease(
+        self, key: str, owner: str, ttl_seconds: float, *, take_over: SessionLease | None = None
+    ) -> SessionLease:
+        return await self._write(op_acquire_lease, key, owner, ttl_seconds, take_over)
 
     async def renew_session_lease(self, lease: SessionLease, ttl_seconds: float) -> SessionLease:
         return await self._write(op_renew_lease, lease, ttl_seconds)
