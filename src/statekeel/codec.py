@@ -232,11 +232,7 @@ def _to_json_special(value: Any, depth: int, max_depth: int) -> Any:
         return {TAG: "enum", "cls": _qualname(t), "v": _to_json(value.value, depth + 1, max_depth)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        try:
-            encoded = _to_json(fields, depth + 1, max_depth)
-        except _Bad:
-            raise
-        return {TAG: "dataclass", "cls": _qualname(t), "v": encoded}
+        return {TAG: "dataclass", "cls": _qualname(t), "v": _to_json(fields, depth + 1, max_depth)}
     if isinstance(value, (str, int, float, dict, list, tuple)):
         # Subclasses (str enums aside, handled above) lose their type: refuse rather than guess.
         raise _Bad(f"{t.__name__} is a subclass of {type(value).__mro__[1].__name__}; pass the base type", [])
@@ -260,6 +256,7 @@ def _from_json(value: Any) -> Any:
 
 
 def _is_dataclass_type(cls: type) -> bool:
+    # A plain bool: dataclasses.is_dataclass would narrow ``cls`` to a union object.__new__ refuses.
     return dataclasses.is_dataclass(cls)
 
 

@@ -1,10 +1,13 @@
 """SQLite backend: the embedded default (``sqlite:///file.db``) and ``memory://``.
 
-One writer thread owns the only write connection. Independent write operations queued while it works are
-committed together: each runs inside its own SAVEPOINT (a failing one rolls back alone), then a single
-COMMIT — and with ``durability="full"`` a single fsync — acknowledges them all (group commit). An
-``atomic()`` block holds the writer for its duration. Reads run on a separate connection and thread, each
-on its own snapshot, so they never see another task's uncommitted writes and never wait for the writer.
+One writer connection, owned by a writer thread. Write operations waiting together are committed
+together: each runs in its own SAVEPOINT (a failing one rolls back alone), then one COMMIT — and with
+``durability="full"`` one fsync — acknowledges them all (group commit). At ``durability="normal"``, where a
+commit does not fsync, the writes issued during one turn of the event loop are committed as one such group
+on the caller's thread when the writer thread is idle (two thread hand-offs would cost more than the
+writes); if the thread is busy or another process holds the write lock, they go to the thread. An
+``atomic()`` block holds the writer for its duration. Reads run on a separate connection and thread, each on
+its own snapshot, so they never see another task's uncommitted writes and never wait for the writer.
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ def translate(exc: BaseException, where: str) -> BaseException:
     code = getattr(exc, "sqlite_errorname", None)
     if isinstance(exc, sqlite3.IntegrityError):
         return ConflictError(f"{where}: constraint failed: {text}", constraint=text)
-    if "locked" in low or "busy" in low:
+    if _is_busy(exc):
         return BackendUnavailable(
             f"{where} is locked by another writer past busy_timeout ({text})", path=where, code=code
         )
@@ -195,6 +198,12 @@ def translate(exc: BaseException, where: str) -> BaseException:
     if "not a database" in low or "malformed" in low or "no such table" in low or "corrupt" in low:
         return StorageCorrupt(f"{where} is not a usable statekeel database: {text}", path=where, code=code)
     return BackendUnavailable(f"{where}: {text}", path=where, code=code)
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """SQLite's write lock is held by another connection (SQLITE_BUSY / "database is locked")."""
+    low = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in low or "busy" in low)
 
 
 def _dead_connection(exc: BaseException) -> bool:
@@ -206,12 +215,9 @@ def _dead_connection(exc: BaseException) -> bool:
 class _Worker:
     """A thread that owns one connection and runs jobs on it in order."""
 
-    def __init__(
-        self, name: str, connect: Callable[[], sqlite3.Connection], where: str, writer: bool
-    ) -> None:
+    def __init__(self, name: str, connect: Callable[[], sqlite3.Connection], where: str) -> None:
         self._connect = connect
         self._where = where
-        self._writer = writer
         # SimpleQueue is implemented in C: a put/get costs less than a Condition round trip.
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._held: _Job | None = None  # taken off the queue while forming a group; runs next
@@ -280,11 +286,9 @@ class _Worker:
                     conn.execute("BEGIN IMMEDIATE")
                 finally:
                     conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc).lower() or "busy" in str(exc).lower():
-                    return None
-                return [(self._failed(exc), None)] * len(fns)
             except BaseException as exc:
+                if _is_busy(exc):
+                    return None
                 return [(self._failed(exc), None)] * len(fns)
             return self._group_body(conn, fns, may_restart=False)
         finally:
@@ -322,6 +326,11 @@ class _Worker:
         if first.kind == _CHECKPOINT:
             self._checkpoint()
             return True
+        if first.kind == _STOP:
+            self._stopped = True
+            self._drop_connection()
+            _resolve(first, None)
+            return False
         batch = [first]
         if first.kind == _WRITE:
             # Group every write already waiting: they share one COMMIT (and one fsync).
@@ -334,11 +343,6 @@ class _Worker:
                     self._held = nxt
                     break
                 batch.append(nxt)
-        if first.kind == _STOP:
-            self._stopped = True
-            self._drop_connection()
-            _resolve(first, None)
-            return False
         try:
             if first.kind == _WRITE:
                 self._run_group(batch)
@@ -390,8 +394,9 @@ class _Worker:
         conn = self._connection()
         if not self._begin(conn, batch):
             return
-        fns: list[Callable[[sqlite3.Connection], Any]] = [job.fn for job in batch if job.fn is not None]
-        _resolve_group(batch, self._group_body(conn, fns, may_restart=True))
+        fns = [job.fn for job in batch]
+        assert all(fn is not None for fn in fns)  # write jobs always carry their operation
+        _resolve_group(batch, self._group_body(conn, fns, may_restart=True))  # type: ignore[arg-type]
 
     def _group_body(
         self,
@@ -597,16 +602,14 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
             return
         if self.path is not None:
             self._check_path()
-        self._writer = _Worker(
-            "statekeel-sqlite-writer", lambda: self._open(read_only=False), self._where, True
-        )
+        self._writer = _Worker("statekeel-sqlite-writer", lambda: self._open(read_only=False), self._where)
         self._writer.inline = self.inline_writes
         self._writer.busy_timeout_ms = self.busy_timeout_ms
         try:
             await self._call(self._writer, self._migrate)
             if self.path is not None:
                 self._reader = _Worker(
-                    "statekeel-sqlite-reader", lambda: self._open(read_only=True), self._where, False
+                    "statekeel-sqlite-reader", lambda: self._open(read_only=True), self._where
                 )
                 # Connect now: a reader that cannot open fails the open, not the first load.
                 await self._call(self._reader, lambda conn: None)
@@ -760,13 +763,18 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
 
     # --- operations -----------------------------------------------------------------------------------
 
-    async def _write(self, op: Op[T], *args: Any) -> T:
-        writer = self._require_open()
+    def _job(self, op: Op[T], args: tuple[Any, ...]) -> Callable[[sqlite3.Connection], T]:
+        """The operation as a job for a connection's thread (it runs to completion in one call)."""
         codec = self.codec
 
         def job(conn: sqlite3.Connection) -> T:
             return run_sync(op(SqliteTx(conn, codec), *args))
 
+        return job
+
+    async def _write(self, op: Op[T], *args: Any) -> T:
+        writer = self._require_open()
+        job = self._job(op, args)
         loop = asyncio.get_running_loop()
         block: queue.SimpleQueue[_Job] | None = self._current.get()
         if block is not None:
@@ -830,12 +838,7 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         return await self._plain_read(self._reader or writer, op, *args)
 
     async def _plain_read(self, worker: _Worker, op: Op[T], *args: Any) -> T:
-        codec = self.codec
-
-        def job(conn: sqlite3.Connection) -> T:
-            return run_sync(op(SqliteTx(conn, codec), *args))
-
-        result: T = await worker.submit(_Job(_READ, job, asyncio.get_running_loop()))
+        result: T = await worker.submit(_Job(_READ, self._job(op, args), asyncio.get_running_loop()))
         return result
 
     @asynccontextmanager
@@ -864,6 +867,10 @@ class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlA
         await end.future
 
 
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
+
+
 def split_statements(script: str) -> list[str]:
     """Split a SQL script into complete statements (trigger bodies stay whole)."""
     statements: list[str] = []
@@ -871,14 +878,9 @@ def split_statements(script: str) -> list[str]:
     for line in script.splitlines(keepends=True):
         current += line
         if sqlite3.complete_statement(current):
-            text = current.strip()
-            if text and not all(
-                part.strip().startswith("--") or not part.strip() for part in text.splitlines()
-            ):
-                statements.append(text)
+            if not _only_comments(current):
+                statements.append(current.strip())
             current = ""
-    if current.strip() and not all(
-        part.strip().startswith("--") or not part.strip() for part in current.strip().splitlines()
-    ):
+    if not _only_comments(current):
         raise MigrationError(f"incomplete SQL statement at the end of a migration: {current.strip()[:80]!r}")
     return statements
