@@ -31,10 +31,11 @@ import statekeel  # noqa: E402
 WORKERS = 4
 
 
-def _claimer(url: str, worker: str, start: Any, out: Any) -> None:
+def _claimer(url: str, worker: str, ready: Any, start: Any, out: Any) -> None:
     async def run() -> list[str]:
         claimed: list[str] = []
         async with statekeel.open_store(url) as store:
+            ready.put(worker)
             start.wait()
             while (task := await store.tasks.claim(worker, lease_seconds=60)) is not None:
                 await store.tasks.transition(
@@ -57,11 +58,12 @@ async def _queue_tasks(url: str, n: int) -> set[str]:
 def claim_throughput(url: str, n: int) -> float:
     ids = asyncio.run(_queue_tasks(url, n))
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_claimer, args=(url, f"w{i}", start, out)) for i in range(WORKERS)]
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, f"w{i}", ready, start, out)) for i in range(WORKERS)]
     for p in procs:
         p.start()
-    time.sleep(2.0)  # let the workers import and open the store before the clock starts
+    for _ in procs:  # the clock starts once every worker has imported and opened the store
+        ready.get(timeout=120)
     began = time.time()
     start.set()
     results = [out.get(timeout=600) for _ in procs]
