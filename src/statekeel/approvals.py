@@ -16,13 +16,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from .audit import AuditLog
 from .backends.base import ApprovalRecord, StorageBackend
 from .codec import Codec, canonical
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .validation import check_int, check_key, check_text
+from .validation import check_aware, check_int, check_key, check_text
 
 Approval = ApprovalRecord
 """An approval as stored: see :class:`statekeel.backends.base.ApprovalRecord`."""
@@ -42,8 +42,12 @@ class ApprovalLog:
 
     def args_hash(self, args: Any) -> str:
         """The binding of ``args``: SHA-256 hex of their canonical encoding (typed error if unstorable)."""
-        self.codec.encode(args, where="args")  # names the path of a bad value, enforces the size limit
-        return hashlib.sha256(canonical(args)).hexdigest()
+        return self._encode_args(args)[1]
+
+    def _encode_args(self, args: Any) -> tuple[bytes, str]:
+        # encode() names the path of a bad value and enforces the size limit; canonical() fixes key order.
+        raw = self.codec.encode(args, where="args")
+        return raw, hashlib.sha256(canonical(args)).hexdigest()
 
     async def request(
         self,
@@ -58,12 +62,10 @@ class ApprovalLog:
         check_key(action, "action")
         check_key(requested_by, "requested_by")
         if expires_at is not None:
-            if type(expires_at) is not dt.datetime or expires_at.utcoffset() is None:
-                raise InvalidArgument(f"expires_at must be a timezone-aware datetime, got {expires_at!r}")
+            check_aware(expires_at, "expires_at")
             if expires_at <= _utcnow():
                 raise InvalidArgument(f"expires_at {expires_at.isoformat()} is already past")
-        raw = self.codec.encode(args, where="args")
-        digest = self.args_hash(args)
+        raw, digest = self._encode_args(args)
         approval_id = str(uuid.uuid4())
         data = self.audit.encode_data(
             {
@@ -104,7 +106,6 @@ class ApprovalLog:
             )
             if record is None:
                 await self._refuse(approval_id, "decided", now)
-            assert record is not None
             data = self.audit.encode_data(
                 {
                     "approval_id": approval_id,
@@ -134,7 +135,6 @@ class ApprovalLog:
             record = await self.backend.consume_approval(approval_id, by, now)
             if record is None:
                 await self._refuse(approval_id, "consumed", now)
-            assert record is not None
             data = self.audit.encode_data(
                 {"approval_id": approval_id, "action": record.action, "args_hash": record.args_hash}
             )
@@ -151,7 +151,7 @@ class ApprovalLog:
         check_int(limit, "limit", minimum=1)
         return await self.backend.pending_approvals(_utcnow(), limit)
 
-    async def _refuse(self, approval_id: str, verb: str, now: dt.datetime) -> None:
+    async def _refuse(self, approval_id: str, verb: str, now: dt.datetime) -> NoReturn:
         current = await self.backend.get_approval(approval_id)
         if current is None:
             raise NotFound(f"approval {approval_id!r} does not exist", approval_id=approval_id)

@@ -20,18 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backends.base import AuditRecord, StorageBackend
+from .backends.sql import to_micros
 from .codec import Codec, canonical
-from .errors import AuditTampered, InvalidArgument
-from .validation import check_int, check_key
+from .errors import AuditTampered
+from .validation import check_aware, check_int, check_key
 
 GENESIS_HASH = "0" * 64
 _VERIFY_PAGE = 1000
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _micros(value: dt.datetime) -> int:
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def chain_hash(
@@ -48,7 +43,7 @@ def chain_hash(
         "actor": actor,
         "subject": subject,
         "data": data,
-        "created_at": _micros(created_at),
+        "created_at": to_micros(created_at),
         "prev_hash": prev_hash,
     }
     return hashlib.sha256(canonical(body)).hexdigest()
@@ -139,8 +134,8 @@ class AuditLog:
             check_key(subject, "subject")
         if kind is not None:
             check_key(kind, "kind")
-        if since is not None and (type(since) is not dt.datetime or since.utcoffset() is None):
-            raise InvalidArgument(f"since must be a timezone-aware datetime, got {since!r}", since=since)
+        if since is not None:
+            check_aware(since, "since")
         check_int(limit, "limit", minimum=1)
         check_int(after_seq, "after_seq", minimum=0)
         records = await self.backend.read_audit(

@@ -67,7 +67,11 @@ def default_dir(url: str) -> str | None:
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return path + ".fallback"
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    target = f"{parts.hostname or 'localhost'}_{parts.port or 5432}_{parts.path.lstrip('/') or 'postgres'}"
+    try:
+        server = f"{parts.hostname or 'localhost'}_{parts.port or 5432}"
+    except ValueError:  # several hosts (h1:5432,h2:5433), tried in turn: the whole list names the server
+        server = parts.netloc.rpartition("@")[2]
+    target = f"{server}_{parts.path.lstrip('/') or 'postgres'}"
     return os.path.join(base, "statekeel", "fallback", file_stem(target))
 
 
@@ -190,11 +194,9 @@ class FallbackDir:
         """The key's snapshot, or None if it has no file. ``FallbackCorrupt`` if it cannot be read back."""
         path = self.file_for(key)
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            snap = self.read_path(path)
         except FileNotFoundError:
             return None
-        snap = self.parse(path, data)
         if snap.key != key:
             raise FallbackCorrupt(f"fallback file {path} holds session {snap.key!r}, not {key!r}", path=path)
         return snap

@@ -208,7 +208,6 @@ def open_store(
         encryption_key=encryption_key,
         migrate=migrate,
     )
-    make_backend_check = urlsplit(url).scheme if isinstance(url, str) else None
-    if make_backend_check is None:
+    if not isinstance(url, str):  # here, not at the await: a bad call fails where it is made
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
     return _Opener(url, options)

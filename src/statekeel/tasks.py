@@ -41,7 +41,7 @@ from .errors import (
     SerializationError,
     StepInDoubt,
 )
-from .validation import check_int, check_key, check_text
+from .validation import check_aware, check_int, check_key, check_text
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
@@ -82,13 +82,6 @@ def check_lease_seconds(value: Any) -> float:
             value=value,
         )
     return float(value)
-
-
-def check_aware(value: Any, what: str) -> dt.datetime:
-    # utcoffset(), not tzinfo: a tzinfo whose offset is None leaves the datetime naive.
-    if type(value) is not dt.datetime or value.utcoffset() is None:
-        raise InvalidArgument(f"{what} must be a timezone-aware datetime, got {value!r}", value=value)
-    return value
 
 
 def plan_transition(

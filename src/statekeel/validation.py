@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from .errors import InvalidArgument, InvalidKey
@@ -39,6 +40,14 @@ def check_str(value: Any, what: str) -> str:
     """Return ``value`` if it is a non-empty str."""
     if type(value) is not str or not value:
         raise InvalidArgument(f"{what} must be a non-empty str, got {value!r}", value=value)
+    return value
+
+
+def check_aware(value: Any, what: str) -> dt.datetime:
+    """Return ``value`` if it is a timezone-aware datetime."""
+    # utcoffset(), not tzinfo: a tzinfo whose offset is None leaves the datetime naive.
+    if type(value) is not dt.datetime or value.utcoffset() is None:
+        raise InvalidArgument(f"{what} must be a timezone-aware datetime, got {value!r}", value=value)
     return value
 
 

@@ -23,7 +23,7 @@ import builtins
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .backends.base import WORKFLOW_STATUSES, NewWorkflowStep, StorageBackend, TaskRecord, WorkflowRecord
@@ -112,10 +112,8 @@ def topological_order(deps: Mapping[str, Sequence[str]]) -> builtins.list[str]:
     while remaining:
         ready = [n for n in remaining if all(d in done for d in deps[n])]
         if not ready:
-            raise InvalidArgument(
-                f"the steps form a cycle: {' -> '.join(_find_cycle(deps, remaining))}",
-                cycle=_find_cycle(deps, remaining),
-            )
+            cycle = _find_cycle(deps, remaining)
+            raise InvalidArgument(f"the steps form a cycle: {' -> '.join(cycle)}", cycle=cycle)
         order.extend(ready)
         done.update(ready)
         remaining = [n for n in remaining if n not in done]
@@ -304,25 +302,19 @@ class WorkflowEngine:
     async def _advance_locked(self, wf: Workflow) -> Workflow:
         deps = {s.name: s.depends_on for s in wf.steps}
         tasks = {s.name: s.task for s in wf.steps}
-        changed = False
         for name in topological_order(deps):
             task = tasks[name]
             if task.status == "failed" and task.retry_count < task.max_retries:
                 tasks[name] = await self._set_task(task, "queued")
-                changed = True
             elif task.status == "pending":
-                needs = [tasks[d] for d in deps[name]]
-                dead = [d for d in needs if _gone(d)]
-                if dead:
-                    blocked = [s for s in deps[name] if _gone(tasks[s])]
+                blocked = [d for d in deps[name] if _gone(tasks[d])]
+                if blocked:
                     error = self.codec.encode(
                         {"reason": "dependency did not succeed", "dependencies": blocked}, where="error"
                     )
                     tasks[name] = await self._set_task(task, "cancelled", error=error)
-                    changed = True
-                elif all(d.status == "success" for d in needs):
+                elif all(tasks[d].status == "success" for d in deps[name]):
                     tasks[name] = await self._set_task(task, "queued")
-                    changed = True
         statuses = [t.status for t in tasks.values()]
         outcome: str | None = None
         if all(s == "success" for s in statuses):
@@ -331,11 +323,8 @@ class WorkflowEngine:
             outcome = "failed" if "failed" in statuses else "cancelled"
         if outcome is not None:
             return await self._move(wf, outcome, completed_at=dt.datetime.now(dt.UTC))
-        if changed:
-            fresh = await self.backend.get_workflow(wf.id)
-            assert fresh is not None
-            return fresh
-        return wf
+        # Only tasks changed, not the workflow's row, and each changed task is in hand as written.
+        return replace(wf, steps=tuple(replace(s, task=tasks[s.name]) for s in wf.steps))
 
 
 def _gone(task: TaskRecord) -> bool:

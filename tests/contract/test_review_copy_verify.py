@@ -72,9 +72,7 @@ async def test_rows_compare_equal_across_backends_despite_jsonb_formatting(
     async with statekeel.open_store(src_url) as src:
         session = await src.sessions.get_or_create("s")
         session.add_message("user", {"zz": 1, "a": {"long key": [1, 2.5, "x"], "b": None}})
-        await src.sessions.save(
-            session,
-        )
+        await src.sessions.save(session)
         await src.tasks.create("t", metadata={"b": 2, "a": 1})
     report = await statekeel.copy_store(src_url, pg_migrated)
     assert report.verified

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage
+from statekeel.backends.base import NewMessage, SessionRecord
 from statekeel.backends.postgres.backend import PostgresBackend
 
 pytestmark = pytest.mark.postgres
+
+T = TypeVar("T")
 
 
 def _msg(store: statekeel.Store, content: str) -> NewMessage:
@@ -33,6 +36,32 @@ async def _wait_for(condition: Any, *, deadline_s: float = 10.0) -> None:
         if time.monotonic() > end:
             pytest.fail(f"condition not met within {deadline_s}s")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _blocked_on_row_lock(
+    db_url: str, key: str, write: Callable[[], Coroutine[Any, Any, T]]
+) -> AsyncIterator[tuple[asyncio.Task[T], asyncpg.transaction.Transaction]]:
+    """Start ``write()`` while another connection holds session ``key``'s row lock; yield once it waits for
+    that lock: the write's task, and the holder's transaction (roll it back to release the lock)."""
+    other = await asyncpg.connect(db_url)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", key)
+        blocked = asyncio.create_task(write())
+
+        async def waiting_on_lock() -> bool:
+            n = await other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+            return bool(n)
+
+        await _wait_for(waiting_on_lock)
+        yield blocked, tx
+    finally:
+        await other.close()
 
 
 async def _terminate_all(db_url: str) -> int:
@@ -103,29 +132,17 @@ async def test_a_blocked_session_does_not_block_other_sessions(
     b = pg_store.backend
     for key in ("a", "b"):
         await b.append_messages(key, 0, [_msg(pg_store, "x")], create=True)
-    other = await asyncpg.connect(pg_migrated)
-    try:
-        tx = other.transaction()
-        await tx.start()
-        await other.execute("SELECT 1 FROM sessions WHERE key = 'a' FOR UPDATE")
-        blocked = asyncio.create_task(b.append_messages("a", 1, [_msg(pg_store, "y")]))
 
-        async def waiting_on_lock() -> bool:
-            n = await other.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            )
-            return bool(n)
+    def write() -> Coroutine[Any, Any, SessionRecord]:
+        return b.append_messages("a", 1, [_msg(pg_store, "y")])
 
-        await _wait_for(waiting_on_lock)
+    async with _blocked_on_row_lock(pg_migrated, "a", write) as (blocked, tx):
         # No instance-wide lock: another session's write completes while "a" waits.
         rec = await asyncio.wait_for(b.append_messages("b", 1, [_msg(pg_store, "y")]), timeout=10)
         assert rec.head_seq == 2
         assert not blocked.done()
         await tx.rollback()
         assert (await asyncio.wait_for(blocked, timeout=10)).head_seq == 2
-    finally:
-        await other.close()
 
 
 async def test_pool_reconnects_after_pg_terminate_backend_and_loses_nothing(
@@ -197,27 +214,15 @@ async def test_cancelled_and_failed_operations_leave_the_pooled_connection_clean
         await b.append_messages("s", 0, [_msg(store, "one")], create=True)
         with pytest.raises(statekeel.ConflictError):
             await b.append_messages("s", 0, [_msg(store, "stale")])
-        other = await asyncpg.connect(pg_migrated)
-        try:
-            tx = other.transaction()
-            await tx.start()
-            await other.execute("SELECT 1 FROM sessions WHERE key = 's' FOR UPDATE")
-            blocked = asyncio.create_task(b.append_messages("s", 1, [_msg(store, "cancelled")]))
 
-            async def waiting_on_lock() -> bool:
-                n = await other.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-                return bool(n)
+        def write() -> Coroutine[Any, Any, SessionRecord]:
+            return b.append_messages("s", 1, [_msg(store, "cancelled")])
 
-            await _wait_for(waiting_on_lock)
+        async with _blocked_on_row_lock(pg_migrated, "s", write) as (blocked, tx):
             blocked.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await blocked
             await tx.rollback()
-        finally:
-            await other.close()
         rec = await asyncio.wait_for(b.append_messages("s", 1, [_msg(store, "two")]), timeout=10)
         assert rec.head_seq == 2
         assert [m.payload["content"] for m in await b.read_messages("s")] == ["one", "two"]

@@ -43,3 +43,11 @@ async def test_postgres_pool_size_that_is_not_ascii_digits_raises_invalid_argume
     # str.isdigit() accepts superscripts (int() then fails) and other scripts' digits.
     with pytest.raises(statekeel.InvalidArgument, match="pool_"):
         await statekeel.open_store(f"postgresql://u@127.0.0.1:1/db?{query}")
+
+
+async def test_postgres_url_with_several_hosts_fails_to_connect_with_backend_unavailable() -> None:
+    # Its default fallback directory used to raise a bare ValueError (the port "5432,h2:5433") before
+    # asyncpg ever tried the hosts in turn.
+    url = "postgresql://u@127.0.0.1:1,127.0.0.1:2/db?connect_timeout=2"
+    with pytest.raises(statekeel.BackendUnavailable):
+        await statekeel.open_store(url)

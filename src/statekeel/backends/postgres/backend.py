@@ -182,6 +182,11 @@ class PgTarget:
         self.database = (parts.path or "/").lstrip("/") or (parts.username or "postgres")
         self.dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(params), ""))
 
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The error fields naming this server: host, port and database."""
+        return {"host": self.host, "port": self.port, "database": self.database}
+
     def scrub(self, text: str) -> str:
         """``text`` with the URL's password (if any) blanked out."""
         for secret in self._secrets:
@@ -206,7 +211,7 @@ def translate(exc: BaseException, target: PgTarget) -> BaseException:
     """Driver errors → statekeel errors with fields (host and database, never the password)."""
     if isinstance(exc, StatekeelError):
         return exc
-    fields = {"host": target.host, "port": target.port, "database": target.database}
+    fields = target.fields
     detail = target.scrub(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
         return BackendUnavailable(
@@ -250,9 +255,7 @@ def _unknown_outcome(exc: BaseException, target: PgTarget) -> BackendUnavailable
         f"{target}: the connection was lost while committing ({target.scrub(str(exc))}); the write may or "
         "may not have been applied: re-read before retrying it",
         outcome="unknown",
-        host=target.host,
-        port=target.port,
-        database=target.database,
+        **target.fields,
     )
 
 
@@ -336,9 +339,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         except TimeoutError:
             raise BackendUnavailable(
                 f"{self.target} did not answer within the connect timeout ({self._connect_timeout:g} s)",
-                host=self.target.host,
-                port=self.target.port,
-                database=self.target.database,
+                **self.target.fields,
             ) from None
         except BaseException as exc:
             raise translate(exc, self.target) from None

@@ -7,12 +7,10 @@ import datetime as dt
 
 from ..base import ApprovalBackend, ApprovalRecord
 from . import Row, SqlBackend, Tx, utcnow
+from .tasks import ts_in_or_none, ts_or_none
 
 
 def approval_from_row(tx: Tx, row: Row) -> ApprovalRecord:
-    def ts(value: object) -> dt.datetime | None:
-        return None if value is None else tx.ts_out(value)
-
     return ApprovalRecord(
         id=row["id"],
         subject=row["subject"],
@@ -22,12 +20,12 @@ def approval_from_row(tx: Tx, row: Row) -> ApprovalRecord:
         status=row["status"],
         requested_by=row["requested_by"],
         requested_at=tx.ts_out(row["requested_at"]),
-        expires_at=ts(row["expires_at"]),
+        expires_at=ts_or_none(tx, row["expires_at"]),
         decided_by=row["decided_by"],
-        decided_at=ts(row["decided_at"]),
+        decided_at=ts_or_none(tx, row["decided_at"]),
         reason=row["reason"],
         consumed_by=row["consumed_by"],
-        consumed_at=ts(row["consumed_at"]),
+        consumed_at=ts_or_none(tx, row["consumed_at"]),
         version=row["version"],
     )
 
@@ -51,7 +49,7 @@ async def op_create_approval(
         args_hash,
         requested_by,
         tx.ts_in(utcnow()),
-        None if expires_at is None else tx.ts_in(expires_at),
+        ts_in_or_none(tx, expires_at),
     )
     assert row is not None
     return approval_from_row(tx, row)

@@ -192,12 +192,13 @@ async def op_import_rows(tx: Tx, spec: CopyTable, rows: Sequence[Sequence[Any]])
 async def op_link_rows(tx: Tx, spec: CopyTable, rows: Sequence[Sequence[Any]]) -> int:
     if not spec.links:
         return 0
-    wanted = spec.index(spec.key) + spec.index(spec.links)
+    links = spec.index(spec.links)
+    wanted = spec.index(spec.key) + links
     kinds = [spec.columns[i][1] for i in wanted]
     args = [
         tuple(_in(tx, kind, row[i]) for kind, i in zip(kinds, wanted, strict=True))
         for row in rows
-        if any(row[i] is not None for i in spec.index(spec.links))
+        if any(row[i] is not None for i in links)
     ]
     if args:
         await tx.executemany(f"copy_{spec.name}_link", args)

@@ -22,8 +22,14 @@ def _json_or_none(tx: Tx, value: Any) -> Any:
     return None if value is None else tx.json_out(value)
 
 
-def _ts_or_none(tx: Tx, value: Any) -> dt.datetime | None:
+def ts_or_none(tx: Tx, value: Any) -> dt.datetime | None:
+    """A nullable timestamp column as an aware datetime or None (shared with workflows and approvals)."""
     return None if value is None else tx.ts_out(value)
+
+
+def ts_in_or_none(tx: Tx, value: dt.datetime | None) -> Any:
+    """A datetime or None as the dialect stores a nullable timestamp."""
+    return None if value is None else tx.ts_in(value)
 
 
 def task_from_row(tx: Tx, row: Row) -> TaskRecord:
@@ -42,13 +48,13 @@ def task_from_row(tx: Tx, row: Row) -> TaskRecord:
         metadata=tx.json_out(row["metadata"]),
         version=row["version"],
         lease_owner=row["lease_owner"],
-        lease_expires_at=_ts_or_none(tx, row["lease_expires_at"]),
+        lease_expires_at=ts_or_none(tx, row["lease_expires_at"]),
         lease_epoch=row["lease_epoch"],
         idempotency_key=row["idempotency_key"],
         created_at=tx.ts_out(row["created_at"]),
         updated_at=tx.ts_out(row["updated_at"]),
-        started_at=_ts_or_none(tx, row["started_at"]),
-        completed_at=_ts_or_none(tx, row["completed_at"]),
+        started_at=ts_or_none(tx, row["started_at"]),
+        completed_at=ts_or_none(tx, row["completed_at"]),
     )
 
 
@@ -61,7 +67,7 @@ def step_from_row(tx: Tx, row: Row) -> StepRecord:
         result=_json_or_none(tx, row["result"]),
         error=_json_or_none(tx, row["error"]),
         started_at=tx.ts_out(row["started_at"]),
-        finished_at=_ts_or_none(tx, row["finished_at"]),
+        finished_at=ts_or_none(tx, row["finished_at"]),
     )
 
 
@@ -118,10 +124,6 @@ async def op_list_tasks(
     return Page(items=items, next_cursor=next_cursor)
 
 
-def _ts_in_or_none(tx: Tx, value: dt.datetime | None) -> Any:
-    return None if value is None else tx.ts_in(value)
-
-
 async def op_update_task(
     tx: Tx, task_id: str, expected_status: str, expected_version: int, change: TaskChange
 ) -> TaskRecord | None:
@@ -129,9 +131,9 @@ async def op_update_task(
         "task_update",
         change.status,
         change.retry_count,
-        _ts_in_or_none(tx, change.lease_expires_at),
-        _ts_in_or_none(tx, change.started_at),
-        _ts_in_or_none(tx, change.completed_at),
+        ts_in_or_none(tx, change.lease_expires_at),
+        ts_in_or_none(tx, change.started_at),
+        ts_in_or_none(tx, change.completed_at),
         None if change.result is None else tx.json_in(change.result),
         None if change.error is None else tx.json_in(change.error),
         tx.ts_in(utcnow()),

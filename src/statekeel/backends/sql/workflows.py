@@ -10,11 +10,7 @@ import orjson
 
 from ..base import NewWorkflowStep, WorkflowBackend, WorkflowRecord, WorkflowStepRecord
 from . import Row, SqlBackend, Tx, utcnow
-from .tasks import insert_task, task_from_row
-
-
-def _ts_or_none(tx: Tx, value: object) -> dt.datetime | None:
-    return None if value is None else tx.ts_out(value)
+from .tasks import insert_task, task_from_row, ts_in_or_none, ts_or_none
 
 
 async def _workflow_from_row(tx: Tx, row: Row) -> WorkflowRecord:
@@ -34,8 +30,8 @@ async def _workflow_from_row(tx: Tx, row: Row) -> WorkflowRecord:
         version=row["version"],
         created_at=tx.ts_out(row["created_at"]),
         updated_at=tx.ts_out(row["updated_at"]),
-        started_at=_ts_or_none(tx, row["started_at"]),
-        completed_at=_ts_or_none(tx, row["completed_at"]),
+        started_at=ts_or_none(tx, row["started_at"]),
+        completed_at=ts_or_none(tx, row["completed_at"]),
         steps=steps,
     )
 
@@ -85,8 +81,8 @@ async def op_update_workflow(
     row = await tx.fetchone(
         "workflow_update",
         status,
-        None if started_at is None else tx.ts_in(started_at),
-        None if completed_at is None else tx.ts_in(completed_at),
+        ts_in_or_none(tx, started_at),
+        ts_in_or_none(tx, completed_at),
         tx.ts_in(utcnow()),
         workflow_id,
         expected_status,
