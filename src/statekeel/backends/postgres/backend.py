@@ -31,7 +31,8 @@ from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
-from ..sql.migrations import Migration, load_migrations
+from ..sql.info import SqlInfo
+from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.workflows import SqlWorkflows
@@ -125,7 +126,9 @@ async def _rollback(tx: Any) -> None:
         pass
 
 
-class PostgresBackend(PgSchema, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class PostgresBackend(
+    PgSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+):
     """PostgreSQL storage over an asyncpg pool.
 
     Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
@@ -226,6 +229,10 @@ class PostgresBackend(PgSchema, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, Sq
                 return await self._applied(conn)
         except BaseException as exc:
             raise translate(exc, self.target) from exc
+
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        todo = pending(await self.migrations(), self._migrations, where=str(self.target))
+        return [(m.version, m.name) for m in todo]
 
     async def integrity_check(self) -> list[str]:
         # PostgreSQL checks its own pages; we verify that our schema is whole.

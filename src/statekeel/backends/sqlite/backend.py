@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import os
 import queue
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -24,12 +25,13 @@ from typing import Any, TypeVar
 
 from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument
-from ..base import MigrationInfo
+from ..base import DatabaseFiles, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
-from ..sql.migrations import Migration, load_migrations
+from ..sql.info import SqlInfo
+from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.workflows import SqlWorkflows
@@ -51,6 +53,14 @@ def queries() -> dict[str, str]:
 
 def migrations_shipped() -> list[Migration]:
     return load_migrations("statekeel.backends.sqlite.migrations")
+
+
+def _file_size(path: str) -> int:
+    """Bytes of a file; 0 when it does not exist (a WAL is removed when the last connection closes)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 class SqliteTx(Tx):
@@ -90,7 +100,9 @@ class SqliteTx(Tx):
         return out
 
 
-class SqliteBackend(SqliteSchema, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class SqliteBackend(
+    SqliteSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
     def __init__(
@@ -202,6 +214,16 @@ class SqliteBackend(SqliteSchema, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, 
 
     async def migrations(self) -> list[MigrationInfo]:
         return await self._call(self._require_open(), self._applied)
+
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        todo = pending(await self.migrations(), self._migrations, where=self._where)
+        return [(m.version, m.name) for m in todo]
+
+    async def database_files(self) -> DatabaseFiles | None:
+        if self.path is None:
+            return None
+        self._require_open()
+        return DatabaseFiles(self.path, _file_size(self.path), _file_size(self.path + "-wal"))
 
     async def integrity_check(self) -> list[str]:
         def check(conn: sqlite3.Connection) -> list[str]:
