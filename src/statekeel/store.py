@@ -193,7 +193,7 @@ class Store:
     async def info(self, *, check_integrity: bool = True) -> StoreInfo:
         """Schema and health facts: schema version and migrations, counts per state kind, file sizes,
         fallback files waiting, and the integrity check (skipped with ``check_integrity=False``: on SQLite
-        it reads the whole database). Reads only; never changes the store.
+        it reads the whole database). Never changes the database.
 
         info = await store.info()
         print(info.schema_version, info.counts.sessions["active"], info.ok)
