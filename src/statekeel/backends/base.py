@@ -25,6 +25,7 @@ from statekeel.backends.records import (
     ArchivedMessage,
     AuditRecord,
     CopyTableInfo,
+    DatabaseFiles,
     LoadedSession,
     MessageRecord,
     MigrationInfo,
@@ -35,6 +36,7 @@ from statekeel.backends.records import (
     RowPage,
     SessionLease,
     SessionRecord,
+    StateCounts,
     StepRecord,
     TaskChange,
     TaskRecord,
@@ -55,6 +57,7 @@ __all__ = [
     "AuditRecord",
     "CopyBackend",
     "CopyTableInfo",
+    "DatabaseFiles",
     "LifecycleBackend",
     "LoadedSession",
     "MessageRecord",
@@ -67,6 +70,7 @@ __all__ = [
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "StateCounts",
     "StepRecord",
     "StorageBackend",
     "TaskBackend",
@@ -109,6 +113,19 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def integrity_check(self) -> list[str]:
         """Problems found by the storage engine's own check; empty when healthy."""
+
+    @abc.abstractmethod
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        """``(version, name)`` of the migrations this code ships that the database has not applied."""
+
+    @abc.abstractmethod
+    async def count_state(self) -> StateCounts:
+        """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def database_files(self) -> DatabaseFiles | None:
+        """The sizes of the files the store lives in; None when it has none of its own (in memory, or
+        on a database server)."""
+        return None
 
 
 class SessionBackend(abc.ABC):
