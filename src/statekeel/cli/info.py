@@ -25,14 +25,7 @@ async def _gather(url: str) -> tuple[list[tuple[int, str, str]], list[str], dict
 async def _facts(store: Store) -> tuple[list[tuple[int, str, str]], list[str], dict[str, int]]:
     migrations = [(m.version, m.name, m.applied_at.isoformat()) for m in await store.backend.migrations()]
     problems = await store.backend.integrity_check()
-    counts: dict[str, int] = collections.Counter()
-    cursor: str | None = None
-    while True:
-        page = await store.backend.list_sessions(limit=500, cursor=cursor)
-        counts.update(record.status for record in page.items)
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
+    counts = collections.Counter([record.status async for record in store.sessions.iter()])
     return migrations, problems, dict(counts)
 
 
