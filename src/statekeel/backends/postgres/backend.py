@@ -45,6 +45,7 @@ from ..sql.copy import SqlCopy
 from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 
 log = logging.getLogger("statekeel.postgres")
@@ -275,7 +276,7 @@ async def _rollback(tx: Any) -> None:
         pass
 
 
-class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces):
     """PostgreSQL storage over an asyncpg pool.
 
     Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
@@ -456,6 +457,8 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "traces",
+                    "trace_counters",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

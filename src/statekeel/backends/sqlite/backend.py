@@ -43,6 +43,7 @@ from ..sql.copy import SqlCopy
 from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 
 log = logging.getLogger("statekeel.sqlite")
@@ -501,7 +502,7 @@ def _commit_marker(conn: sqlite3.Connection) -> None:
     """Marks the end job of an atomic block as a COMMIT (its absence means ROLLBACK)."""
 
 
-class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
     def __init__(
