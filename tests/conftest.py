@@ -127,14 +127,6 @@ def store_url(backend_name: str, tmp_path: os.PathLike[str], request: pytest.Fix
     return str(request.getfixturevalue("pg_migrated"))
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
-    """A URL of an empty store that several processes can open: a SQLite file, or PostgreSQL."""
-    if request.param == "sqlite":
-        return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'shared.db')}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
 @pytest.fixture
 async def store(store_url: str, tmp_path: os.PathLike[str]) -> AsyncIterator[statekeel.Store]:
     """An open store on each backend, closed after the test."""
@@ -143,3 +135,12 @@ async def store(store_url: str, tmp_path: os.PathLike[str]) -> AsyncIterator[sta
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
+    """A URL of an empty store that other processes can open too: a SQLite file, or a PostgreSQL database
+    at the current schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+    return str(request.getfixturevalue("pg_migrated"))

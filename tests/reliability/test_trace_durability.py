@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
+from helpers import database_write_locked
 
 CHILD = """
 import asyncio, datetime as dt, sys
@@ -127,17 +128,12 @@ async def test_spans_stay_buffered_while_sqlite_is_locked_and_land_afterwards(tm
         start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
         store.traces.record("t", {"span_id": "before", "name": "x", "started_at": start})
         await store.traces.flush()
-        blocker = sqlite3.connect(path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        try:
+        with database_write_locked(path):
             for n in range(20):
                 store.traces.record("t", {"span_id": f"s{n:02d}", "name": "x", "started_at": start})
             with pytest.raises(statekeel.BackendUnavailable):
                 await store.traces.flush()
             assert store.traces.pending == 20 and store.traces.dropped == 0
-        finally:
-            blocker.execute("ROLLBACK")
-            blocker.close()
         await store.traces.flush()
         assert store.traces.pending == 0
         assert [s.span_id for s in await store.traces.get("t")] == ["before"] + [

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import statekeel
-from statekeel.cli import main
+from statekeel.cli import main, redact_url
 
 
 def make_store(path: Path, statuses: dict[str, str]) -> None:
@@ -99,3 +99,20 @@ def test_info_never_prints_a_database_password() -> None:
     assert result.exit_code == 1
     assert "s3cret" not in result.output
     assert "ada:***@127.0.0.1:1" in flat(result.output)
+
+
+QUERY_PASSWORD_URL = "postgresql://ada@127.0.0.1:1/none?password=s3cret&connect_timeout=2"
+
+
+def test_info_never_prints_a_password_from_the_query_string() -> None:
+    result = CliRunner().invoke(main, ["--db", QUERY_PASSWORD_URL, "info"])
+    assert result.exit_code == 1
+    assert "s3cret" not in result.output
+    assert "127.0.0.1:1" in result.output
+
+
+def test_redact_url_blanks_a_query_string_password_and_keeps_other_options() -> None:
+    shown = redact_url(QUERY_PASSWORD_URL)
+    assert "s3cret" not in shown
+    assert "connect_timeout=2" in shown
+    assert shown.startswith("postgresql://ada@127.0.0.1:1/none?")
