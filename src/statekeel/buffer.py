@@ -87,6 +87,10 @@ class WriteBuffer(Generic[T]):
         self._stopping = False
         self._final_error: BaseException | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        try:  # made on the loop (as a store is): items put from other threads reach it from the start
+            self._bind(asyncio.get_running_loop())
+        except RuntimeError:
+            pass
 
     # --- any thread ---------------------------------------------------------------------------------
 

@@ -315,6 +315,11 @@ async def test_spans_recorded_from_another_thread_are_written(store: Store) -> N
     assert len(await store.traces.get("threads")) == 200
 
 
+async def test_spans_recorded_only_from_other_threads_reach_storage_without_flush(store: Store) -> None:
+    await asyncio.to_thread(lambda: [store.traces.record("threads", span(f"s{n}", n)) for n in range(3)])
+    await wait_stored(store, "threads", 3)
+
+
 async def test_flush_inside_atomic_is_refused(store: Store) -> None:
     store.traces.record("t", span("a"))
     async with store.backend.atomic():

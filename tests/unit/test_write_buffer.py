@@ -118,10 +118,12 @@ async def test_close_that_cannot_write_says_how_many_items_were_lost() -> None:
     await buffer.close()  # idempotent
 
 
-async def test_items_put_without_a_running_loop_are_written_by_flush() -> None:
+async def test_items_put_before_the_buffer_knows_a_loop_are_written_by_flush() -> None:
     sink = Sink()
-    buffer = WriteBuffer(sink.write, name="items")
+    # Made and filled in a thread without an event loop: nothing can schedule the writer yet.
+    buffer: WriteBuffer[int] = await asyncio.to_thread(WriteBuffer, sink.write, name="items")
     await asyncio.to_thread(lambda: [buffer.put(n) for n in range(3)])
+    assert buffer.pending == 3
     await buffer.flush()
     assert sink.items == [0, 1, 2]
     await buffer.close()
