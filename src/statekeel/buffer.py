@@ -7,7 +7,8 @@ and when the buffer closes. When ``capacity`` items (or ``max_bytes``) wait, the
 counted; the count goes to storage with the next batch that is written.
 
 A batch that fails stays queued (still bounded) and is retried with a growing pause; ``flush()`` raises
-its error to the caller. The task is started in a fresh ``contextvars.Context``: it never joins the
+its error to the caller. A batch whose write is cancelled midway is written again, so a write must be
+idempotent (traces upsert). The task is started in a fresh ``contextvars.Context``: it never joins the
 ``atomic()`` block of the code that happened to put the first item.
 
     buffer = WriteBuffer(write_batch, name="spans")
@@ -78,6 +79,7 @@ class WriteBuffer(Generic[T]):
         self._inflight_count = 0
         self._inflight_dropped = 0
         self._closed = False
+        self._dropped_after_close = 0
         # Event loop side: only touched on the loop's thread.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -116,7 +118,9 @@ class WriteBuffer(Generic[T]):
                     self._unreported += evicted
                     first_drop = self._unreported == evicted
         if closed:
-            log.warning("%s buffer is closed: an item put after close was dropped", self.name)
+            if self._dropped_after_close == 0:
+                log.warning("%s buffer is closed: items put after close are dropped", self.name)
+            self._dropped_after_close += 1
             return
         if evicted and first_drop:
             log.warning(
@@ -167,7 +171,7 @@ class WriteBuffer(Generic[T]):
         self._loop_thread = threading.get_ident()
 
     def _signal(self, now: bool) -> None:
-        if self._task is None and not self._stopping:
+        if (self._task is None or self._task.done()) and not self._stopping:
             assert self._loop is not None
             # A fresh context: the task must never run inside the atomic() block of whoever put first.
             self._task = self._loop.create_task(self._run(), context=contextvars.Context())
@@ -304,12 +308,19 @@ class WriteBuffer(Generic[T]):
         if self._loop is None:
             self._bind(asyncio.get_running_loop())
         self._stopping = True
-        if self._task is None and self._items:
-            self._task = self._loop.create_task(self._run(), context=contextvars.Context())  # type: ignore[union-attr]
-        self._wake.set()
-        self._now.set()
-        if self._task is not None:
-            await self._task
+        for _ in range(2):  # a second time when the task was cancelled (with its loop's other tasks)
+            task = self._task
+            if task is None or task.done():
+                if not self._items:
+                    break
+                task = self._task = asyncio.get_running_loop().create_task(
+                    self._run(), context=contextvars.Context()
+                )
+            self._wake.set()
+            self._now.set()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                break
         with self._lock:
             lost = len(self._items)
             self._items.clear()

@@ -9,6 +9,7 @@ One pass, idempotent (a second run finds nothing to repair):
    waiting for its tool);
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows.
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
 With ``repair=False`` nothing is written; the report says what a repair would do.
 

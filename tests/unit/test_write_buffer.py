@@ -129,6 +129,24 @@ async def test_items_put_before_the_buffer_knows_a_loop_are_written_by_flush() -
     await buffer.close()
 
 
+async def test_a_writer_task_cancelled_with_its_loop_tasks_is_replaced() -> None:
+    sink = Sink()
+    buffer = WriteBuffer(sink.write, name="items", interval=60)
+    buffer.put(1)
+    task = buffer._task
+    assert task is not None
+    task.cancel()  # what a loop shutting down does to every pending task
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    buffer.put(2)
+    await buffer.flush()
+    assert sink.items == [1, 2]
+    buffer._task.cancel()  # type: ignore[union-attr]
+    buffer.put(3)
+    await buffer.close()  # writes what is left with a task of its own
+    assert sink.items == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     "options",
     [{"capacity": 0}, {"batch_size": 0}, {"max_bytes": -1}, {"interval": 0}, {"interval": "1"}],
