@@ -29,6 +29,9 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    ToolCallAlreadyAnswered,
+    TranscriptError,
+    UnknownToolCall,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
@@ -68,6 +71,9 @@ __all__ = [
     "TableCopy",
     "Task",
     "TaskManager",
+    "ToolCallAlreadyAnswered",
+    "TranscriptError",
+    "UnknownToolCall",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",
