@@ -35,7 +35,7 @@ from .errors import (
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
-from .store import Store, open_store
+from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
@@ -68,6 +68,7 @@ __all__ = [
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "StoreInfo",
     "TableCopy",
     "Task",
     "TaskManager",
