@@ -35,6 +35,7 @@ from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
@@ -128,7 +129,16 @@ async def _rollback(tx: Any) -> None:
 
 
 class PostgresBackend(
-    PgSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces
+    PgSchema,
+    SqlInfo,
+    SqlSessions,
+    SqlToolCalls,
+    SqlCopy,
+    SqlTasks,
+    SqlWorkflows,
+    SqlAudit,
+    SqlApprovals,
+    SqlTraces,
 ):
     """PostgreSQL storage over an asyncpg pool.
 

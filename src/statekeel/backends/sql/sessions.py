@@ -37,6 +37,8 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         version=row["version"],
         created_at=tx.ts_out(row["created_at"]),
         updated_at=tx.ts_out(row["updated_at"]),
+        open_calls=row["open_calls"],
+        calls_owner=row["calls_owner"],
     )
 
 
@@ -219,6 +221,8 @@ async def op_append_messages(
     status: str | None = None,
     lease: SessionLease | None = None,
     expected_created_at: dt.datetime | None = None,
+    open_calls: int | None = None,
+    calls_owner: str | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -234,6 +238,8 @@ async def op_append_messages(
         expected_head,
         status,
         None if expected_created_at is None else tx.ts_in(expected_created_at),
+        open_calls,
+        calls_owner,
     )
     if row is None:
         current = await _require_session(tx, key)
@@ -440,10 +446,14 @@ class SqlSessions(SqlBackend, SessionBackend):
         status: str | None = None,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        open_calls: int | None = None,
+        calls_owner: str | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
         check_int(expected_head, "expected_head")
+        if open_calls is not None:
+            check_int(open_calls, "open_calls", minimum=-1)
         if expected_created_at is not None and (
             not isinstance(expected_created_at, dt.datetime) or expected_created_at.tzinfo is None
         ):
@@ -460,6 +470,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             status,
             lease,
             expected_created_at,
+            open_calls,
+            calls_owner if open_calls else None,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
