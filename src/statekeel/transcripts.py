@@ -664,10 +664,37 @@ class TranscriptIndex:
         """The calls without a result, oldest first."""
         return tuple(self._unanswered.values())
 
-    def repair(self, text: str = INTERRUPTED_TEXT) -> Repair:
-        """The interrupted results that answer every unanswered call (see :func:`plan_repair`)."""
+    def awaiting(self) -> tuple[ToolCall, ...]:
+        """The calls without a result that appending one still answers, oldest first: every unanswered
+        call but those of a chat or Anthropic turn that other messages followed."""
+        return tuple(
+            c
+            for k, c in self._unanswered.items()
+            if c.dialect is Dialect.OPENAI_RESPONSES or k not in self._abandoned_at
+        )
+
+    def call(self, call_id: str) -> ToolCall | None:
+        """The call with this id (when two formats used it, the one still without a result)."""
+        found = None
+        for dialect in Dialect:
+            key = (dialect, call_id)
+            if key in self._unanswered:
+                return self._unanswered[key]
+            found = found or self._calls.get(key)
+        return found
+
+    def answered(self, call: ToolCall) -> bool:
+        """Whether ``call`` has its result."""
+        return (call.dialect, call.call_id) in self._answered
+
+    def repair(self, text: str = INTERRUPTED_TEXT, *, only: Iterable[str] | None = None) -> Repair:
+        """The interrupted results that answer every unanswered call (see :func:`plan_repair`), or only
+        those whose ids are in ``only``."""
         check_text(text, "text")
         calls = tuple(self._unanswered.values())
+        if only is not None:
+            wanted = set(only)
+            calls = tuple(c for c in calls if c.call_id in wanted)
         append: list[dict[str, Any]] = []
         anthropic_append: dict[str, Any] | None = None
         inserts: dict[int, list[dict[str, Any]]] = {}
@@ -731,6 +758,26 @@ def interrupted_answer(call: ToolCall, text: str = INTERRUPTED_TEXT) -> dict[str
         item.update(execution="client", tools=[], status="incomplete")
     else:
         item["output"] = text
+    if call.caller is not None and kind != "computer_call_output" and call.kind != "local_shell_call":
+        item["caller"] = call.caller
+    return item
+
+
+def tool_result(call: ToolCall, output: Any) -> dict[str, Any]:
+    """The message that answers ``call`` with ``output``, in the call's own dialect: a chat ``tool``
+    message, a Responses ``*_output`` item, or an Anthropic user message holding one ``tool_result`` block.
+
+    ``output`` is the result's content: a str, or a list of content parts as the provider takes them.
+
+        tool_result(call, "3 passed")  # {"role": "tool", "tool_call_id": ..., "content": "3 passed"}
+    """
+    if call.dialect is Dialect.OPENAI_CHAT:
+        return {"role": "tool", "tool_call_id": call.call_id, "content": output}
+    if call.dialect is Dialect.ANTHROPIC:
+        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": output}
+        return {"role": "user", "content": [block]}
+    kind = _RESPONSES_ANSWER[call.kind]
+    item: dict[str, Any] = {"type": kind, "call_id": call.call_id, "output": output}
     if call.caller is not None and kind != "computer_call_output" and call.kind != "local_shell_call":
         item["caller"] = call.caller
     return item
@@ -841,6 +888,18 @@ def _dump(value: Any, depth: int) -> Any:
     return value
 
 
+def role_of(message: Any) -> str | None:
+    """What a stored message's role is: its non-empty str ``role``, or for an item without one (OpenAI
+    Responses) its non-empty str ``type``; None for anything else, which is not a message."""
+    if type(message) is not dict:
+        return None
+    role = message.get("role")
+    if _valid_id(role):
+        return role
+    kind = message.get("type")
+    return kind if role is None and _valid_id(kind) else None
+
+
 def normalize_item(item: Any) -> dict[str, Any]:
     """A message or provider item as the plain dict statekeel stores.
 
@@ -880,5 +939,7 @@ __all__ = [
     "interrupted_answer",
     "normalize_item",
     "plan_repair",
+    "role_of",
     "safe_window",
+    "tool_result",
 ]
