@@ -394,6 +394,9 @@ def dialect_of(message: Mapping[str, Any]) -> Dialect | None:
 # --- the transcript as a whole ---------------------------------------------------------------------------
 
 _Key = tuple[Dialect, str]
+# Shared by the steps of messages without tool calls or results: never changed.
+_NO_CALLS: list[ToolCall] = []
+_NO_RESULTS: list[ToolResult] = []
 # Where an Anthropic transcript stands: outside a tool turn, in an assistant turn, in the user turn after
 # it while only tool results have come, or past the point where a result may still come.
 _NONE, _ASSISTANT, _RESULTS = 0, 1, 2
@@ -481,6 +484,8 @@ class TranscriptIndex:
             )
         i = self.next_index
         p = _parse(message, i, strict)
+        if not p.calls and not p.results and not p.malformed:
+            return self._plain_step(p, i)
         new_calls: list[ToolCall] = []
         fresh: set[_Key] = set()
         for call in p.calls:
@@ -596,6 +601,35 @@ class TranscriptIndex:
             abandoned,
             chat_open,
             chat_from,
+            anth_state,
+            anth_open,
+            anth_from,
+        )
+
+    def _plain_step(self, p: _Parsed, i: int) -> _Step:
+        """What a message without tool calls or results changes: the general rules of :meth:`_step`
+        with nothing to add or answer (most messages; this is their fast path)."""
+        abandoned: list[_Key] = []
+        if self._chat_open:  # only tool messages may follow a chat message's calls
+            abandoned.extend(self._chat_open)
+        anth_state, anth_open, anth_from = self._anth_state, self._anth_open, self._anth_from
+        if p.role == "assistant":
+            if anth_state != _ASSISTANT:
+                abandoned.extend(anth_open)
+                anth_state, anth_open, anth_from = _ASSISTANT, [], i
+        elif p.role != "user" or anth_state in (_ASSISTANT, _RESULTS):
+            # A user message without results closes the turn after the calls; any other role too.
+            abandoned.extend(anth_open)
+            anth_state, anth_open = _NONE, []
+        return _Step(
+            p,
+            i,
+            _NO_CALLS,
+            _NO_RESULTS,
+            _NO_RESULTS,
+            abandoned,
+            None,
+            self._chat_from,
             anth_state,
             anth_open,
             anth_from,
@@ -857,7 +891,12 @@ def _has_results(message: Mapping[str, Any]) -> bool:
 _MAX_NESTING = 64
 
 
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def _dump(value: Any, depth: int) -> Any:
+    if type(value) in _LEAVES:  # most of a message: nothing to look up
+        return value
     dump = getattr(value, "model_dump", None)
     if dump is not None and callable(dump) and not isinstance(value, type):
         try:

@@ -8,6 +8,7 @@ is closed (its heartbeat is removed), or by an owner id of another host whose he
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -528,3 +529,36 @@ async def test_sessions_stored_without_a_count_are_counted_once(store: statekeel
     assert report.orphaned_tool_calls == {"cut": ["c1"]}
     assert await store.backend.sessions_with_open_calls() == []
     assert (await store.recover()).orphaned_tool_calls == {}
+
+
+async def test_the_count_is_set_only_on_the_head_it_was_computed_for(store: statekeel.Store) -> None:
+    session = await asked(store, "s", CHAT, "c1")
+    record = await store.backend.load_session("s")
+    assert record is not None and record.open_calls == 1
+    kwargs = {"expected_created_at": record.created_at, "open_calls": 0, "calls_owner": None}
+    assert not await store.backend.set_open_calls("s", expected_head=record.head_seq + 1, **kwargs)
+    [found] = await store.backend.sessions_with_open_calls()
+    stale = dataclasses.replace(found, head_seq=found.head_seq - 1, open_calls=0)
+    assert await store.backend.set_open_calls_many([stale]) == 0
+    assert (await store.backend.load_session("s")).open_calls == 1  # type: ignore[union-attr]
+    assert await store.backend.set_open_calls("s", expected_head=record.head_seq, **kwargs)
+    assert await store.backend.sessions_with_open_calls() == []
+    assert session.pending_calls()  # the count is only an index: the transcript is unchanged
+
+
+async def test_a_process_with_waiting_calls_keeps_a_heartbeat_until_its_store_closes(
+    store: statekeel.Store,
+) -> None:
+    other = fresh(store)
+    assert await store.backend.read_heartbeat(other.owner_id) is None
+    session = await other.get_or_create("s")
+    session.add_message("user", "go")
+    await other.save(session)  # no waiting call: no heartbeat needed
+    assert await store.backend.read_heartbeat(other.owner_id) is None
+    session.add_item(model_calls(CHAT, "c1")[0])
+    await other.save(session)
+    until = await store.backend.read_heartbeat(other.owner_id)
+    assert until is not None and until > dt.datetime.now(dt.UTC)
+    assert (await store.backend.load_session("s")).calls_owner == other.owner_id  # type: ignore[union-attr]
+    await other.close()
+    assert await store.backend.read_heartbeat(other.owner_id) is None

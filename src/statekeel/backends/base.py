@@ -311,6 +311,16 @@ class ToolCallBackend(abc.ABC):
         changes: the count follows from the messages. ``lease`` fences it as in ``append_messages``."""
 
     @abc.abstractmethod
+    async def set_open_calls_many(self, counts: Sequence[OpenCalls]) -> int:
+        """:meth:`set_open_calls` for many sessions in one transaction (each conditional on its
+        ``head_seq`` and ``created_at``); returns how many were set."""
+
+    @abc.abstractmethod
+    async def read_session_tails(self, keys: Sequence[str], n: int) -> dict[str, list[dict[str, Any]]]:
+        """The payloads of the last ``n`` live messages of each session, in sequence order, on one
+        snapshot (sessions without live messages are left out)."""
+
+    @abc.abstractmethod
     async def sessions_with_open_calls(
         self, *, after: str | None = None, limit: int = 500
     ) -> list[OpenCalls]:

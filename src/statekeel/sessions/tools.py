@@ -21,7 +21,7 @@ import asyncio
 import contextvars
 import datetime as dt
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -55,6 +55,7 @@ _PAGE = 500
 _LOCK_TIMEOUT_S = 0.5
 # recover(): how far back from a session's end the one-time count of an unknown session looks.
 _TAIL = 200
+_TAILS_PER_READ = 50  # sessions whose tails one read returns: bounds what is held in memory at once
 
 
 def _utcnow() -> dt.datetime:
@@ -341,12 +342,12 @@ class ToolCalls:
             return True
         manager = self._manager
         key = session.key
-        if await self._held_elsewhere(key):
-            return True  # its holder answers them, or runs them
         index = self._index(session)
         waiting = index.awaiting()
         if waiting and await self._alive(tools.calls_owner, own_counts=not recovering):
             return True  # its process may still be running them
+        if await self._held_elsewhere(key):
+            return True  # its holder answers them, or runs them
         todo = await self._not_started(session, waiting)
         if not todo:  # nothing to answer (or only calls in doubt): the stored count may be out of date
             if not session.unsaved():
@@ -366,11 +367,11 @@ class ToolCalls:
             raise
         session.repaired = tuple(todo)
         log.warning(
-            "session %r: answered %d tool call(s) that %s left without a result with an interrupted result: "
-            "%s",
+            "session %r: %d tool call(s) left without a result by a process that is gone (%s) answered "
+            "with an interrupted result: %s",
             key,
             len(todo),
-            tools.calls_owner or "a process that is gone",
+            tools.calls_owner or "unknown",
             ", ".join(c.call_id for c in todo),
         )
         return True
@@ -442,27 +443,20 @@ class ToolCalls:
     async def _count_unknown(self, unknown: list[OpenCalls], repair: bool) -> list[OpenCalls]:
         """Count once the waiting calls of sessions written before counts were kept (from the last
         messages of each); store the zeros (``repair``). Returns the sessions with their count."""
+        if not unknown:
+            return []
         backend = self._manager.backend
-        counted = []
-        for found in unknown:
-            tail = await backend.tail_messages(found.key, _TAIL)
-            waiting = len(TranscriptIndex([m.payload for m in tail]).awaiting())
-            counted.append(
-                OpenCalls(
-                    found.key, found.status, found.head_seq, found.created_at, waiting, found.calls_owner
-                )
-            )
+        tails: dict[str, list[dict[str, Any]]] = {}
+        for start in range(0, len(unknown), _TAILS_PER_READ):
+            keys = [found.key for found in unknown[start : start + _TAILS_PER_READ]]
+            tails.update(await backend.read_session_tails(keys, _TAIL))
+        counted = [
+            replace(found, open_calls=len(TranscriptIndex(tails.get(found.key, ())).awaiting()))
+            for found in unknown
+        ]
         zeros = [c for c in counted if not c.open_calls]
         if repair and zeros:
-            async with backend.atomic():
-                for c in zeros:
-                    await backend.set_open_calls(
-                        c.key,
-                        expected_head=c.head_seq,
-                        expected_created_at=c.created_at,
-                        open_calls=0,
-                        calls_owner=None,
-                    )
+            await backend.set_open_calls_many(zeros)
         return counted
 
     async def _recover_one(self, found: OpenCalls, repair: bool, out: ToolRecovery) -> None:
@@ -537,34 +531,37 @@ class _ToolStep:
                         )
                 else:
                     record = await manager._append(session, changes, (count, owner))
-                step = await backend.get_session_step(session.key, call_id)
-                started, run = await self._start(step)
+                # The first run of a call: one insert. A row already there is judged by _restart.
+                started = await backend.start_session_step(
+                    session.key, call_id, owner=tools.owner, expected_attempt=None
+                )
+                run = True
+                if started is None:
+                    step = await backend.get_session_step(session.key, call_id)
+                    assert step is not None  # rows are deleted only with their session, locked here
+                    started, run = await self._restart(step)
             if record is not None:
                 await manager._after_append(session, changes, record)
             else:
                 session._tools.stored_open, session._tools.calls_owner = count, owner
         return started, run
 
-    async def _start(self, step: SessionStepRecord | None) -> tuple[SessionStepRecord, bool]:
+    async def _restart(self, step: SessionStepRecord) -> tuple[SessionStepRecord, bool]:
+        """A call that has a row but no result: run it again (it failed, or it is idempotent), or it is in
+        doubt (``run`` False), or it is running in another live process (``ConflictError``)."""
         tools, session, call_id = self.tools, self.session, self.call.call_id
-        backend = tools._manager.backend
-        if step is None:
-            started = await backend.start_session_step(
-                session.key, call_id, owner=tools.owner, expected_attempt=None
+        if step.status == "started" and step.owner != tools.owner and await tools._alive(step.owner):
+            raise ConflictError(
+                f"tool call {call_id!r} of session {session.key!r} is running in {step.owner}",
+                key=session.key,
+                call_id=call_id,
+                owner=step.owner,
             )
-        else:
-            if step.status == "started" and step.owner != tools.owner and await tools._alive(step.owner):
-                raise ConflictError(
-                    f"tool call {call_id!r} of session {session.key!r} is running in {step.owner}",
-                    key=session.key,
-                    call_id=call_id,
-                    owner=step.owner,
-                )
-            if step.status != "failed" and not self.idempotent:
-                return step, False  # it may have run: in doubt
-            started = await backend.start_session_step(
-                session.key, call_id, owner=tools.owner, expected_attempt=step.attempt
-            )
+        if step.status != "failed" and not self.idempotent:
+            return step, False  # it may have run: in doubt
+        started = await tools._manager.backend.start_session_step(
+            session.key, call_id, owner=tools.owner, expected_attempt=step.attempt
+        )
         if started is None:
             raise ConflictError(
                 f"tool call {call_id!r} of session {session.key!r} was started by someone else meanwhile",
@@ -577,9 +574,8 @@ class _ToolStep:
         raise StepInDoubt(
             f"tool call {record.call_id!r} of session {record.session_key!r} was started (attempt "
             f"{record.attempt}, at {record.started_at.isoformat()}, by {record.owner}) but its result was "
-            "never appended: its function may have run. Check whether its side effect happened, then settle "
-            "it with sessions.resolve_tool(session, call_id, result=...) or interrupted=True; or pass "
-            "idempotent=True if running it again is safe",
+            "never appended: its function may have run (resolve_tool(session, call_id, result=...) or "
+            "interrupted=True settles it)",
             record=record,
             session_key=record.session_key,
             call_id=record.call_id,

@@ -8,6 +8,8 @@ so that two writers never both win.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
 from ...errors import InvalidArgument, NotFound
 from ...validation import check_int, check_key
@@ -50,6 +52,25 @@ async def op_set_open_calls(
         tx.ts_in(expected_created_at),
     )
     return changed > 0
+
+
+async def op_set_open_calls_many(tx: Tx, counts: Sequence[OpenCalls]) -> int:
+    done = 0
+    for c in counts:
+        owner = c.calls_owner if c.open_calls else None
+        done += await tx.execute(
+            "session_set_open_calls", c.open_calls, owner, c.key, c.head_seq, tx.ts_in(c.created_at)
+        )
+    return done
+
+
+async def op_read_tails(tx: Tx, keys: Sequence[str], n: int) -> dict[str, list[dict[str, Any]]]:
+    tails = {}
+    for key in keys:
+        rows = await tx.fetchall("message_tail", key, n)
+        if rows:
+            tails[key] = [tx.json_out(r["payload"]) for r in reversed(rows)]
+    return tails
 
 
 async def op_sessions_with_open_calls(tx: Tx, after: str | None, limit: int) -> list[OpenCalls]:
@@ -169,6 +190,15 @@ class SqlToolCalls(SqlBackend, ToolCallBackend):
         return await self._write(
             op_set_open_calls, key, expected_head, expected_created_at, open_calls, calls_owner, lease
         )
+
+    async def set_open_calls_many(self, counts: Sequence[OpenCalls]) -> int:
+        for c in counts:
+            check_int(c.open_calls, "open_calls", minimum=-1)
+        return await self._write(op_set_open_calls_many, list(counts))
+
+    async def read_session_tails(self, keys: Sequence[str], n: int) -> dict[str, list[dict[str, Any]]]:
+        check_int(n, "n", minimum=1)
+        return await self._read(op_read_tails, list(keys), n)
 
     async def sessions_with_open_calls(
         self, *, after: str | None = None, limit: int = 500
