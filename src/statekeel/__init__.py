@@ -18,6 +18,7 @@ from .errors import (
     BackendUnavailable,
     ConflictError,
     InvalidArgument,
+    InvalidConfig,
     InvalidKey,
     InvalidTransition,
     LeaseLost,
@@ -29,6 +30,8 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    SyncCallRefused,
+    UnserializableValue,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
@@ -49,6 +52,7 @@ __all__ = [
     "ConflictError",
     "CopyReport",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -65,9 +69,11 @@ __all__ = [
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "SyncCallRefused",
     "TableCopy",
     "Task",
     "TaskManager",
+    "UnserializableValue",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

@@ -41,6 +41,7 @@ from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
@@ -275,7 +276,7 @@ async def _rollback(tx: Any) -> None:
         pass
 
 
-class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlCheckpoints):
     """PostgreSQL storage over an asyncpg pool.
 
     Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
@@ -456,6 +457,9 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "checkpoints",
+                    "checkpoint_blobs",
+                    "checkpoint_writes",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
