@@ -177,6 +177,10 @@ async def test_sync_api_works_from_another_thread_and_is_refused_on_the_loop(sto
     assert from_thread.values == (await graph.aget_state(CFG)).values
     history = await asyncio.to_thread(lambda: list(graph.get_state_history(CFG)))
     assert len(history) == len([s async for s in graph.aget_state_history(CFG)])
+    # LangGraph's sync run (put, put_writes, get_tuple) from a worker thread finishes the thread
+    out = await asyncio.to_thread(graph.invoke, Command(resume="yes"), CFG)
+    assert _sorted_log(out) == FINAL
+    assert (await graph.aget_state(CFG)).values == out
     with pytest.raises(statekeel.SyncCallRefused) as info:
         graph.get_state(CFG)
     assert isinstance(info.value, asyncio.InvalidStateError)
