@@ -180,6 +180,27 @@ async def test_special_channel_write_replaces_and_regular_write_is_kept(saver: S
     ]
 
 
+async def test_put_is_one_transaction_a_failure_after_the_row_leaves_nothing(
+    saver: StatekeelSaver, store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statekeel.backends.sql import checkpoints as ops
+
+    original = ops.op_put_checkpoint
+
+    async def fail_after_writing(tx: Any, cp: Any) -> None:
+        await original(tx, cp)  # the checkpoint row and its blobs are written, then the transaction fails
+        raise RuntimeError("fault injected after the writes")
+
+    monkeypatch.setattr(ops, "op_put_checkpoint", fail_after_writing)
+    with pytest.raises(RuntimeError, match="fault injected"):
+        await _put(saver, "t", {"a": 1, "b": 2}, {"a": 1, "b": 1}, {"a": 1, "b": 1})
+    assert await _rows(store) == {t: 0 for t in TABLES}
+    monkeypatch.setattr(ops, "op_put_checkpoint", original)
+    cfg = await _put(saver, "t", {"a": 1, "b": 2}, {"a": 1, "b": 1}, {"a": 1, "b": 1})
+    assert (await saver.aget_tuple(cfg)) is not None
+    assert await _rows(store) == {"checkpoints": 1, "checkpoint_blobs": 2, "checkpoint_writes": 0}
+
+
 # --- listing -----------------------------------------------------------------------------------------------
 
 
