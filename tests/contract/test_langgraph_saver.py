@@ -144,6 +144,7 @@ async def test_values_round_trip_through_the_serializer_exactly(saver: Statekeel
         "nested": {"k": [1.5, None, True]},
         "nan_free": -0.0,
         "unicode": "é\u2028",
+        'we"ird.ch[0] é$': "a channel name that needs escaping in JSON and in a JSON path",
     }
     versions = {k: 1 for k in values}
     cfg = await _put(saver, "t", values, versions, versions)
@@ -236,6 +237,20 @@ async def test_list_without_config_spans_threads_and_namespaces(saver: Statekeel
     # A thread without a namespace in its config lists every namespace of the thread.
     assert len(await _all(saver, {"configurable": {"thread_id": "a"}})) == 2
     assert len(await _all(saver, None, limit=3)) == 3
+
+
+async def test_list_pages_exactly_once_through_copies_sharing_checkpoint_ids(saver: StatekeelSaver) -> None:
+    cfg = None
+    for i in range(45):
+        cfg = await _put(saver, "src", {}, {}, {}, parent=cfg, step=i)
+    for target in ("copy-b", "copy-a"):
+        await saver.acopy_thread("src", target)
+    # 135 checkpoints, each id held by three threads: pages of 100 must split inside a group of equal ids
+    listed = [(t.checkpoint["id"], t.config["configurable"]["thread_id"]) for t in await _all(saver, None)]
+    assert len(listed) == len(set(listed)) == 135
+    assert listed == sorted(listed, reverse=True)
+    limited = await _all(saver, None, limit=101)
+    assert [(t.checkpoint["id"], t.config["configurable"]["thread_id"]) for t in limited] == listed[:101]
 
 
 async def test_metadata_filter_matches_by_value(saver: StatekeelSaver) -> None:
