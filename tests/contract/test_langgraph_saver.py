@@ -255,7 +255,7 @@ async def test_list_pages_exactly_once_through_copies_sharing_checkpoint_ids(sav
 
 async def test_metadata_filter_matches_by_value(saver: StatekeelSaver) -> None:
     await _put(saver, "t", {}, {}, {}, score=1, tags={"b": 2, "a": [1, "x"]}, note=None)
-    await _put(saver, "t", {}, {}, {}, score=2.5)
+    await _put(saver, "t", {}, {}, {}, score=2.5, **{'a.b"[0]': "odd key"})
     cfg = generate_config("t")
 
     async def match(**flt: Any) -> int:
@@ -270,6 +270,7 @@ async def test_metadata_filter_matches_by_value(saver: StatekeelSaver) -> None:
     assert await match(note=None) == 2  # null matches null and a missing key, like dict.get
     assert await match(missing=None, score=2.5) == 1
     assert await match(source="loop", score=1) == 1
+    assert await match(**{'a.b"[0]': "odd key"}) == 1
 
 
 async def test_unknown_checkpoint_id_gets_none_and_lists_nothing(
