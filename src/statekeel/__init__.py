@@ -35,8 +35,9 @@ from .errors import (
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
-from .store import Store, open_store
+from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
+from .traces import Span, TraceLog
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
@@ -65,14 +66,17 @@ __all__ = [
     "Session",
     "SessionLock",
     "SessionManager",
+    "Span",
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "StoreInfo",
     "SyncCallRefused",
     "TableCopy",
     "Task",
     "TaskManager",
+    "TraceLog",
     "UnserializableValue",
     "Workflow",
     "WorkflowEngine",

@@ -1,12 +1,10 @@
-"""The storage contract: one ABC per state kind, records as frozen dataclasses.
+"""The storage contract: one ABC per state kind.
 
 A backend is the composition of these ABCs (:class:`StorageBackend`). Every method is a state-semantic
 operation that is atomic on its own; ``async with backend.atomic():`` groups several into one transaction.
 Managers (``statekeel.sessions`` …) hold the semantics that do not depend on a backend and talk to storage
-only through this contract.
-
-Sequence numbers of a session's messages are dense and 0-based: ``head_seq`` is the number of messages
-ever appended, and the next message gets ``seq == head_seq``.
+only through this contract. The records they exchange (frozen dataclasses) live in
+:mod:`statekeel.backends.records` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,98 +13,91 @@ import abc
 import datetime as dt
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
-SESSION_STATUSES = ("active", "expired", "archived")
+from statekeel.backends.records import (
+    APPROVAL_STATUSES,
+    SESSION_STATUSES,
+    SPAN_STATUSES,
+    STEP_STATUSES,
+    TASK_STATUSES,
+    WORKFLOW_STATUSES,
+    ApprovalRecord,
+    ArchivedMessage,
+    AuditRecord,
+    ChannelBlob,
+    CheckpointRecord,
+    CheckpointWrite,
+    CopyTableInfo,
+    DatabaseFiles,
+    LoadedSession,
+    MessageRecord,
+    MigrationInfo,
+    NewCheckpoint,
+    NewMessage,
+    NewSpan,
+    NewTask,
+    NewWorkflowStep,
+    Page,
+    RowPage,
+    SessionLease,
+    SessionRecord,
+    Span,
+    StateCounts,
+    StepRecord,
+    TaskChange,
+    TaskRecord,
+    TypedBlob,
+    WorkflowRecord,
+    WorkflowStepRecord,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class MigrationInfo:
-    """One applied migration as recorded in ``schema_migrations``."""
-
-    version: int
-    name: str
-    checksum: str
-    applied_at: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """A session's row: everything but its messages."""
-
-    key: str
-    status: str
-    metadata: dict[str, Any]
-    last_consolidated: int
-    head_seq: int
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message to append: its role and its whole payload (the message dict, role included)."""
-
-    role: str
-    payload: bytes  # codec-encoded JSON object
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedSession:
-    """What a session load needs, read on one snapshot: the row, the message payloads in sequence order
-    (seq ``first_seq`` onwards, dense), and ``(compression_id, first_seq, upto_seq, summary)`` per
-    compression."""
-
-    record: SessionRecord
-    messages: list[dict[str, Any]]
-    first_seq: int
-    summaries: list[tuple[str, int, int, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class MessageRecord:
-    session_key: str
-    seq: int
-    role: str
-    payload: dict[str, Any]
-    created_at: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class ArchivedMessage:
-    """A message that compression moved out of the live history, with the summary that replaced it."""
-
-    session_key: str
-    compression_id: str
-    seq: int
-    payload: dict[str, Any]
-    summary: str
-    created_at: dt.datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One page of a listing; ``next_cursor`` is None on the last page."""
-
-    items: list[Any] = field(default_factory=list)
-    next_cursor: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLease:
-    """The cross-process lock of one session: who holds it, until when, and its fencing token.
-
-    ``token`` grows by one at every acquisition; a write fenced with an older token is refused with
-    ``LeaseLost``. ``acquired`` says whether the call that returned it took the lease.
-    """
-
-    key: str
-    owner: str | None
-    token: int
-    expires_at: dt.datetime
-    acquired: bool = False
+__all__ = [
+    "APPROVAL_STATUSES",
+    "SESSION_STATUSES",
+    "SPAN_STATUSES",
+    "STEP_STATUSES",
+    "TASK_STATUSES",
+    "WORKFLOW_STATUSES",
+    "ApprovalBackend",
+    "ApprovalRecord",
+    "ArchivedMessage",
+    "AuditBackend",
+    "AuditRecord",
+    "ChannelBlob",
+    "CheckpointBackend",
+    "CheckpointRecord",
+    "CheckpointWrite",
+    "CopyBackend",
+    "CopyTableInfo",
+    "DatabaseFiles",
+    "LifecycleBackend",
+    "LoadedSession",
+    "MessageRecord",
+    "MigrationInfo",
+    "NewCheckpoint",
+    "NewMessage",
+    "NewSpan",
+    "NewTask",
+    "NewWorkflowStep",
+    "Page",
+    "RowPage",
+    "SessionBackend",
+    "SessionLease",
+    "SessionRecord",
+    "Span",
+    "StateCounts",
+    "StepRecord",
+    "StorageBackend",
+    "TaskBackend",
+    "TaskChange",
+    "TaskRecord",
+    "TraceBackend",
+    "TypedBlob",
+    "WorkflowBackend",
+    "WorkflowRecord",
+    "WorkflowStepRecord",
+]
 
 
 class LifecycleBackend(abc.ABC):
@@ -130,6 +121,10 @@ class LifecycleBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def in_atomic(self) -> bool:
+        """True when the calling task is inside this backend's ``atomic()`` block."""
+
+    @abc.abstractmethod
     async def schema_version(self) -> int:
         """The highest applied migration version."""
 
@@ -140,6 +135,19 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def integrity_check(self) -> list[str]:
         """Problems found by the storage engine's own check; empty when healthy."""
+
+    @abc.abstractmethod
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        """``(version, name)`` of the migrations this code ships that the database has not applied."""
+
+    @abc.abstractmethod
+    async def count_state(self) -> StateCounts:
+        """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def database_files(self) -> DatabaseFiles | None:
+        """The sizes of the files the store lives in; None when it has none of its own (in memory, or
+        on a database server)."""
+        return None
 
 
 class SessionBackend(abc.ABC):
@@ -277,154 +285,6 @@ class SessionBackend(abc.ABC):
     @abc.abstractmethod
     async def read_session_lease(self, key: str) -> SessionLease | None:
         """The session's lease row, or None if it was never taken."""
-
-
-TASK_STATUSES = ("pending", "queued", "running", "suspended", "interrupted", "success", "failed", "cancelled")
-STEP_STATUSES = ("started", "succeeded", "failed")
-WORKFLOW_STATUSES = ("pending", "running", "success", "failed", "cancelled")
-APPROVAL_STATUSES = ("pending", "granted", "denied")
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRecord:
-    """A task's row. ``lease_owner`` is the worker that last claimed it (None once the task re-entered
-    running by a transition, without a claim); ``lease_expires_at`` is set only while it runs under a lease;
-    ``lease_epoch`` (the fencing token) grows by one at every claim and every other entry into running."""
-
-    id: str
-    workflow_id: str | None
-    parent_task_id: str | None
-    title: str
-    description: str | None
-    status: str
-    priority: int
-    result: Any
-    error: Any
-    retry_count: int
-    max_retries: int
-    metadata: dict[str, Any]
-    version: int
-    lease_owner: str | None
-    lease_expires_at: dt.datetime | None
-    lease_epoch: int
-    idempotency_key: str | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    started_at: dt.datetime | None
-    completed_at: dt.datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class NewTask:
-    """A task to insert; ``metadata`` is codec-encoded JSON."""
-
-    id: str
-    title: str
-    status: str = "pending"
-    description: str | None = None
-    priority: int = 5
-    max_retries: int = 3
-    metadata: bytes = b"{}"
-    workflow_id: str | None = None
-    parent_task_id: str | None = None
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TaskChange:
-    """The new values of a task's mutable fields, written by one conditional update.
-
-    ``result`` and ``error`` are codec-encoded JSON; None keeps the stored value.
-    """
-
-    status: str
-    retry_count: int
-    lease_expires_at: dt.datetime | None
-    started_at: dt.datetime | None
-    completed_at: dt.datetime | None
-    result: bytes | None = None
-    error: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One entry of a task's step journal. ``attempt`` counts the runs of ``fn`` that were started."""
-
-    task_id: str
-    step_key: str
-    status: str
-    attempt: int
-    result: Any
-    error: Any
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class NewWorkflowStep:
-    """A step of a workflow to create: its name, the names it depends on, and the task it becomes."""
-
-    name: str
-    depends_on: tuple[str, ...]
-    task: NewTask
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowStepRecord:
-    name: str
-    depends_on: tuple[str, ...]
-    task: TaskRecord
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowRecord:
-    """A workflow's row with its steps (in creation order), each with its task as stored now."""
-
-    id: str
-    name: str
-    status: str
-    metadata: dict[str, Any]
-    version: int
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    started_at: dt.datetime | None
-    completed_at: dt.datetime | None
-    steps: tuple[WorkflowStepRecord, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    """An audit row as stored. ``data`` is the canonical JSON text the hash was computed over."""
-
-    seq: int
-    kind: str
-    actor: str
-    subject: str
-    data: str
-    created_at: dt.datetime
-    prev_hash: str
-    hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRecord:
-    """An approval: requested, decided once (granted or denied), consumed at most once."""
-
-    id: str
-    subject: str
-    action: str
-    args: Any
-    args_hash: str
-    status: str
-    requested_by: str
-    requested_at: dt.datetime
-    expires_at: dt.datetime | None
-    decided_by: str | None
-    decided_at: dt.datetime | None
-    reason: str | None
-    consumed_by: str | None
-    consumed_at: dt.datetime | None
-    version: int
 
 
 class TaskBackend(abc.ABC):
@@ -608,25 +468,36 @@ class ApprovalBackend(abc.ABC):
         """Undecided, unexpired approvals, oldest first."""
 
 
-@dataclass(frozen=True, slots=True)
-class CopyTableInfo:
-    """A table ``copy_store`` moves: its primary key, the self-references set in a second pass
-    (``links``), whether its rows can never be deleted (``append_only``), and the positions in an
-    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend)."""
+class TraceBackend(abc.ABC):
+    """Spans (the buffered tier): written in batches, read by trace and by start time."""
 
-    name: str
-    key: tuple[str, ...]
-    links: tuple[str, ...] = ()
-    append_only: bool = False
-    json_columns: tuple[int, ...] = ()
+    @abc.abstractmethod
+    async def write_spans(self, spans: Sequence[NewSpan], *, dropped: int = 0) -> None:
+        """Upsert ``spans`` by ``(trace_id, span_id)`` in order (a later span replaces an earlier one with
+        the same ids) and add ``dropped`` to the store's count of spans lost to buffer overflow, in one
+        transaction."""
 
+    @abc.abstractmethod
+    async def read_trace(self, trace_id: str) -> list[Span]:
+        """A trace's spans in start order (then by ``span_id``); empty when there are none."""
 
-@dataclass(frozen=True, slots=True)
-class RowPage:
-    """One page of verbatim rows of a table, in primary-key order; ``last_key`` is the last row's key."""
+    @abc.abstractmethod
+    async def query_spans(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Spans with ``since <= started_at < until``, newest first (by ``started_at``, then trace and
+        span id, descending), cursor-paginated."""
 
-    rows: list[tuple[Any, ...]]
-    last_key: tuple[Any, ...] | None
+    @abc.abstractmethod
+    async def spans_dropped(self) -> int:
+        """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""
 
 
 class CopyBackend(abc.ABC):
@@ -671,76 +542,6 @@ class CopyBackend(abc.ABC):
         """A name of the physical database, equal for two stores open on the same one whatever their
         URLs; None when there is none (an in-memory store). ``copy_store`` refuses to copy onto itself."""
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class TypedBlob:
-    """A value as a framework's serializer wrote it: the serializer's type tag and its bytes.
-
-    statekeel stores these opaquely (LangGraph's ``serde.dumps_typed`` output); ``type == "empty"`` with
-    ``data is None`` marks a channel that has a version but no value.
-    """
-
-    type: str
-    data: bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelBlob:
-    """One channel's value at one version; stored once per (thread, namespace, channel, version)."""
-
-    channel: str
-    version: str
-    value: TypedBlob
-
-
-@dataclass(frozen=True, slots=True)
-class NewCheckpoint:
-    """A checkpoint to store in one transaction: its row and the channel values new in it.
-
-    ``checkpoint`` is the serialized checkpoint without its channel values; ``channel_versions`` is
-    codec-encoded JSON ``{channel: version}`` (the blobs a load joins); ``metadata`` is a codec-encoded JSON
-    object (filterable); ``run_id`` is the metadata's run id as text, if any.
-    """
-
-    thread_id: str
-    checkpoint_ns: str
-    checkpoint_id: str
-    parent_checkpoint_id: str | None
-    checkpoint: TypedBlob
-    metadata: bytes
-    channel_versions: bytes
-    run_id: str | None
-    blobs: tuple[ChannelBlob, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointWrite:
-    """A pending write of a task, linked to the checkpoint it follows. ``idx`` is its position in the
-    task's writes, or a fixed negative slot for special channels (errors, interrupts)."""
-
-    task_id: str
-    idx: int
-    channel: str
-    value: TypedBlob
-    task_path: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointRecord:
-    """A stored checkpoint with everything a load returns: the serialized checkpoint, its metadata, the
-    values of its channels at its versions (channels without a value omitted) and its pending writes in
-    ``(task_path, task_id, idx)`` order."""
-
-    thread_id: str
-    checkpoint_ns: str
-    checkpoint_id: str
-    parent_checkpoint_id: str | None
-    checkpoint: TypedBlob
-    metadata: dict[str, Any]
-    channel_values: dict[str, TypedBlob]
-    pending_writes: tuple[CheckpointWrite, ...]
-    created_at: dt.datetime
 
 
 class CheckpointBackend(abc.ABC):
@@ -821,6 +622,7 @@ class StorageBackend(
     WorkflowBackend,
     AuditBackend,
     ApprovalBackend,
+    TraceBackend,
     CheckpointBackend,
     CopyBackend,
     abc.ABC,
