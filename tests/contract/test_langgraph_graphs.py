@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("langgraph.graph")
 
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -247,3 +248,48 @@ async def test_delta_channel_is_rebuilt_from_stored_writes(store: statekeel.Stor
         after = page[-1][:4]
     whole = sum(len(saver.serde.dumps_typed(list(range(1, k + 1)))[1]) for k in range(1, 41))
     assert 0 < items < whole / 2
+
+
+class TwoLists(TypedDict):
+    items: Annotated[list[int], DeltaChannel(_extend, snapshot_frequency=1000)]
+    marks: Annotated[list[int], DeltaChannel(_extend, snapshot_frequency=9)]
+    step: int
+
+
+async def test_delta_channel_history_equals_the_base_walk_across_pages_and_forks(
+    store: statekeel.Store,
+) -> None:
+    def work(state: TwoLists) -> dict[str, Any]:
+        step = state["step"] + 1
+        return {"items": [step], "marks": [step] if step % 3 == 0 else [], "step": step}
+
+    def side(state: TwoLists) -> dict[str, Any]:
+        return {"items": [-state["step"]]}  # a second writer to the same channel in the same step
+
+    builder = StateGraph(TwoLists)
+    builder.add_node("work", work)
+    builder.add_node("side", side)
+    builder.add_edge(START, "work")
+    builder.add_edge(START, "side")
+    builder.add_conditional_edges("work", lambda s: END if s["step"] >= 130 else "work")
+    saver = StatekeelSaver(store)
+    graph = builder.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "walk"}, "recursion_limit": 300}
+    await graph.ainvoke({"items": [], "marks": [], "step": 0}, config)
+    history = [s async for s in graph.aget_state_history(config)]
+    fork = await graph.aupdate_state(history[60].config, {"items": [1000]})
+    await graph.ainvoke(None, {**fork, "recursion_limit": 300})
+    configs = [s.config async for s in graph.aget_state_history(config)] + [config]
+    assert len(configs) > 150  # the main chain is longer than one page (100) of ancestors
+    for cfg in [*configs[:3], *configs[40:200:40], *configs[-3:]]:
+        ours = await saver.aget_delta_channel_history(config=cfg, channels=["items", "marks", "absent"])
+        walked = await BaseCheckpointSaver.aget_delta_channel_history(
+            saver, config=cfg, channels=["items", "marks", "absent"]
+        )
+        assert ours == walked
+    final = await graph.aget_state(config)
+    assert final.values["items"][-1] == 130 and 1000 in final.values["items"]
+    # LangGraph's sync API takes the same path from a worker thread
+    assert await asyncio.to_thread(
+        saver.get_delta_channel_history, config=config, channels=["marks"]
+    ) == await saver.aget_delta_channel_history(config=config, channels=["marks"])

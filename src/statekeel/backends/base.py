@@ -26,6 +26,7 @@ from statekeel.backends.records import (
     ArchivedMessage,
     AuditRecord,
     ChannelBlob,
+    CheckpointLineage,
     CheckpointRecord,
     CheckpointWrite,
     CopyTableInfo,
@@ -66,6 +67,7 @@ __all__ = [
     "AuditRecord",
     "ChannelBlob",
     "CheckpointBackend",
+    "CheckpointLineage",
     "CheckpointRecord",
     "CheckpointWrite",
     "CopyBackend",
@@ -594,6 +596,21 @@ class CheckpointBackend(abc.ABC):
         metadata has each key equal to its value (a null value also matches a missing key). ``after``
         is ``(checkpoint_id, thread_id, checkpoint_ns)``: only checkpoints strictly after it in this
         order (``(before_id, "", "")`` lists those with an id below ``before_id``)."""
+
+    @abc.abstractmethod
+    async def checkpoint_lineage(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        channels: Sequence[str],
+        *,
+        limit: int = 100,
+    ) -> list[CheckpointLineage]:
+        """The checkpoint (the newest of the thread and namespace when ``checkpoint_id`` is None) and
+        its ancestors by parent id, nearest first, at most ``limit`` in all, read on one snapshot; each
+        with the values and pending writes of ``channels`` only. Empty when the checkpoint is not stored;
+        the chain ends at a parent id that names no stored checkpoint."""
 
     @abc.abstractmethod
     async def delete_checkpoint_thread(self, thread_id: str) -> int:

@@ -408,3 +408,15 @@ class CheckpointRecord:
     channel_values: dict[str, TypedBlob]
     pending_writes: tuple[CheckpointWrite, ...]
     created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointLineage:
+    """One checkpoint of a parent chain, with only the requested channels: their values at this
+    checkpoint (channels without a value omitted) and the pending writes to them, in
+    ``(task_path, task_id, idx)`` order."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    values: dict[str, TypedBlob]
+    writes: tuple[CheckpointWrite, ...]

@@ -43,6 +43,8 @@ try:
         Checkpoint,
         CheckpointMetadata,
         CheckpointTuple,
+        DeltaChannelHistory,
+        PendingWrite,
         get_serializable_checkpoint_metadata,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -453,6 +455,48 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
             [_text(t, "thread_id", coerce=True) for t in thread_ids], keep_latest=strategy == "keep_latest"
         )
 
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """For LangGraph's ``DeltaChannel``: per channel, the writes stored along the parent chain of the
+        config's checkpoint (oldest first) back to the nearest ancestor holding a value (the ``seed``).
+
+        The same answer as the base class's walk, read a page of ancestors at a time instead of one
+        checkpoint per read.
+        """
+        self._bind()
+        if not channels:
+            return {}
+        conf = _configurable(config)
+        thread_id, ns = _thread(conf)
+        wanted = [_text(ch, "channel name") for ch in channels]
+        collected: dict[str, list[PendingWrite]] = {ch: [] for ch in wanted}
+        seeds: dict[str, Any] = {}
+        remaining = set(wanted)
+        start, skip_target = _checkpoint_id(conf), True
+        while remaining:
+            line = await self.store.backend.checkpoint_lineage(thread_id, ns, start, wanted, limit=_PAGE)
+            # The target's own writes are pending for its next step: the walk starts at its parent.
+            for entry in line[1:] if skip_target else line:
+                for w in reversed(entry.writes):
+                    if w.channel in remaining:
+                        collected[w.channel].append((w.task_id, w.channel, self._load(w.value)))
+                for ch in [ch for ch in wanted if ch in remaining and ch in entry.values]:
+                    seeds[ch] = self._load(entry.values[ch])
+                    remaining.discard(ch)
+                if not remaining:
+                    break
+            if len(line) < _PAGE or line[-1].parent_checkpoint_id is None:
+                break
+            start, skip_target = line[-1].parent_checkpoint_id, False
+        result: dict[str, DeltaChannelHistory] = {}
+        for ch in wanted:
+            history: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
+            if ch in seeds:
+                history["seed"] = seeds[ch]
+            result[ch] = history
+        return result
+
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions ``<counter>.<random>``: increasing, and distinct between two branches forked from one
         checkpoint, so their values never share a blob."""
@@ -528,6 +572,14 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._sync("prune", lambda: self.aprune(thread_ids, strategy=strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self._sync(
+            "get_delta_channel_history",
+            lambda: self.aget_delta_channel_history(config=config, channels=channels),
+        )
 
 
 async def _next(items: AsyncIterator[T]) -> T:

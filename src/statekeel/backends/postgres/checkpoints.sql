@@ -1,5 +1,7 @@
 -- Graph checkpoints. Parameters ($1, $2 …) are in the same order as SQLite's ?1, ?2.
--- Lists of keys travel as one JSON array parameter: no SQL is built from the number of keys.
+-- Lists of keys travel as one JSON array parameter: no SQL is built from the number of keys. Joins on such
+-- lists are LATERAL primary-key lookups (LIMIT / OFFSET keep the planner from flattening them into a join
+-- that scans the thread), so the plan does not depend on statistics, which a new table does not have.
 
 -- name: checkpoint_exists
 SELECT 1 AS found FROM checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3;
@@ -70,17 +72,22 @@ ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC LIMIT $5;
 -- The channel values of the checkpoints named by $1, a JSON array of [thread_id, checkpoint_ns, id].
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, b.channel, b.type, b.blob
 FROM jsonb_array_elements($1::jsonb) k
-JOIN checkpoints c ON c.thread_id = k ->> 0 AND c.checkpoint_ns = k ->> 1 AND c.checkpoint_id = k ->> 2
+CROSS JOIN LATERAL (
+    SELECT thread_id, checkpoint_ns, checkpoint_id, channel_versions FROM checkpoints
+    WHERE thread_id = k ->> 0 AND checkpoint_ns = k ->> 1 AND checkpoint_id = k ->> 2 LIMIT 1) c
 CROSS JOIN LATERAL jsonb_each_text(c.channel_versions) v
-JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
-    AND b.channel = v.key AND b.version = v.value
-WHERE b.type <> 'empty';
+CROSS JOIN LATERAL (
+    SELECT channel, type, blob FROM checkpoint_blobs
+    WHERE thread_id = c.thread_id AND checkpoint_ns = c.checkpoint_ns AND channel = v.key
+      AND version = v.value AND type <> 'empty' LIMIT 1) b;
 
 -- name: checkpoint_writes_for
 SELECT w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx, w.channel, w.type, w.blob,
        w.task_path
 FROM jsonb_array_elements($1::jsonb) k
-JOIN checkpoint_writes w ON w.thread_id = k ->> 0 AND w.checkpoint_ns = k ->> 1 AND w.checkpoint_id = k ->> 2
+CROSS JOIN LATERAL (
+    SELECT * FROM checkpoint_writes
+    WHERE thread_id = k ->> 0 AND checkpoint_ns = k ->> 1 AND checkpoint_id = k ->> 2 OFFSET 0) w
 ORDER BY w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_path, w.task_id, w.idx;
 
 -- name: checkpoint_thread_delete
@@ -101,16 +108,17 @@ WHERE b.thread_id = $1 AND NOT EXISTS (
       AND v.value = b.version);
 
 -- name: checkpoint_runs_threads
-SELECT DISTINCT thread_id FROM checkpoints WHERE run_id IN (SELECT jsonb_array_elements_text($1::jsonb));
+SELECT DISTINCT thread_id FROM checkpoints
+WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text($1::jsonb)));
 
 -- name: checkpoint_runs_writes_delete
 DELETE FROM checkpoint_writes w
 USING checkpoints c
-WHERE c.run_id IN (SELECT jsonb_array_elements_text($1::jsonb)) AND c.thread_id = w.thread_id
+WHERE c.run_id = ANY (ARRAY(SELECT jsonb_array_elements_text($1::jsonb))) AND c.thread_id = w.thread_id
   AND c.checkpoint_ns = w.checkpoint_ns AND c.checkpoint_id = w.checkpoint_id;
 
 -- name: checkpoint_runs_delete
-DELETE FROM checkpoints WHERE run_id IN (SELECT jsonb_array_elements_text($1::jsonb));
+DELETE FROM checkpoints WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text($1::jsonb)));
 
 -- name: checkpoint_prune_writes_delete
 -- Writes of every checkpoint of the thread but the newest of its namespace.
@@ -144,3 +152,34 @@ INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id,
 SELECT $2, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
 FROM checkpoint_writes WHERE thread_id = $1
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING;
+
+-- name: checkpoint_lineage
+-- A checkpoint and its ancestors by parent id, nearest first, at most $4 (which also ends a cycle).
+WITH RECURSIVE line(checkpoint_id, parent_checkpoint_id, channel_versions, depth) AS (
+    SELECT checkpoint_id, parent_checkpoint_id, channel_versions, 0 FROM checkpoints
+    WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3
+    UNION ALL
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, c.channel_versions, line.depth + 1
+    FROM line CROSS JOIN LATERAL (
+        SELECT checkpoint_id, parent_checkpoint_id, channel_versions FROM checkpoints
+        WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = line.parent_checkpoint_id LIMIT 1) c
+    WHERE line.depth + 1 < $4
+)
+SELECT checkpoint_id, parent_checkpoint_id, channel_versions FROM line ORDER BY depth;
+
+-- name: checkpoint_lineage_blobs
+-- The stored values among $3, a JSON array of [channel, version].
+SELECT b.channel, b.version, b.type, b.blob
+FROM jsonb_array_elements($3::jsonb) p
+CROSS JOIN LATERAL (
+    SELECT channel, version, type, blob FROM checkpoint_blobs
+    WHERE thread_id = $1 AND checkpoint_ns = $2 AND channel = p ->> 0 AND version = p ->> 1
+      AND type <> 'empty' LIMIT 1) b;
+
+-- name: checkpoint_lineage_writes
+-- The writes to the channels $4 of the checkpoints $3 (JSON arrays of text).
+SELECT checkpoint_id, task_id, idx, channel, type, blob, task_path FROM checkpoint_writes
+WHERE thread_id = $1 AND checkpoint_ns = $2
+  AND checkpoint_id = ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)))
+  AND channel = ANY (ARRAY(SELECT jsonb_array_elements_text($4::jsonb)))
+ORDER BY checkpoint_id, task_path, task_id, idx;

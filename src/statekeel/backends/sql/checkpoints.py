@@ -16,6 +16,7 @@ import orjson
 
 from ..base import (
     CheckpointBackend,
+    CheckpointLineage,
     CheckpointRecord,
     CheckpointWrite,
     NewCheckpoint,
@@ -29,6 +30,16 @@ Key = tuple[str, str, str]
 def _blob(value: Any) -> bytes | None:
     # asyncpg returns bytes, sqlite3 bytes; a memoryview can come from either driver's buffers.
     return None if value is None else bytes(value)
+
+
+def _write(row: Row) -> CheckpointWrite:
+    return CheckpointWrite(
+        task_id=row["task_id"],
+        idx=row["idx"],
+        channel=row["channel"],
+        value=TypedBlob(row["type"], _blob(row["blob"])),
+        task_path=row["task_path"],
+    )
 
 
 def _key(row: Row) -> Key:
@@ -45,15 +56,7 @@ async def _records(tx: Tx, rows: Sequence[Row]) -> list[CheckpointRecord]:
         values.setdefault(_key(b), {})[b["channel"]] = TypedBlob(b["type"], _blob(b["blob"]))
     writes: dict[Key, list[CheckpointWrite]] = {}
     for w in await tx.fetchall("checkpoint_writes_for", keys):
-        writes.setdefault(_key(w), []).append(
-            CheckpointWrite(
-                task_id=w["task_id"],
-                idx=w["idx"],
-                channel=w["channel"],
-                value=TypedBlob(w["type"], _blob(w["blob"])),
-                task_path=w["task_path"],
-            )
-        )
+        writes.setdefault(_key(w), []).append(_write(w))
     out = []
     for row in rows:
         key = _key(row)
@@ -159,6 +162,53 @@ async def op_list_checkpoints(
     return await _records(tx, rows)
 
 
+async def op_checkpoint_lineage(
+    tx: Tx, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: Sequence[str], limit: int
+) -> list[CheckpointLineage]:
+    if checkpoint_id is None:
+        latest = await tx.fetchone("checkpoint_latest", thread_id, checkpoint_ns)
+        if latest is None:
+            return []
+        checkpoint_id = latest["checkpoint_id"]
+    line = await tx.fetchall("checkpoint_lineage", thread_id, checkpoint_ns, checkpoint_id, limit)
+    if not line:
+        return []
+    wanted = set(channels)
+    versions = [
+        {ch: v for ch, v in tx.json_out(row["channel_versions"]).items() if ch in wanted} for row in line
+    ]
+    pairs = sorted({(ch, v) for vs in versions for ch, v in vs.items()})
+    blobs = (
+        {
+            (b["channel"], b["version"]): TypedBlob(b["type"], _blob(b["blob"]))
+            for b in await tx.fetchall(
+                "checkpoint_lineage_blobs", thread_id, checkpoint_ns, orjson.dumps(pairs).decode("utf-8")
+            )
+        }
+        if pairs
+        else {}
+    )
+    ids = orjson.dumps([row["checkpoint_id"] for row in line]).decode("utf-8")
+    writes: dict[str, list[CheckpointWrite]] = {}
+    for w in await tx.fetchall(
+        "checkpoint_lineage_writes",
+        thread_id,
+        checkpoint_ns,
+        ids,
+        orjson.dumps(sorted(wanted)).decode("utf-8"),
+    ):
+        writes.setdefault(w["checkpoint_id"], []).append(_write(w))
+    return [
+        CheckpointLineage(
+            checkpoint_id=row["checkpoint_id"],
+            parent_checkpoint_id=row["parent_checkpoint_id"],
+            values={ch: blobs[(ch, v)] for ch, v in vs.items() if (ch, v) in blobs},
+            writes=tuple(writes.get(row["checkpoint_id"], ())),
+        )
+        for row, vs in zip(line, versions, strict=True)
+    ]
+
+
 async def _drop_unused_blobs(tx: Tx, thread_ids: Sequence[str]) -> None:
     for thread_id in thread_ids:
         await tx.execute("checkpoint_blobs_unused_delete", thread_id)
@@ -236,6 +286,19 @@ class SqlCheckpoints(SqlBackend, CheckpointBackend):
         filter_text = None if metadata_filter is None else metadata_filter.decode("utf-8")
         return await self._read(
             op_list_checkpoints, thread_id, checkpoint_ns, checkpoint_id, filter_text, after, limit
+        )
+
+    async def checkpoint_lineage(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        channels: Sequence[str],
+        *,
+        limit: int = 100,
+    ) -> list[CheckpointLineage]:
+        return await self._read(
+            op_checkpoint_lineage, thread_id, checkpoint_ns, checkpoint_id, tuple(channels), limit
         )
 
     async def delete_checkpoint_thread(self, thread_id: str) -> int:

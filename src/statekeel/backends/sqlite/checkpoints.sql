@@ -83,12 +83,13 @@ ORDER BY checkpoint_id DESC, thread_id DESC, checkpoint_ns DESC LIMIT ?5;
 
 -- name: checkpoint_blobs_for
 -- The channel values of the checkpoints named by ?1, a JSON array of [thread_id, checkpoint_ns, id].
+-- CROSS JOIN fixes the order: keys, their checkpoints, their versions, then one blob lookup each.
 SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, b.channel, b.type, b.blob
 FROM json_each(?1) k
-JOIN checkpoints c ON c.thread_id = json_extract(k.value, '$[0]')
+CROSS JOIN checkpoints c ON c.thread_id = json_extract(k.value, '$[0]')
     AND c.checkpoint_ns = json_extract(k.value, '$[1]') AND c.checkpoint_id = json_extract(k.value, '$[2]')
-JOIN json_each(c.channel_versions) v
-JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
+CROSS JOIN json_each(c.channel_versions) v
+CROSS JOIN checkpoint_blobs b ON b.thread_id = c.thread_id AND b.checkpoint_ns = c.checkpoint_ns
     AND b.channel = v.key AND b.version = v.value
 WHERE b.type <> 'empty';
 
@@ -96,7 +97,7 @@ WHERE b.type <> 'empty';
 SELECT w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.idx, w.channel, w.type, w.blob,
        w.task_path
 FROM json_each(?1) k
-JOIN checkpoint_writes w ON w.thread_id = json_extract(k.value, '$[0]')
+CROSS JOIN checkpoint_writes w ON w.thread_id = json_extract(k.value, '$[0]')
     AND w.checkpoint_ns = json_extract(k.value, '$[1]') AND w.checkpoint_id = json_extract(k.value, '$[2]')
 ORDER BY w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_path, w.task_id, w.idx;
 
@@ -162,3 +163,32 @@ INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id,
 SELECT ?2, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
 FROM checkpoint_writes WHERE thread_id = ?1
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING;
+
+-- name: checkpoint_lineage
+-- A checkpoint and its ancestors by parent id, nearest first, at most ?4 (which also ends a cycle).
+WITH RECURSIVE line(checkpoint_id, parent_checkpoint_id, channel_versions, depth) AS (
+    SELECT checkpoint_id, parent_checkpoint_id, channel_versions, 0 FROM checkpoints
+    WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id = ?3
+    UNION ALL
+    SELECT c.checkpoint_id, c.parent_checkpoint_id, c.channel_versions, line.depth + 1
+    FROM line JOIN checkpoints c ON c.thread_id = ?1 AND c.checkpoint_ns = ?2
+        AND c.checkpoint_id = line.parent_checkpoint_id
+    WHERE line.depth + 1 < ?4
+)
+SELECT checkpoint_id, parent_checkpoint_id, channel_versions FROM line ORDER BY depth;
+
+-- name: checkpoint_lineage_blobs
+-- The stored values among ?3, a JSON array of [channel, version]. CROSS JOIN keeps the list outer: one
+-- primary-key lookup per pair, not a scan of the thread's blobs per pair.
+SELECT b.channel, b.version, b.type, b.blob
+FROM json_each(?3) p
+CROSS JOIN checkpoint_blobs b ON b.thread_id = ?1 AND b.checkpoint_ns = ?2
+    AND b.channel = json_extract(p.value, '$[0]') AND b.version = json_extract(p.value, '$[1]')
+WHERE b.type <> 'empty';
+
+-- name: checkpoint_lineage_writes
+-- The writes to the channels ?4 of the checkpoints ?3 (JSON arrays of text).
+SELECT checkpoint_id, task_id, idx, channel, type, blob, task_path FROM checkpoint_writes
+WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id IN (SELECT value FROM json_each(?3))
+  AND channel IN (SELECT value FROM json_each(?4))
+ORDER BY checkpoint_id, task_path, task_id, idx;
