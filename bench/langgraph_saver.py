@@ -156,6 +156,7 @@ async def run_once(open_: Opener, directory: str, steps: int, delta: bool) -> di
         total = time.perf_counter() - started
         state = await graph.aget_state(config)
         history = [s async for s in graph.aget_state_history(config)]
+        history_read = await _time_delta_history(saver, config) if delta else None
         if isinstance(saver, StatekeelSaver) and saver.store.url.startswith("postgres"):
             row = await _pg_sizes(saver)
             await saver.adelete_thread("bench-thread")
@@ -167,7 +168,30 @@ async def run_once(open_: Opener, directory: str, steps: int, delta: bool) -> di
     assert (last["id"] if isinstance(last, dict) else last.id) == f"m{steps}"
     assert state.values["notes"].startswith("revision")
     assert len(history) == steps + 2, len(history)  # the input checkpoint, step 0, and one per step
-    return {"aput_s": times, "total_s": total, "sizes": row}
+    return {"aput_s": times, "total_s": total, "sizes": row, "history_read": history_read}
+
+
+async def _time_delta_history(saver: Any, config: Any) -> tuple[float, float] | None:
+    """Median time to read the DeltaChannel history of the thread's last checkpoint: the saver's own
+    ``aget_delta_channel_history`` and the base class's walk (one ``aget_tuple`` per ancestor)."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
+    if type(saver).aget_delta_channel_history is BaseCheckpointSaver.aget_delta_channel_history:
+        return None  # the saver uses the walk itself
+
+    async def median(read: Callable[[], Awaitable[Any]]) -> float:
+        times = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            await read()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    ours = await median(lambda: saver.aget_delta_channel_history(config=config, channels=["messages"]))
+    walk = await median(
+        lambda: BaseCheckpointSaver.aget_delta_channel_history(saver, config=config, channels=["messages"])
+    )
+    return ours, walk
 
 
 async def _pg_sizes(saver: StatekeelSaver) -> tuple[int, int]:
@@ -219,6 +243,7 @@ async def main() -> None:
     ]
     if args.pg:
         savers.append(("statekeel (postgresql)", postgres_opener(args.pg), None, None, False))
+        savers.append(("statekeel (postgresql) + DeltaChannel", postgres_opener(args.pg), None, None, True))
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in savers}
     for repeat in range(args.repeats):
         order = savers[repeat % len(savers) :] + savers[: repeat % len(savers)]
@@ -247,6 +272,19 @@ async def main() -> None:
             f"| {name} | {statistics.median(aput) * 1e6:,.0f} | {statistics.median(p95) * 1e6:,.0f} | "
             f"{statistics.median(total) * 1e3:,.0f} | {disk / 1e6:.2f} | {data / 1e6:.2f} |"
         )
+
+    reads = {name: [r["history_read"] for r in runs] for name, runs in results.items()}
+    reads = {name: rs for name, rs in reads.items() if rs and rs[0] is not None}
+    if reads:
+        print()
+        print("Reading the DeltaChannel history of the last checkpoint (back to the last snapshot):")
+        print()
+        print("| saver | aget_delta_channel_history ms | the base class's walk ms |")
+        print("|---|---:|---:|")
+        for name, rs in reads.items():
+            ours = statistics.median(r[0] for r in rs)
+            walk = statistics.median(r[1] for r in rs)
+            print(f"| {name} | {ours * 1e3:.1f} | {walk * 1e3:.1f} |")
 
 
 if __name__ == "__main__":
