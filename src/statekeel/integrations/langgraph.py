@@ -461,8 +461,8 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
         """For LangGraph's ``DeltaChannel``: per channel, the writes stored along the parent chain of the
         config's checkpoint (oldest first) back to the nearest ancestor holding a value (the ``seed``).
 
-        The same answer as the base class's walk, read a page of ancestors at a time instead of one
-        checkpoint per read.
+        The same answer as the base class's walk, read in pages of ancestors (growing from 8) instead of
+        one checkpoint per read.
         """
         self._bind()
         if not channels:
@@ -474,8 +474,11 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
         seeds: dict[str, Any] = {}
         remaining = set(wanted)
         start, skip_target = _checkpoint_id(conf), True
+        # Pages grow (8, 32, 128, 512 …): a snapshot a few steps back costs one small read, a long walk
+        # a few reads.
+        page = 8
         while remaining:
-            line = await self.store.backend.checkpoint_lineage(thread_id, ns, start, wanted, limit=_PAGE)
+            line = await self.store.backend.checkpoint_lineage(thread_id, ns, start, wanted, limit=page)
             # The target's own writes are pending for its next step: the walk starts at its parent.
             for entry in line[1:] if skip_target else line:
                 for w in reversed(entry.writes):
@@ -486,9 +489,10 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
                     remaining.discard(ch)
                 if not remaining:
                     break
-            if len(line) < _PAGE or line[-1].parent_checkpoint_id is None:
+            if len(line) < page or line[-1].parent_checkpoint_id is None:
                 break
             start, skip_target = line[-1].parent_checkpoint_id, False
+            page = min(page * 4, 512)
         result: dict[str, DeltaChannelHistory] = {}
         for ch in wanted:
             history: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
