@@ -5,6 +5,7 @@ called through LangGraph's sync API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import operator
 import os
 from typing import Annotated, Any, TypedDict
@@ -105,17 +106,29 @@ async def test_graph_interrupts_and_resumes_from_the_store(store: statekeel.Stor
 
 
 async def test_graph_resumes_with_a_new_store_on_the_same_database(store_url: str, tmp_path: Any) -> None:
-    if store_url == "memory://":
-        pytest.skip("a memory:// store ends with its process")
     fallback = os.path.join(os.fspath(tmp_path), "fb")
+    # memory:// lives as long as its store: there the second saver is a new one on the same open store
+    shared = (
+        await statekeel.open_store(store_url, fallback_dir=fallback) if store_url == "memory://" else None
+    )
+
+    def open_saver() -> Any:
+        if shared is not None:
+            return contextlib.nullcontext(StatekeelSaver(shared))
+        return StatekeelSaver.from_url(store_url, fallback_dir=fallback)
+
     ran: list[str] = []
-    async with StatekeelSaver.from_url(store_url, fallback_dir=fallback) as saver:
-        await _build(ran).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, CFG)
-    ran.clear()
-    async with StatekeelSaver.from_url(store_url, fallback_dir=fallback) as saver:
-        graph = _build(ran).compile(checkpointer=saver)
-        assert (await graph.aget_state(CFG)).next == ("review",)
-        out = await graph.ainvoke(Command(resume="yes"), CFG)
+    try:
+        async with open_saver() as saver:
+            await _build(ran).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, CFG)
+        ran.clear()
+        async with open_saver() as saver:
+            graph = _build(ran).compile(checkpointer=saver)
+            assert (await graph.aget_state(CFG)).next == ("review",)
+            out = await graph.ainvoke(Command(resume="yes"), CFG)
+    finally:
+        if shared is not None:
+            await shared.close()
     assert _sorted_log(out) == FINAL
     assert ran == ["review", "publish"]
 
