@@ -31,6 +31,9 @@ from .errors import (
     StepInDoubt,
     StorageCorrupt,
     SyncCallRefused,
+    ToolCallAlreadyAnswered,
+    TranscriptError,
+    UnknownToolCall,
     UnserializableValue,
 )
 from .fallback import ReplayReport
@@ -76,7 +79,10 @@ __all__ = [
     "TableCopy",
     "Task",
     "TaskManager",
+    "ToolCallAlreadyAnswered",
     "TraceLog",
+    "TranscriptError",
+    "UnknownToolCall",
     "UnserializableValue",
     "Workflow",
     "WorkflowEngine",
