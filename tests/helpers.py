@@ -6,10 +6,13 @@ Fixtures live in ``conftest.py``; plain functions and constants live here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
+import re
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -180,3 +183,41 @@ class RawDb:
         with pytest.raises(sqlite3.IntegrityError) as info:
             await self.execute(sql, *args)
         return str(info.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """The store the UI tests browse (built in ``tests/ui/conftest.py``): what it holds, by name."""
+
+    path: Path
+    url: str
+    evil_key: str  # a session key holding markup
+    xss: str  # markup that changes the page's title if it ever runs
+    tampered_seq: int  # the audit entry changed behind the triggers
+    task_with_steps: str
+    running_task: str
+    workflow_id: str
+    pending_approvals: int
+
+
+@contextlib.contextmanager
+def ui_process(*args: str) -> Iterator[str]:
+    """``statekeel ui`` in a subprocess on a free port; yields its base URL, then stops it (SIGTERM) and
+    checks that it exited 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "statekeel.cli", "ui", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "STATEKEEL_UI_TOKEN"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the socket listens
+        found = re.search(r"at (http://\S+)", line)
+        assert found, f"no address in {line!r}"
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
