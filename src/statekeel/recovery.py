@@ -130,21 +130,15 @@ async def _repair_session(store: Store, report: RecoveryReport, repair: bool, ke
 
 
 async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool) -> None:
-    cursor: str | None = None
-    while True:
-        page = await store.backend.list_sessions(status="active", limit=_PAGE, cursor=cursor)
-        for record in page.items:
-            try:
-                await _repair_session(store, report, repair, record.key)
-            except (ConflictError, LeaseLost):
-                report.sessions_busy.append(record.key)
-            except StatekeelError as exc:
-                # One damaged session must not stop the repair of the others nor the task recovery.
-                log.warning("could not check or repair session %r: %s", record.key, exc)
-                report.sessions_failed[record.key] = str(exc)
-        if page.next_cursor is None:
-            return
-        cursor = page.next_cursor
+    async for record in store.sessions.iter(status="active", page_size=_PAGE):
+        try:
+            await _repair_session(store, report, repair, record.key)
+        except (ConflictError, LeaseLost):
+            report.sessions_busy.append(record.key)
+        except StatekeelError as exc:
+            # One damaged session must not stop the repair of the others nor the task recovery.
+            log.warning("could not check or repair session %r: %s", record.key, exc)
+            report.sessions_failed[record.key] = str(exc)
 
 
 async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
