@@ -201,11 +201,12 @@ class Prepared:
 
 
 @contextlib.contextmanager
-def ui_process(*args: str) -> Iterator[str]:
+def ui_process(*args: str, cwd: Path | None = None) -> Iterator[str]:
     """``statekeel ui`` in a subprocess on a free port; yields its base URL, then stops it (SIGTERM) and
     checks that it exited 0."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "statekeel.cli", "ui", "--port", "0", *args],
+        cwd=cwd,
+        args=[sys.executable, "-m", "statekeel.cli", "ui", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
