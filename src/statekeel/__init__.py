@@ -34,6 +34,7 @@ from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
+from .traces import Span, TraceLog
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
@@ -61,6 +62,7 @@ __all__ = [
     "Session",
     "SessionLock",
     "SessionManager",
+    "Span",
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
@@ -69,6 +71,7 @@ __all__ = [
     "TableCopy",
     "Task",
     "TaskManager",
+    "TraceLog",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

@@ -27,6 +27,7 @@ from .fallback import default_dir as default_fallback_dir
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
+from .traces import TraceLog
 from .validation import check_int
 from .workflows import WorkflowEngine
 
@@ -176,6 +177,7 @@ class Store:
         self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
         self.audit = AuditLog(self.backend, self.codec)
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.traces = TraceLog(self.backend, self.codec)
         self._closed = False
 
     async def _open(self) -> Store:
@@ -233,7 +235,10 @@ class Store:
             return
         self._closed = True
         await self.sessions.close()
-        await self.backend.close()
+        try:
+            await self.traces.close()
+        finally:
+            await self.backend.close()
 
     async def __aenter__(self) -> Store:
         return self

@@ -34,6 +34,7 @@ from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import translate
 from .schema import SqliteSchema
@@ -101,7 +102,7 @@ class SqliteTx(Tx):
 
 
 class SqliteBackend(
-    SqliteSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+    SqliteSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
