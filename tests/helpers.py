@@ -194,6 +194,7 @@ class Prepared:
     evil_key: str  # a session key holding markup
     xss: str  # markup that changes the page's title if it ever runs
     tampered_seq: int  # the audit entry changed behind the triggers
+    trace_id: str  # a trace of six spans: nested, one failed, one still open, one whose parent is missing
     task_with_steps: str
     running_task: str
     workflow_id: str

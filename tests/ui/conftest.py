@@ -5,6 +5,7 @@ that the file is byte-identical after every page was loaded)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from statekeel.backends.base import NewMessage
 XSS = '<script>document.title="pwned"</script><img src=x onerror="document.title=1">'
 EVIL_KEY = 'evil-<script>alert("key")</script>'
 TAMPERED_SEQ = 3
+TRACE_ID = "trace-7f3a"
 
 
 async def _items(store: statekeel.Store, key: str, items: list[dict[str, Any]]) -> None:
@@ -173,13 +175,42 @@ async def fill(url: str) -> Prepared:
         await store.approvals.decide(granted.id, True, "alice")
         await store.audit.append("tool.call", "agent", "task:1", {"tool": "run_tests", "note": XSS})
         await store.audit.append("tool.call", "agent", "task:1", {"tool": "read_file"})
+
+        t0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+        def at(ms: float) -> dt.datetime:
+            return t0 + dt.timedelta(milliseconds=ms)
+
+        spans = [
+            ("root", None, "agent turn", "agent", "ok", 0, 1500, {"session": "chat-openai"}),
+            ("llm-1", "root", "chat gpt-x", "llm", "ok", 10, 610, {"model": "gpt-x", "tokens": 812}),
+            ("tool-1", "root", "run_tests", "tool", "error", 620, 1400, {"path": "tests/", "note": XSS}),
+            ("sub-1", "tool-1", "pytest -q", "tool", "ok", 640, 1380, {"exit": 1}),
+            ("open-1", "root", "write summary", "llm", "unset", 1410, None, {}),
+            ("lost-1", "gone", "orphan span", "tool", "ok", 1420, 1450, {}),
+        ]
+        for span_id, parent, name, kind, status, start, end, attributes in spans:
+            store.traces.record(
+                TRACE_ID,
+                {
+                    "span_id": span_id,
+                    "parent_span_id": parent,
+                    "name": name,
+                    "kind": kind,
+                    "status": status,
+                    "started_at": at(start),
+                    "ended_at": None if end is None else at(end),
+                    "attributes": attributes,
+                },
+            )
+        await store.traces.flush()
     # Change entry 3 behind the append-only triggers: verify() must name it.
     await RawDb(url).execute(
         "UPDATE audit_log SET actor = 'mallory' WHERE seq = ?", TAMPERED_SEQ, unguarded="audit_log"
     )
     path = Path(url.removeprefix("sqlite:///"))
     return Prepared(
-        path, url, EVIL_KEY, XSS, TAMPERED_SEQ, claimed.id, running.id, wf.id, pending_approvals=2
+        path, url, EVIL_KEY, XSS, TAMPERED_SEQ, TRACE_ID, claimed.id, running.id, wf.id, pending_approvals=2
     )
 
 

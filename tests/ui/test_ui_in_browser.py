@@ -196,6 +196,27 @@ def test_the_tampered_audit_entry_is_flagged(
     assert "tampered" in flagged[0].text() and "mallory" in flagged[0].text()
 
 
+def test_trace_waterfall_nests_spans_and_links_each_bar_to_its_attributes(
+    site: str, browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    dom = load(browser, site + f"trace?id={prepared.trace_id}#span-1", tmp_path)
+    bars = dom.find_all("a", "bar")
+    assert len(bars) == 6
+    names = [b.find_all("text", "span-name")[0] for b in bars]
+    indent = {n.text(): float(n.attrs["x"]) for n in names}
+    assert indent["agent turn"] < indent["chat gpt-x"] == indent["run_tests"] < indent["pytest -q"]
+    rects = {n.text(): b.find_all("rect")[0] for n, b in zip(names, bars, strict=True)}
+    root, tool = rects["agent turn"], rects["run_tests"]
+    assert (
+        float(root.attrs["x"]) < float(tool.attrs["x"]) < float(root.attrs["x"]) + float(root.attrs["width"])
+    )
+    hover = bars[1].find_all("title")[0].text()
+    assert "gpt-x" in hover and "812" in hover
+    panels = {p.attrs["id"]: p for p in dom.find_all("section", "span-detail")}
+    target = panels[bars[1].attrs["href"].lstrip("#")]
+    assert "chat gpt-x" in target.text() and '"tokens": 812' in target.text()
+
+
 def test_every_page_loads_in_the_browser_and_leaves_the_database_unchanged(
     site: str, browser: str, prepared: Prepared, tmp_path: Path
 ) -> None:
@@ -209,6 +230,7 @@ def test_every_page_loads_in_the_browser_and_leaves_the_database_unchanged(
         "workflows": "Workflows",
         f"workflow?id={prepared.workflow_id}": "Workflow release",
         "approvals": "Pending approvals",
+        "traces": "Traces",
         "recovery": "Recovery report",
         "session?key=nobody": "Session not found",
     }

@@ -145,6 +145,37 @@ def test_audit_page_flags_the_first_tampered_entry(client: TestClient, prepared:
     assert 'class="audit-after" id="e4"' in page and 'class="audit-ok" id="e2"' in page
 
 
+def test_trace_page_draws_a_waterfall_with_attributes_on_hover_and_click(
+    client: TestClient, prepared: Prepared
+) -> None:
+    listed = client.get("/traces").text
+    assert listed.count(f'href="/trace?id={prepared.trace_id}"') == 6
+    assert re.findall(
+        r'href="/trace\?id=([^"]+)"', client.get("/traces", params={"status": "error"}).text
+    ) == [prepared.trace_id]
+    page = client.get("/trace", params={"id": prepared.trace_id}).text
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    bars = re.findall(r'<a href="#(span-\d+)" class="bar ([^"]+)">\s*<title>([^<]*)</title>', svg)
+    assert len(bars) == 6
+    assert [t.split(" (")[0] for _, _, t in bars] == [
+        "agent turn",
+        "chat gpt-x",
+        "run_tests",
+        "pytest -q",
+        "write summary",
+        "orphan span",
+    ]
+    classes = {t.split(" (")[0]: c for _, c, t in bars}
+    assert classes["run_tests"] == "st-error" and classes["write summary"] == "st-unset open"
+    hover = dict((t.split(" (")[0], t) for _, _, t in bars)
+    assert "model: &#34;gpt-x&#34;" in hover["chat gpt-x"] and "tokens: 812" in hover["chat gpt-x"]
+    assert "parent gone not recorded" in hover["orphan span"]
+    for anchor, _, _ in bars:  # each bar links to the panel of its attributes
+        assert f'<section class="span-detail" id="{anchor}">' in page
+    # Attributes are shown as JSON (quotes escaped with a backslash), then HTML-escaped.
+    assert "<script>" not in page and "&lt;script&gt;document.title=" in page
+
+
 def test_pending_approvals_and_recovery_report(client: TestClient) -> None:
     approvals = text(client.get("/approvals").text)
     assert "deploy" in approvals and "shell" in approvals and "merge" not in approvals
@@ -161,6 +192,8 @@ def test_pending_approvals_and_recovery_report(client: TestClient) -> None:
         ("/session", {"key": "no-such-session"}, 404, "There is no session with the key 'no-such-session'"),
         ("/task", {"id": "no-such-task"}, 404, "There is no task with the id 'no-such-task'"),
         ("/workflow", {"id": "nope"}, 404, "There is no workflow with the id 'nope'"),
+        ("/trace", {"id": "nope"}, 404, "There is no span of a trace 'nope'"),
+        ("/traces", {"status": "fine"}, 400, "status must be one of unset, ok, error"),
         ("/no/such/page", {}, 404, "There is no page at /no/such/page"),
         ("/session", {}, 400, "This page needs the session key"),
         ("/sessions", {"status": "sleeping"}, 400, "status must be one of active, expired, archived"),

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import BackendUnavailable, InvalidArgument, NotFound, StatekeelError
 from ..store import Store, open_store, redact_url
+from .layout import duration_text
 from .transcript import compact, pretty
 
 log = logging.getLogger("statekeel.ui")
@@ -142,7 +143,7 @@ def make_templates(token: str | None) -> jinja2.Environment:
 
     env.globals["u"] = url
     env.globals["token"] = token
-    env.globals["has_traces"] = False
+    env.globals["duration"] = duration_text
     env.filters["pretty"] = pretty
     env.filters["compact"] = compact
     return env
@@ -162,8 +163,11 @@ class Ui:
             raise BackendUnavailable("the store is not open (the application's lifespan has not started)")
         return self._store
 
-    def render(self, request: Request, name: str, *, status_code: int = 200, **context: Any) -> HTMLResponse:
-        html = self.templates.get_template(name).render(store_url=self.url, path=request.url.path, **context)
+    def render(
+        self, request: Request, template: str, /, *, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        page = self.templates.get_template(template)
+        html = page.render(store_url=self.url, path=request.url.path, **context)
         return HTMLResponse(html, status_code=status_code)
 
     def error(self, request: Request, status: int, title: str, detail: str) -> HTMLResponse:

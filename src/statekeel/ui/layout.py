@@ -138,6 +138,8 @@ class Bar:
     duration: str
     open: bool
     orphan: bool
+    note_x: float  # where the duration is written: after the bar, or before it when the bar ends late
+    note_anchor: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,11 +209,13 @@ def waterfall(spans: Sequence[Any]) -> Waterfall:
     scale = BAR_W / (total / dt.timedelta(microseconds=1))
 
     bars: list[Bar] = []
+    right = LABEL_W + BAR_W
     for i, (span, depth) in enumerate(ordered):
         end = span.ended_at if span.ended_at is not None else t_end
-        x = LABEL_W + ((span.started_at - t0) / dt.timedelta(microseconds=1)) * scale
-        width = max(((end - span.started_at) / dt.timedelta(microseconds=1)) * scale, 2.0)
+        x = min(LABEL_W + ((span.started_at - t0) / dt.timedelta(microseconds=1)) * scale, right - 2.0)
+        width = min(max(((end - span.started_at) / dt.timedelta(microseconds=1)) * scale, 2.0), right - x)
         parent = span.parent_span_id
+        late = x + width > right - 70
         bars.append(
             Bar(
                 anchor=f"span-{i}",
@@ -219,17 +223,18 @@ def waterfall(spans: Sequence[Any]) -> Waterfall:
                 depth=depth,
                 label=_short(span.name, 36 - 2 * min(depth, 8)),
                 x=round(x, 1),
-                width=round(min(width, LABEL_W + BAR_W - x), 1) if x < LABEL_W + BAR_W else 2.0,
+                width=round(width, 1),
                 y=AXIS_H + i * ROW_H,
                 duration=duration_text(span.duration),
                 open=span.ended_at is None,
                 orphan=parent is not None and parent not in by_id,
+                note_x=round(x - 4 if late else x + width + 4, 1),
+                note_anchor="end" if late else "start",
             )
         )
     ticks = [(LABEL_W + BAR_W * k / 4, duration_text(total * k / 4)) for k in range(5)]
-    return Waterfall(
-        bars, ticks, LABEL_W + BAR_W + 16, AXIS_H + max(len(bars), 1) * ROW_H + 4, duration_text(total)
-    )
+    height = AXIS_H + max(len(bars), 1) * ROW_H + 4
+    return Waterfall(bars, ticks, LABEL_W + BAR_W + 16, height, duration_text(total))
 
 
 __all__ = ["Dag", "DagStep", "Waterfall", "dag_layout", "duration_text", "waterfall"]

@@ -12,11 +12,17 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ..audit import AuditEntry, AuditVerification
-from ..backends.records import SESSION_STATUSES, TASK_STATUSES, WORKFLOW_STATUSES, StepRecord
+from ..backends.records import (
+    SESSION_STATUSES,
+    SPAN_STATUSES,
+    TASK_STATUSES,
+    WORKFLOW_STATUSES,
+    StepRecord,
+)
 from ..errors import InvalidArgument
 from ..validation import check_key
 from .app import PageError, Ui
-from .layout import DagStep, dag_layout
+from .layout import DagStep, dag_layout, waterfall
 from .transcript import build_transcript
 
 PAGE_SIZE = 50
@@ -256,6 +262,33 @@ def routes(ui: Ui) -> list[BaseRoute]:
             page_size=AUDIT_PAGE,
         )
 
+    async def traces(request: Request) -> Response:
+        name = _param(request, "name")
+        status = _choice(request, "status", SPAN_STATUSES)
+        cursor = _param(request, "cursor")
+        page = await ui.store.traces.query(name=name, status=status, limit=PAGE_SIZE, cursor=cursor)
+        return ui.render(
+            request,
+            "traces.html",
+            title="Traces",
+            page=page,
+            name=name,
+            status=status,
+            statuses=SPAN_STATUSES,
+            paged=cursor is not None,
+        )
+
+    async def trace(request: Request) -> Response:
+        trace_id = _required(request, "id", "trace id")
+        spans = await ui.store.traces.get(trace_id)
+        if not spans:
+            raise PageError(
+                404, "Trace not found", f"There is no span of a trace {trace_id!r} in this store."
+            )
+        return ui.render(
+            request, "trace.html", title=f"Trace {trace_id}", trace_id=trace_id, chart=waterfall(spans)
+        )
+
     async def recovery(request: Request) -> Response:
         report = await ui.store.recover(repair=False)
         return ui.render(request, "recovery.html", title="Recovery report", report=report)
@@ -273,6 +306,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         ("/task", task),
         ("/workflows", workflows),
         ("/workflow", workflow),
+        ("/traces", traces),
+        ("/trace", trace),
         ("/approvals", approvals),
         ("/audit", audit),
         ("/recovery", recovery),
