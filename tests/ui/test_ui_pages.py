@@ -31,6 +31,18 @@ def text(page: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
+@pytest.mark.postgres
+def test_every_page_renders_on_postgresql(prepared_pg: Prepared) -> None:
+    with TestClient(create_app(prepared_pg.url), base_url=BASE) as c:
+        for url in prepared_pg.pages():
+            response = c.get(url)
+            assert response.status_code == (404 if "missing" in url else 200), url
+        audit = c.get("/audit").text
+        assert re.findall(r'<tr class="audit-bad" id="e(\d+)"', audit) == [str(prepared_pg.tampered_seq)]
+        transcript = c.get("/session", params={"key": "anthropic-blocks"}).text
+        assert '<div class="result">' in transcript and "dangling" not in transcript
+
+
 def test_overview_counts_every_kind_of_state(client: TestClient) -> None:
     page = text(client.get("/").text)
     assert "sqlite store, schema version" in page

@@ -21,35 +21,6 @@ BASE = "http://127.0.0.1:8765"
 TOKEN = "s3cret-token-0123456789"
 
 
-def every_page(prepared: Prepared) -> list[str]:
-    """A URL of every page of the prepared store, bad ones included."""
-    return [
-        "/",
-        "/sessions",
-        "/sessions?status=expired",
-        *(f"/session?key={k}" for k in ("chat-openai", "responses-items", "anthropic-blocks", "compressed")),
-        "/session?key=" + prepared.evil_key,
-        "/session?key=missing",
-        "/tasks",
-        "/tasks?status=running",
-        f"/tasks?workflow={prepared.workflow_id}",
-        f"/task?id={prepared.task_with_steps}",
-        f"/task?id={prepared.running_task}",
-        "/workflows",
-        f"/workflow?id={prepared.workflow_id}",
-        "/traces",
-        "/traces?status=error",
-        f"/trace?id={prepared.trace_id}",
-        "/trace?id=missing",
-        "/approvals",
-        "/audit",
-        "/audit?after=0",
-        "/audit?subject=repo",
-        "/recovery",
-        "/static/style.css",
-    ]
-
-
 def digest(path: Path) -> dict[str, str]:
     """SHA-256 of the database and of its WAL and shared-memory files, when they exist."""
     found = {}
@@ -77,7 +48,7 @@ def test_the_database_is_byte_identical_after_browsing_every_page(prepared: Prep
     before = digest(prepared.path)
     mtime = prepared.path.stat().st_mtime_ns
     with TestClient(create_app(prepared.url), base_url=BASE) as client:
-        for url in every_page(prepared):
+        for url in prepared.pages():
             assert client.get(url).status_code in (200, 404), url
     assert digest(prepared.path) == before
     assert prepared.path.stat().st_mtime_ns == mtime
@@ -134,7 +105,7 @@ def test_every_response_carries_the_security_headers(prepared: Prepared, guarded
 
 def test_pages_load_nothing_from_elsewhere_and_hold_no_script(prepared: Prepared) -> None:
     with TestClient(create_app(prepared.url), base_url=BASE) as client:
-        for url in every_page(prepared):
+        for url in prepared.pages():
             page = client.get(url).text
             if url.endswith(".css"):
                 assert "url(" not in page and "@import" not in page

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -189,7 +189,6 @@ def create_app(
     *,
     token: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
-    open_options: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """The read-only UI over a store.
 
@@ -213,7 +212,7 @@ def create_app(
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # migrate=False: looking at a store never upgrades it under the agents that use it.
-            store = await open_store(url, migrate=False, **dict(open_options or {}))
+            store = await open_store(url, migrate=False)
             ui._store = store
             try:
                 yield
@@ -252,17 +251,6 @@ def create_app(
     )
     app.add_middleware(Guard, token=token, allowed_hosts=allowed_hosts)
     return app
-
-
-def with_query(path: str, query: str, **changes: str | None) -> str:
-    """``path`` with ``query`` and some parameters replaced (None removes one)."""
-    params = dict(parse_qsl(query))
-    for name, value in changes.items():
-        if value is None:
-            params.pop(name, None)
-        else:
-            params[name] = value
-    return path + ("?" + urlencode(params) if params else "")
 
 
 __all__ = ["LOOPBACK_NAMES", "SECURITY_HEADERS", "Guard", "PageError", "Ui", "create_app"]
