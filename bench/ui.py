@@ -72,7 +72,7 @@ def measure(base: str, repeats: int) -> dict[str, Any]:
     path = "/sessions"
     for _ in range(DEEP_PAGES):  # follow the cursor, as a person paging back would
         path = older_link(fetch(conn, path)[1])
-    results[f"session list, {DEEP_PAGES + 1}th page (cursor)"] = timed(conn, path, repeats)
+    results[f"session list, page {DEEP_PAGES + 1} (by cursor)"] = timed(conn, path, repeats)
     results["session list, status=active"] = timed(conn, "/sessions?status=active", repeats)
     transcript = f"/session?key={BIG_KEY}"
     body = fetch(conn, transcript)[1]
