@@ -29,6 +29,9 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    ToolCallAlreadyAnswered,
+    TranscriptError,
+    UnknownToolCall,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
@@ -71,7 +74,10 @@ __all__ = [
     "TableCopy",
     "Task",
     "TaskManager",
+    "ToolCallAlreadyAnswered",
     "TraceLog",
+    "TranscriptError",
+    "UnknownToolCall",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",
