@@ -307,6 +307,16 @@ async def fill_ui_store(url: str) -> Prepared:
         )
         await s.save(chat)
 
+        moved = await s.get_or_create("moved-on")
+        moved.add_message("user", "deploy it")
+        moved.add_message(
+            "assistant",
+            None,
+            tool_calls=[{"id": "call_lost", "type": "function", "function": {"name": "deploy"}}],
+        )
+        moved.add_message("user", "hello? are you there?")
+        await s.save(moved)
+
         await _items(
             store,
             "responses-items",

@@ -1,10 +1,12 @@
-"""A transcript pairs each tool call with its result in the three formats agents store, marks calls left
-without a result and results without a call, and folds compressed messages under their summary."""
+"""A transcript shows each tool call with its result, paired as ``statekeel.transcripts`` pairs them in
+the three formats agents store; it marks calls left without a result and results that answer no call, and
+folds compressed messages under their summary."""
 
 from __future__ import annotations
 
 import json
 
+from statekeel.transcripts import INTERRUPTED_TEXT
 from statekeel.ui.transcript import Entry, Fold, build_transcript
 
 
@@ -94,26 +96,63 @@ def test_a_call_without_a_result_is_dangling_and_a_result_without_a_call_an_orph
         [
             {"role": "tool", "tool_call_id": "early", "content": "before its call"},
             {"role": "assistant", "content": None, "tool_calls": [{"id": "early", "name": "x"}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "never", "name": "y"}]},
+            {"role": "user", "content": "go on"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "last", "name": "y"}]},
         ],
         first_seq=10,
     )
-    assert [(c.call_id, c.seq) for c in view.dangling] == [("early", 11), ("never", 12)]
-    assert [(r.call_id, r.seq, r.call) for r in view.orphans] == [("early", 10, None)]
+    assert [(c.call_id, c.seq, c.state) for c in view.dangling] == [
+        ("early", 11, "dangling"),  # its turn moved on without it
+        ("last", 13, "pending"),  # the last turn: its agent may still answer it
+    ]
+    assert [(r.call_id, r.seq, r.call, r.problem) for r in view.orphans] == [
+        ("early", 10, None, "no call with this id comes before it")
+    ]
 
 
-def test_a_second_result_for_one_call_is_marked_duplicate_and_interrupted_results_are_flagged() -> None:
+def test_a_second_result_or_one_out_of_place_answers_no_call() -> None:
     view = build_transcript(
         [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "name": "run"}]},
-            {"role": "tool", "tool_call_id": "c", "content": "interrupted", "statekeel_interrupted": True},
-            {"role": "tool", "tool_call_id": "c", "content": "late answer"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]},
+            {"role": "tool", "tool_call_id": "c", "content": "first"},
+            {"role": "tool", "tool_call_id": "c", "content": "second"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "d", "type": "function"}]},
+            {"role": "user", "content": "meanwhile"},
+            {"role": "tool", "tool_call_id": "d", "content": "too late"},
         ]
     )
-    call = entries(view)[0].parts[0].call
-    assert call.result is not None and call.result.interrupted and call.result.content == "interrupted"
-    late = entries(view)[2].parts[0].result
-    assert late.duplicate and late.call is call
+    first = entries(view)[0].parts[0].call
+    assert first.state == "answered" and first.result.content == "first"
+    assert [(r.content, r.problem) for r in view.orphans] == [
+        ("second", "its call already has a result"),
+        ("too late", "it is not where its provider takes the result of that call"),
+    ]
+    assert [c.call_id for c in view.dangling] == ["d"]
+
+
+def test_results_recovery_wrote_for_interrupted_calls_are_flagged_in_every_format() -> None:
+    text = INTERRUPTED_TEXT
+    view = build_transcript(
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]},
+            {"role": "tool", "tool_call_id": "c", "content": text},
+            {"type": "function_call", "call_id": "f", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "f", "output": text},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "r", "input": {}}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t", "content": text, "is_error": True}],
+            },
+        ]
+    )
+    results = [p.call.result for e in entries(view) for p in e.parts if p.kind == "call"]
+    assert [(r.interrupted, r.seq) for r in results] == [(True, 1), (True, 3), (True, 5)]
+    assert view.dangling == [] and view.orphans == []
+
+
+def test_unreadable_tool_calls_are_reported_with_their_message() -> None:
+    view = build_transcript([{"role": "assistant", "content": None, "tool_calls": "not a list"}], first_seq=3)
+    assert view.malformed == [3]
 
 
 def test_compressed_messages_are_folded_under_their_summary_and_pairing_crosses_the_fold() -> None:

@@ -159,7 +159,7 @@ def test_transcript_shows_each_tool_result_under_its_call(site: str, browser: st
     results = answered.find_all("div", "result")
     assert len(results) == 1 and "3 passed, 1 failed: test_parse" in results[0].text()
     assert "dangling" in dangling.classes and "read_file" in dangling.text()
-    assert "no result was stored" in dangling.find_all("div", "no-result")[0].text()
+    assert "no result yet" in dangling.find_all("div", "no-result")[0].text()
 
 
 @pytest.mark.parametrize(

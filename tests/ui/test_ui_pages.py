@@ -46,7 +46,7 @@ def test_every_page_renders_on_postgresql(prepared_pg: Prepared) -> None:
 def test_overview_counts_every_kind_of_state(client: TestClient) -> None:
     page = text(client.get("/").text)
     assert "sqlite store, schema version" in page
-    assert re.search(r"Sessions 7 active 5 expired 1 archived 1", page), page
+    assert re.search(r"Sessions 8 active 6 expired 1 archived 1", page), page
     assert "Approvals pending 2" in page and "Audit entries 6" in page
 
 
@@ -54,7 +54,7 @@ def test_session_list_is_newest_first_and_filters_by_status(client: TestClient) 
     page = client.get("/sessions").text
     keys = re.findall(r'href="/session\?key=([^"]+)"', page)
     assert keys[:2] == ["old-archived", "old-expired"]  # the last sessions changed
-    assert len(keys) == 7
+    assert len(keys) == 8
     only = client.get("/sessions", params={"status": "archived"}).text
     assert re.findall(r'href="/session\?key=([^"]+)"', only) == ["old-archived"]
 
@@ -87,7 +87,9 @@ def test_transcript_shows_each_tool_result_under_its_call(client: TestClient) ->
     call = page[page.index('<div class="call">') :]
     call = call[: call.index('<div class="call dangling">')]
     assert "run_tests" in call and "3 passed, 1 failed: test_parse" in call
-    assert "dangling: no result was stored for this call" in page
+    assert "no result yet: the last turn's call" in html.unescape(page)
+    moved_on = client.get("/session", params={"key": "moved-on"}).text
+    assert '<div class="call dangling">' in moved_on and "the transcript moved on without it" in moved_on
     assert '"agent": "coder"' in html.unescape(page)
 
 
@@ -193,7 +195,7 @@ def test_pending_approvals_and_recovery_report(client: TestClient) -> None:
     assert "deploy" in approvals and "shell" in approvals and "merge" not in approvals
     report = text(client.get("/recovery").text)
     assert "The store needs attention" in report and "changes nothing" in report
-    assert "Tool calls without a result 1" in report and "call_read" in report
+    assert "Tool calls without a result 2" in report and "call_read" in report and "call_lost" in report
     assert "Running tasks whose lease expired 1" in report and "long build" in report
     assert "Steps in doubt 1" in report and "push-branch" in report
 

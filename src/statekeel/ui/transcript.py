@@ -1,16 +1,12 @@
-"""A session's messages as a transcript to show: each tool call paired with its result.
+"""A session's messages as a transcript to show: each tool call with its result under it.
 
-Three shapes of tool call are understood, as agents store them:
-
-- OpenAI chat: an assistant message's ``tool_calls`` (``{"id", "function": {"name", "arguments"}}``),
-  answered by ``{"role": "tool", "tool_call_id": ...}``;
-- OpenAI Responses items: ``{"type": "function_call", "call_id", "name", "arguments"}`` (and the other
-  ``*_call`` items) answered by ``{"type": "function_call_output", "call_id", "output"}``;
-- Anthropic: ``{"type": "tool_use", "id", "name", "input"}`` content blocks, answered by
-  ``{"type": "tool_result", "tool_use_id", "content", "is_error"}`` blocks.
-
-A result is paired with the latest earlier call of its id that has no result yet. A call left without a
-result is *dangling*; a result with no call before it is an *orphan*. Messages that compression moved to
+Which result answers which call is decided by :mod:`statekeel.transcripts` (the rules the providers
+apply: OpenAI chat ``tool_calls`` answered by ``tool`` messages right after them, OpenAI Responses
+``*_call`` items answered by their ``*_output`` by ``call_id``, Anthropic ``tool_use`` blocks answered by
+``tool_result`` blocks leading the next user turn). This module only extracts what to show: names,
+arguments, contents, error flags. A call left without a result is *dangling* (*pending* when it is in
+the last turn, where the agent may still answer it); a result that answers no call, answers one a second
+time or comes where its provider does not accept it is an *orphan*. Messages that compression moved to
 the archive are grouped under their summary (:class:`Fold`).
 
     view = build_transcript(loaded.messages, first_seq=loaded.first_seq, summaries=loaded.summaries)
@@ -23,6 +19,8 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from ..transcripts import INTERRUPTED_TEXT, TranscriptIndex, TranscriptState
 
 # Top-level fields the parts of a message show; any other field is listed under "other fields".
 _SHOWN = frozenset({"role", "content", "tool_calls", "tool_call_id", "type", "id", "statekeel_interrupted"})
@@ -49,7 +47,9 @@ class Part:
 
 @dataclasses.dataclass(slots=True, eq=False)
 class ToolCall:
-    """A tool call and, once paired, its result. ``arguments`` is parsed when it is a JSON string."""
+    """A tool call and, once paired, its result. ``arguments`` is parsed when it is a JSON string.
+    ``state`` is ``answered``, ``pending`` (no result yet, in the last turn), ``dangling`` (its turn moved
+    on without a result) or ``untracked`` (a call the provider runs itself, such as a web search)."""
 
     call_id: str | None
     name: str
@@ -57,11 +57,12 @@ class ToolCall:
     style: str  # "openai-chat", "openai-responses" or "anthropic"
     seq: int
     result: ToolResult | None = None
+    state: str = "untracked"
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class ToolResult:
-    """A tool result; ``call`` is None for an orphan, ``duplicate`` when its call already had one."""
+    """A tool result; ``call`` is None for an orphan, whose ``problem`` says why it answers nothing."""
 
     call_id: str | None
     content: Any
@@ -69,7 +70,7 @@ class ToolResult:
     interrupted: bool
     seq: int
     call: ToolCall | None = None
-    duplicate: bool = False
+    problem: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -101,6 +102,7 @@ class Transcript:
     calls: int
     dangling: list[ToolCall]
     orphans: list[ToolResult]
+    malformed: list[int]  # seqs of messages whose tool calls or results cannot be read
 
 
 def _parse_arguments(raw: Any) -> Any:
@@ -143,34 +145,28 @@ def _result_text(content: Any) -> Any:
     return content
 
 
-class _Pairing:
-    """Builds parts message by message, pairing results with the calls before them."""
+class _Parts:
+    """Builds the parts of each message and collects its calls and results by (seq, call id)."""
 
     def __init__(self) -> None:
-        self.open: dict[str, ToolCall] = {}
-        self.calls: list[ToolCall] = []
-        self.orphans: list[ToolResult] = []
+        self.calls: dict[tuple[int, str], ToolCall] = {}
+        self.results: dict[tuple[int, str], ToolResult] = {}
 
     def call(self, call: ToolCall) -> Part:
-        self.calls.append(call)
         if call.call_id is not None:
-            self.open[call.call_id] = call  # a later call with the same id takes over its answers
+            self.calls.setdefault((call.seq, call.call_id), call)
         return Part("call", call=call)
 
     def result(
         self, call_id: Any, content: Any, seq: int, *, is_error: bool = False, interrupted: bool = False
     ) -> Part:
         cid = call_id if isinstance(call_id, str) else None
-        result = ToolResult(cid, _result_text(content), bool(is_error), bool(interrupted), seq)
-        call = self.open.get(cid) if cid is not None else None
-        if call is None:
-            self.orphans.append(result)
-        elif call.result is None:
-            call.result = result
-            result.call = call
-        else:
-            result.call = call
-            result.duplicate = True
+        text = _result_text(content)
+        # recover() answers a call its agent never answered with this text, in the call's own format.
+        interrupted = interrupted or text == INTERRUPTED_TEXT
+        result = ToolResult(cid, text, bool(is_error), interrupted, seq)
+        if cid is not None:
+            self.results.setdefault((seq, cid), result)
         return Part("result", result=result)
 
     def block(self, block: Any, seq: int, interrupted: bool) -> Part:
@@ -266,8 +262,15 @@ def build_transcript(
     put in a :class:`Fold`; a compression whose messages are not among ``messages`` (loaded without the
     archive) is shown as an empty fold with its summary.
     """
-    pairing = _Pairing()
-    entries = [pairing.message(m, first_seq + i) for i, m in enumerate(messages)]
+    parts = _Parts()
+    entries = [parts.message(m, first_seq + i) for i, m in enumerate(messages)]
+    index = TranscriptIndex(offset=first_seq)
+    for m in messages:
+        index.add_stored(m if isinstance(m, dict) else {})
+    state = index.state()
+    _link(state, parts)
+    dangling = [call for c in state.unanswered if (call := parts.calls.get((c.index, c.call_id))) is not None]
+    orphans = [r for o in state.orphans if (r := parts.results.get((o.index, o.call_id))) is not None]
     items: list[Entry | Fold] = []
     i = 0
     for compression_id, start, upto, summary in sorted(summaries, key=lambda s: s[1]):
@@ -280,8 +283,37 @@ def build_transcript(
             i += 1
         items.append(Fold(compression_id, start, upto, summary, folded))
     items.extend(entries[i:])
-    dangling = [c for c in pairing.calls if c.result is None]
-    return Transcript(items, len(pairing.calls), dangling, pairing.orphans)
+    return Transcript(items, len(state.calls), dangling, orphans, list(state.malformed))
+
+
+def _link(state: TranscriptState, parts: _Parts) -> None:
+    """Pair the shown calls and results as :mod:`statekeel.transcripts` paired them."""
+    for result in state.results:
+        shown = parts.results.get((result.index, result.call_id))
+        if shown is None or result.call_index is None:
+            continue
+        call = parts.calls.get((result.call_index, result.call_id))
+        if call is not None:
+            call.result, shown.call = shown, call
+            call.state = "answered"
+    pending = {(c.index, c.call_id) for c in state.pending}
+    for c in state.unanswered:
+        call = parts.calls.get((c.index, c.call_id))
+        if call is not None:
+            call.state = "pending" if (c.index, c.call_id) in pending else "dangling"
+    made = {(c.dialect, c.call_id): c for c in state.calls}
+    answered = {(r.dialect, r.call_id) for r in state.results if r.call_index is not None}
+    for o in state.orphans:
+        shown = parts.results.get((o.index, o.call_id))
+        if shown is None:
+            continue
+        key = (o.dialect, o.call_id)
+        if key not in made or made[key].index > o.index:
+            shown.problem = "no call with this id comes before it"
+        elif key in answered:
+            shown.problem = "its call already has a result"
+        else:
+            shown.problem = "it is not where its provider takes the result of that call"
 
 
 def _default(value: Any) -> Any:
