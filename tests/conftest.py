@@ -18,7 +18,7 @@ import pydantic
 import pytest
 
 import statekeel
-from helpers import strict_provider_types
+from helpers import Prepared, fill_ui_store, strict_provider_types
 from statekeel.transcripts import Dialect
 
 PG_BASE = os.environ.get("STATEKEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
@@ -156,3 +156,17 @@ def provider_types() -> Iterator[dict[Dialect, pydantic.TypeAdapter[Any]]]:
     pass them to ``helpers.type_errors`` / ``helpers.assert_accepted``."""
     with strict_provider_types() as adapters:
         yield adapters
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    """A SQLite store holding every kind of state the UI shows (``helpers.fill_ui_store``), closed: the UI
+    tests only read it, and one checks the file is byte-identical afterwards."""
+    path = tmp_path_factory.mktemp("ui") / "agent-state.db"
+    return asyncio.run(fill_ui_store(f"sqlite:///{path}"))
+
+
+@pytest.fixture
+def prepared_pg(pg_migrated: str) -> Prepared:
+    """The same store on PostgreSQL."""
+    return asyncio.run(fill_ui_store(pg_migrated))

@@ -18,6 +18,7 @@ from .errors import (
     BackendUnavailable,
     ConflictError,
     InvalidArgument,
+    InvalidConfig,
     InvalidKey,
     InvalidTransition,
     LeaseLost,
@@ -29,9 +30,11 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    SyncCallRefused,
     ToolCallAlreadyAnswered,
     TranscriptError,
     UnknownToolCall,
+    UnserializableValue,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
@@ -53,6 +56,7 @@ __all__ = [
     "ConflictError",
     "CopyReport",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -71,6 +75,7 @@ __all__ = [
     "StorageCorrupt",
     "Store",
     "StoreInfo",
+    "SyncCallRefused",
     "TableCopy",
     "Task",
     "TaskManager",
@@ -78,6 +83,7 @@ __all__ = [
     "TraceLog",
     "TranscriptError",
     "UnknownToolCall",
+    "UnserializableValue",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

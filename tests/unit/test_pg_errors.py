@@ -59,7 +59,9 @@ async def test_integer_out_of_range_for_postgres_raises_invalid_argument(pg_migr
     async with statekeel.open_store(pg_migrated) as store:
         now = dt.datetime.now(dt.UTC)
         with pytest.raises(statekeel.InvalidArgument):
-            await store.backend.import_rows("sessions", [("s", "active", "{}", 0, 2**63, 1, now, now, 0, None)])
+            await store.backend.import_rows(
+                "sessions", [("s", "active", "{}", 0, 2**63, 1, now, now, 0, None)]
+            )
         assert await store.backend.count_rows("sessions") == 0
 
 
