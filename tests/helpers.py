@@ -13,11 +13,13 @@ import json
 import math
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,30 @@ def run_together(commands: Sequence[Sequence[str]], *, timeout: float) -> list[s
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def kill9_when(args: Sequence[str], reached: Callable[[], bool], what: str) -> None:
+    """Start ``python -c *args``, wait (at most 60 s) until ``reached()`` says it got to ``what``, SIGKILL it
+    and check that the signal is what ended it. A child that exits first fails the test with its stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not reached():
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"the child exited before {what}: {proc.stderr.read() if proc.stderr else ''}"
+                )
+            assert time.monotonic() < deadline, f"the child never got to {what}"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 class RawDb:

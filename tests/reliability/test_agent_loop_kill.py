@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,7 @@ import pydantic
 import pytest
 
 import statekeel
-from helpers import ANTHROPIC, CHAT, RESPONSES, assert_accepted, model_calls, user
+from helpers import ANTHROPIC, CHAT, RESPONSES, assert_accepted, kill9_when, model_calls, user
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze
 
 POINTS = ["replied", "call-saved", "step-started", "inside-fn", "before-commit", "after-commit"]
@@ -87,26 +83,8 @@ def kill_agent_at(
     """Run the agent loop in a child process and SIGKILL it at ``point``; returns the counter file."""
     counter, reached = tmp_path / "side-effects.txt", tmp_path / "reached.txt"
     calls = json.dumps(model_calls(dialect, "call_1"))
-    args = [url, calls, point, os.fspath(counter), os.fspath(reached), "1" if idempotent else "0"]
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, *args], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not reached.exists():
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"the agent exited before {point}: {proc.stderr.read() if proc.stderr else ''}"
-                )
-            assert time.monotonic() < deadline, f"the agent never reached {point}"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    args = [CHILD, url, calls, point, os.fspath(counter), os.fspath(reached), "1" if idempotent else "0"]
+    kill9_when(args, reached.exists, point)
     return counter
 
 
