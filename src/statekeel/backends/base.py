@@ -17,6 +17,9 @@ from typing import Any
 
 from statekeel.backends.records import (
     APPROVAL_STATUSES,
+    FILE_ACTIONS,
+    MEMORY_EVENTS,
+    MEMORY_TYPES,
     SESSION_STATUSES,
     STEP_STATUSES,
     TASK_STATUSES,
@@ -24,14 +27,23 @@ from statekeel.backends.records import (
     ApprovalRecord,
     ArchivedMessage,
     AuditRecord,
+    Contradiction,
     CopyTableInfo,
+    Drift,
+    Episode,
+    FileRecord,
     LoadedSession,
+    Memory,
+    MemoryAccess,
+    MemoryEvent,
+    MemoryPut,
     MessageRecord,
     MigrationInfo,
     NewMessage,
     NewTask,
     NewWorkflowStep,
     Page,
+    Relation,
     RowPage,
     SessionLease,
     SessionRecord,
@@ -44,6 +56,9 @@ from statekeel.backends.records import (
 
 __all__ = [
     "APPROVAL_STATUSES",
+    "FILE_ACTIONS",
+    "MEMORY_EVENTS",
+    "MEMORY_TYPES",
     "SESSION_STATUSES",
     "STEP_STATUSES",
     "TASK_STATUSES",
@@ -53,16 +68,27 @@ __all__ = [
     "ArchivedMessage",
     "AuditBackend",
     "AuditRecord",
+    "Contradiction",
     "CopyBackend",
     "CopyTableInfo",
+    "Drift",
+    "Episode",
+    "FileBackend",
+    "FileRecord",
     "LifecycleBackend",
     "LoadedSession",
+    "Memory",
+    "MemoryAccess",
+    "MemoryBackend",
+    "MemoryEvent",
+    "MemoryPut",
     "MessageRecord",
     "MigrationInfo",
     "NewMessage",
     "NewTask",
     "NewWorkflowStep",
     "Page",
+    "Relation",
     "RowPage",
     "SessionBackend",
     "SessionLease",
@@ -109,6 +135,10 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def integrity_check(self) -> list[str]:
         """Problems found by the storage engine's own check; empty when healthy."""
+
+    def in_atomic(self) -> bool:
+        """True inside the current task's ``atomic()`` block (work there joins its transaction)."""
+        return False
 
 
 class SessionBackend(abc.ABC):
@@ -429,6 +459,148 @@ class ApprovalBackend(abc.ABC):
         """Undecided, unexpired approvals, oldest first."""
 
 
+class MemoryBackend(abc.ABC):
+    """Memories with their history, episodes, the temporal graph, contradictions and the access log."""
+
+    @abc.abstractmethod
+    async def put_memory(self, put: MemoryPut) -> tuple[Memory, str | None]:
+        """Add a memory, or update the live one with the same (type, scope, key) in place, with its
+        history event in the same transaction. Returns the memory and the event written ("ADD",
+        "UPDATE"), or None when the stored memory already held exactly these values."""
+
+    @abc.abstractmethod
+    async def get_memory(self, memory_id: str) -> Memory | None:
+        """The memory whatever its state (forgotten, superseded, expired), or None if unknown."""
+
+    @abc.abstractmethod
+    async def query_memories(
+        self,
+        *,
+        type: str | None = None,
+        scope: str | None = None,
+        key: str | None = None,
+        min_confidence: float | None = None,
+        include_forgotten: bool = False,
+        include_superseded: bool = False,
+        live_at: dt.datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Memories newest first (by ``updated_at``, then id), cursor-paginated; with ``live_at``,
+        those expired by then are left out."""
+
+    @abc.abstractmethod
+    async def changed_memories(
+        self, *, since: dt.datetime | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
+        """Every memory (forgotten and superseded too) changed at or after ``since``, oldest change
+        first (by ``updated_at``, then id), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def forget_memory(
+        self, memory_id: str, *, actor: str | None, reason: str | None, at: dt.datetime
+    ) -> Memory:
+        """Set ``deleted_at`` with a DELETE event. Already forgotten: returned as is, nothing written.
+        ``NotFound`` for an unknown id."""
+
+    @abc.abstractmethod
+    async def supersede_memory(
+        self, old_id: str, new_id: str, *, actor: str | None, reason: str | None, at: dt.datetime
+    ) -> Memory:
+        """Mark ``old_id`` superseded by ``new_id`` with a SUPERSEDE event; returns the old memory.
+        ``NotFound`` for an unknown id, ``InvalidTransition`` unless both are live (superseding again
+        by the same memory changes nothing)."""
+
+    @abc.abstractmethod
+    async def memory_history(self, memory_id: str) -> list[MemoryEvent]:
+        """The memory's events in order. ``NotFound`` for an unknown id."""
+
+    @abc.abstractmethod
+    async def add_episode(self, episode: Episode) -> Episode: ...
+
+    @abc.abstractmethod
+    async def list_episodes(self, *, session_key: str | None = None, limit: int = 100) -> list[Episode]:
+        """Episodes newest first (of one session, or all)."""
+
+    @abc.abstractmethod
+    async def add_relation(self, relation: Relation) -> Relation:
+        """Insert an edge; ``NotFound`` if its ``source_memory_id`` is unknown."""
+
+    @abc.abstractmethod
+    async def end_relation(self, relation_id: str, at: dt.datetime) -> Relation:
+        """Set ``valid_to = at``. ``NotFound`` for an unknown id, ``InvalidTransition`` if it already
+        ended, ``InvalidArgument`` if ``at`` is before ``valid_from``."""
+
+    @abc.abstractmethod
+    async def relations_at(self, entity: str, *, relation: str | None, at: dt.datetime) -> list[Relation]:
+        """Edges with ``entity`` as subject or object that were true at ``at``, oldest first."""
+
+    @abc.abstractmethod
+    async def add_contradiction(self, contradiction: Contradiction) -> Contradiction:
+        """Insert an open contradiction; ``NotFound`` if either memory is unknown."""
+
+    @abc.abstractmethod
+    async def resolve_contradiction(
+        self, contradiction_id: str, resolution: str, at: dt.datetime
+    ) -> Contradiction:
+        """Resolve an open contradiction. ``NotFound`` for an unknown id, ``ConflictError`` if it was
+        resolved already."""
+
+    @abc.abstractmethod
+    async def open_contradictions(self, *, limit: int = 1000) -> list[Contradiction]:
+        """Unresolved contradictions, oldest first."""
+
+    @abc.abstractmethod
+    async def record_accesses(self, accesses: Sequence[MemoryAccess]) -> int:
+        """Append entries to the access log in one transaction; returns how many."""
+
+    @abc.abstractmethod
+    async def list_accesses(self, memory_id: str, *, limit: int = 100) -> list[MemoryAccess]:
+        """A memory's accesses, newest first."""
+
+
+class FileBackend(abc.ABC):
+    """The file ledger: every recorded change of every file, append-only."""
+
+    @abc.abstractmethod
+    async def record_file(
+        self,
+        path: str,
+        *,
+        checksum: str | None,
+        size: int | None,
+        action: str,
+        task_id: str | None,
+        session_key: str | None,
+        at: dt.datetime,
+    ) -> FileRecord:
+        """Append the next record of ``path`` (``seq`` one more than its last; ``recorded_at`` never
+        before the last one's)."""
+
+    @abc.abstractmethod
+    async def list_files(
+        self,
+        *,
+        task_id: str | None = None,
+        session_key: str | None = None,
+        path: str | None = None,
+        limit: int | None = None,
+    ) -> list[FileRecord]:
+        """Records matching every given filter, in the order they were recorded."""
+
+    @abc.abstractmethod
+    async def last_file_records(
+        self,
+        *,
+        after_path: str = "",
+        limit: int = 1000,
+        task_id: str | None = None,
+        session_key: str | None = None,
+    ) -> list[FileRecord]:
+        """The last record of each path after ``after_path`` (in path order), for paths with a record of
+        ``task_id`` / ``session_key`` when given."""
+
+
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
 
@@ -480,6 +652,8 @@ class StorageBackend(
     WorkflowBackend,
     AuditBackend,
     ApprovalBackend,
+    MemoryBackend,
+    FileBackend,
     CopyBackend,
     abc.ABC,
 ):

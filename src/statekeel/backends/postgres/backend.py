@@ -42,6 +42,8 @@ from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
+from ..sql.files import SqlFiles
+from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
@@ -275,7 +277,9 @@ async def _rollback(tx: Any) -> None:
         pass
 
 
-class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class PostgresBackend(
+    SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlMemory, SqlFiles
+):
     """PostgreSQL storage over an asyncpg pool.
 
     Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
@@ -456,6 +460,13 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "memories",
+                    "memory_events",
+                    "memory_episodes",
+                    "memory_relations",
+                    "memory_contradictions",
+                    "memory_accesses",
+                    "file_changes",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

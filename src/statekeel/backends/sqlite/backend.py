@@ -40,6 +40,8 @@ from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
+from ..sql.files import SqlFiles
+from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
@@ -501,7 +503,9 @@ def _commit_marker(conn: sqlite3.Connection) -> None:
     """Marks the end job of an atomic block as a COMMIT (its absence means ROLLBACK)."""
 
 
-class SqliteBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class SqliteBackend(
+    SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlMemory, SqlFiles
+):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
     def __init__(
