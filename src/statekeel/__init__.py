@@ -31,6 +31,8 @@ from .errors import (
     StorageCorrupt,
 )
 from .fallback import ReplayReport
+from .files import Drift, FileLedger, FileRecord, checksum_file
+from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .sessions import Session, SessionLock, SessionManager
 from .store import Store, open_store
 from .tasks import Task, TaskManager
@@ -47,14 +49,24 @@ __all__ = [
     "AuditVerification",
     "BackendUnavailable",
     "ConflictError",
+    "Contradiction",
     "CopyReport",
+    "Drift",
+    "Episode",
+    "FileLedger",
+    "FileRecord",
     "InvalidArgument",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
+    "Memory",
+    "MemoryAccess",
+    "MemoryEvent",
+    "MemoryStore",
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",
+    "Relation",
     "ReplayReport",
     "SchemaTooNew",
     "SerializationError",
@@ -71,6 +83,7 @@ __all__ = [
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",
+    "checksum_file",
     "copy_store",
     "open_store",
 ]

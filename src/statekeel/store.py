@@ -23,6 +23,8 @@ from .backends.base import StorageBackend
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .errors import InvalidArgument
 from .fallback import default_dir as default_fallback_dir
+from .files import FileLedger
+from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
@@ -130,27 +132,39 @@ class Store:
         self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
         self.audit = AuditLog(self.backend, self.codec)
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.memory = MemoryStore(self.backend, self.codec)
+        self.files = FileLedger(self.backend)
         self._closed = False
 
     async def _open(self) -> Store:
         await self.backend.initialize()
         return self
 
-    async def recover(self, repair: bool = True, *, now: dt.datetime | None = None) -> RecoveryReport:
+    async def recover(
+        self,
+        repair: bool = True,
+        *,
+        now: dt.datetime | None = None,
+        files_root: str | os.PathLike[str] | None = None,
+    ) -> RecoveryReport:
         """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
+        With ``files_root``, the file ledger is compared with the files under it.
 
         report = await store.recover()
         assert report.ok, report.summary()
         """
-        return await recover(self, repair=repair, now=now)
+        return await recover(self, repair=repair, now=now, files_root=files_root)
 
     async def close(self) -> None:
         """Flush buffered state and close the backend. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        await self.sessions.close()
-        await self.backend.close()
+        try:
+            await self.memory.close()  # buffered: the access log is written before the backend closes
+        finally:
+            await self.sessions.close()
+            await self.backend.close()
 
     async def __aenter__(self) -> Store:
         return self
