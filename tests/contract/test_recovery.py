@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
+from typing import Any
 
 import statekeel
 from statekeel.recovery import INTERRUPTED_CONTENT, missing_tool_results
@@ -107,3 +109,24 @@ async def test_recover_leaves_sessions_held_by_a_live_agent_alone(store: stateke
     assert report.sessions_busy == ["agent-1"]
     assert report.orphaned_tool_calls == {}
     assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]
+
+
+async def test_recover_lists_open_contradictions_and_files_that_drifted(
+    store: statekeel.Store, tmp_path: Any
+) -> None:
+    a = await store.memory.put("user", "diet", "vegan")
+    b = await store.memory.put("user", None, "ordered a steak")
+    opened = await store.memory.record_contradiction(a.id, b.id, "diet vs. order")
+    settled = await store.memory.record_contradiction(a.id, b.id, "old news")
+    await store.memory.resolve_contradiction(settled.id, "settled")
+    (tmp_path / "kept.txt").write_bytes(b"same")
+    await store.files.record("kept.txt", hashlib.sha256(b"same").hexdigest(), 4)
+    await store.files.record("lost.txt", hashlib.sha256(b"x").hexdigest(), 1)
+
+    report = await store.recover(files_root=tmp_path)
+    assert [c.id for c in report.open_contradictions] == [opened.id]
+    assert [(d.path, d.kind) for d in report.drifted_files] == [("lost.txt", "missing")]
+    assert report.summary()["open_contradictions"] == 1
+    assert report.ok  # both need a decision, neither is damage
+    without_root = await store.recover(repair=False)
+    assert without_root.drifted_files == [] and len(without_root.open_contradictions) == 1
