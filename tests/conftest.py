@@ -135,3 +135,12 @@ async def store(store_url: str, tmp_path: os.PathLike[str]) -> AsyncIterator[sta
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
+    """A URL of an empty store that other processes can open too: a SQLite file, or a PostgreSQL database
+    at the current schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+    return str(request.getfixturevalue("pg_migrated"))

@@ -34,7 +34,7 @@ from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .sessions import Session, SessionLock, SessionManager
-from .store import Store, open_store
+from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
@@ -77,6 +77,7 @@ __all__ = [
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "StoreInfo",
     "TableCopy",
     "Task",
     "TaskManager",

@@ -8,18 +8,14 @@ import datetime as dt
 import pytest
 
 import statekeel
+from helpers import BAD_TEXT, granted_approval
 
 Store = statekeel.Store
 ARGS = {"cmd": "rm", "paths": ["build/"], "force": True}
 
 
-async def _granted(store: Store, args: object = ARGS) -> statekeel.Approval:
-    approval = await store.approvals.request("task:42", "shell", args, "agent-7")
-    return await store.approvals.decide(approval.id, True, "alice", reason="build dir only")
-
-
 async def test_a_granted_approval_authorizes_exactly_its_arguments(store: Store) -> None:
-    approval = await _granted(store)
+    approval = await granted_approval(store, "task:42", ARGS, "agent-7")
     assert (approval.status, approval.decided_by, approval.reason) == ("granted", "alice", "build dir only")
     found = await store.approvals.check("task:42", "shell", {"force": True, "paths": ["build/"], "cmd": "rm"})
     assert found is not None and found.id == approval.id  # key order does not matter
@@ -34,7 +30,7 @@ async def test_a_granted_approval_authorizes_exactly_its_arguments(store: Store)
 
 
 async def test_an_approval_is_consumed_once(store: Store) -> None:
-    approval = await _granted(store)
+    approval = await granted_approval(store, "task:42", ARGS, "agent-7")
     used = await store.approvals.consume(approval.id, "agent-7")
     assert used.consumed_by == "agent-7" and used.consumed_at is not None
     with pytest.raises(statekeel.ConflictError, match="already consumed"):
@@ -43,7 +39,7 @@ async def test_an_approval_is_consumed_once(store: Store) -> None:
 
 
 async def test_racing_consumers_get_the_approval_once(store: Store) -> None:
-    approval = await _granted(store)
+    approval = await granted_approval(store, "task:42", ARGS, "agent-7")
     outcomes = await asyncio.gather(
         *(store.approvals.consume(approval.id, f"agent-{i}") for i in range(5)), return_exceptions=True
     )
@@ -53,7 +49,7 @@ async def test_racing_consumers_get_the_approval_once(store: Store) -> None:
 
 
 async def test_an_approval_is_decided_once(store: Store) -> None:
-    approval = await _granted(store)
+    approval = await granted_approval(store, "task:42", ARGS, "agent-7")
     with pytest.raises(statekeel.ConflictError, match="already granted"):
         await store.approvals.decide(approval.id, False, "bob")
     assert (await store.approvals.get(approval.id)) == approval
@@ -82,7 +78,7 @@ async def test_an_expired_approval_cannot_be_decided_checked_or_consumed(store: 
     with pytest.raises(statekeel.InvalidTransition, match="expired"):
         await store.approvals.decide(stale.id, True, "alice")
     assert await store.approvals.pending() == []
-    granted = await _granted(store)
+    granted = await granted_approval(store, "task:42", ARGS, "agent-7")
     assert await store.approvals.check("task:42", "shell", ARGS) == granted
 
 
@@ -91,12 +87,12 @@ async def test_pending_lists_undecided_approvals_oldest_first(store: Store) -> N
     b = await store.approvals.request(
         "s", "a", 2, "x", expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     )
-    await _granted(store)
+    await granted_approval(store, "task:42", ARGS, "agent-7")
     assert [p.id for p in await store.approvals.pending()] == [a.id, b.id]
 
 
 async def test_each_approval_event_appends_its_audit_entry(store: Store) -> None:
-    approval = await _granted(store)
+    approval = await granted_approval(store, "task:42", ARGS, "agent-7")
     await store.approvals.consume(approval.id, "agent-7")
     entries = await store.audit.query(subject="task:42")
     assert [(e.kind, e.actor) for e in entries] == [
@@ -127,3 +123,17 @@ async def test_bad_approval_input_raises_typed_errors_and_writes_nothing(store: 
         await store.approvals.decide(approval.id, "yes", "alice")  # type: ignore[arg-type]
     assert await store.approvals.pending() == [approval]
     assert [e.kind for e in await store.audit.query()] == ["approval.requested"]
+
+
+@pytest.mark.parametrize("text", BAD_TEXT, ids=["nul", "surrogate"])
+async def test_a_decision_reason_with_nul_or_a_surrogate_is_refused_and_nothing_written(
+    store: Store, text: str
+) -> None:
+    approval = await store.approvals.request("task:1", "shell", {"cmd": "ls"}, "agent")
+    before = await store.audit.verify()
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.approvals.decide(approval.id, True, "alice", reason=text)
+    assert await store.approvals.get(approval.id) == approval
+    assert await store.audit.verify() == before
+    granted = await store.approvals.decide(approval.id, True, "alice", reason="ok")
+    assert granted.status == "granted" and granted.reason == "ok"

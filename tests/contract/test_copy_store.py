@@ -1,10 +1,12 @@
-"""copy_store: every state kind moves between backends verbatim, resumably, and is verified at the end."""
+"""copy_store: every state kind moves between backends verbatim, resumably, and is verified row by row at the
+end; a store is never copied onto itself, however its two URLs are spelled."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -12,21 +14,14 @@ import orjson
 import pytest
 
 import statekeel
+from helpers import exists, message
 from statekeel.audit import AuditLog
-from statekeel.backends.base import NewMessage, NewTask, StorageBackend
+from statekeel.backends.base import NewTask, StorageBackend
 from statekeel.backends.sql.copy import TABLES, table_spec
 
 
 def _sqlite_url(tmp_path: Any, name: str = "src.db") -> str:
     return f"sqlite:///{os.path.join(os.fspath(tmp_path), name)}"
-
-
-def _exists(path: str) -> bool:
-    return os.path.exists(path)
-
-
-def _msg(store: statekeel.Store, role: str, content: Any) -> NewMessage:
-    return NewMessage(role, store.codec.encode({"role": role, "content": content}))
 
 
 async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5) -> None:
@@ -38,7 +33,7 @@ async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5
         meta = store.codec.encode({"owner": i, "at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)})
         head = 0
         for t in range(turns):
-            msgs = [_msg(store, "user", f"q{t}"), _msg(store, "assistant", {"n": t, "big": 2**70})]
+            msgs = [message(store, f"q{t}"), message(store, {"n": t, "big": 2**70}, "assistant")]
             rec = await b.append_messages(key, head, msgs, metadata=meta, create=True)
             head = rec.head_seq
         if i % 3 == 0:
@@ -117,7 +112,7 @@ async def test_copy_sqlite_to_postgres_copies_every_kind_verbatim(tmp_path: Any,
     async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(pg_migrated) as dst:
         await _assert_same(src, dst)
         # The copy is a working store: appends continue at the copied head.
-        rec = await dst.backend.append_messages("sess-001-é", 10, [_msg(dst, "user", "after copy")])
+        rec = await dst.backend.append_messages("sess-001-é", 10, [message(dst, "after copy")])
         assert rec.head_seq == 11
 
 
@@ -168,6 +163,66 @@ async def test_interrupted_copy_resumes_where_it_stopped(tmp_path: Any, pg_migra
         await _assert_same(src, dst)
 
 
+# Verification compares rows, not only counts: a resumed copy continues after the last key the destination
+# holds, so a row the source changed before that key (a finished task, an expired session) is never copied
+# again while the counts still match.
+async def test_resume_after_the_source_changed_a_copied_row_is_not_reported_verified(
+    tmp_path: Path,
+) -> None:
+    src_url, dst_url = _sqlite_url(tmp_path), _sqlite_url(tmp_path, "dst.db")
+    async with statekeel.open_store(src_url) as src:
+        task = await src.tasks.create("deploy")
+        for i in range(5):
+            session = await src.sessions.get_or_create(f"s{i}")
+            session.add_message("user", f"m{i}")
+            await src.sessions.save(session)
+
+    def stop_in_messages(table: str, copied: int) -> None:
+        if table == "messages":
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        await statekeel.copy_store(src_url, dst_url, batch_size=2, on_batch=stop_in_messages)
+
+    # The source changes rows the destination already holds: same counts, other contents.
+    async with statekeel.open_store(src_url) as src:
+        await src.tasks.transition(task.id, "cancelled")
+        await src.sessions.expire("s0")
+
+    with pytest.raises(statekeel.ConflictError, match="differ") as info:
+        await statekeel.copy_store(src_url, dst_url, batch_size=2, resume=True)
+    assert info.value.table in ("sessions", "tasks")  # type: ignore[attr-defined]
+
+
+async def test_copy_again_over_an_up_to_date_destination_is_verified_row_by_row(tmp_path: Path) -> None:
+    src_url, dst_url = _sqlite_url(tmp_path), _sqlite_url(tmp_path, "dst.db")
+    async with statekeel.open_store(src_url) as src:
+        session = await src.sessions.get_or_create("s")
+        session.add_message("user", {"n": 1.5, "nested": {"b": 1, "a": [None, True]}})
+        await src.sessions.save(session)
+        await src.audit.append("tool_call", "agent", "task-1", {"x": 1})
+    first = await statekeel.copy_store(src_url, dst_url, batch_size=1)
+    assert first.verified
+    again = await statekeel.copy_store(src_url, dst_url, batch_size=1, resume=True)
+    assert again.verified and again.copied == 0
+
+
+@pytest.mark.postgres
+async def test_rows_compare_equal_across_backends_despite_jsonb_formatting(
+    tmp_path: Path, pg_migrated: str
+) -> None:
+    src_url = _sqlite_url(tmp_path)
+    async with statekeel.open_store(src_url) as src:
+        session = await src.sessions.get_or_create("s")
+        session.add_message("user", {"zz": 1, "a": {"long key": [1, 2.5, "x"], "b": None}})
+        await src.sessions.save(session)
+        await src.tasks.create("t", metadata={"b": 2, "a": 1})
+    report = await statekeel.copy_store(src_url, pg_migrated)
+    assert report.verified
+    again = await statekeel.copy_store(src_url, pg_migrated, resume=True)
+    assert again.verified and again.copied == 0
+
+
 @pytest.mark.postgres
 async def test_copy_into_non_empty_destination_is_refused_and_writes_nothing(
     tmp_path: Any, pg_migrated: str
@@ -175,7 +230,7 @@ async def test_copy_into_non_empty_destination_is_refused_and_writes_nothing(
     async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
         await _populate(src, sessions=2)
     async with statekeel.open_store(pg_migrated) as dst:
-        await dst.backend.append_messages("mine", 0, [_msg(dst, "user", "keep me")], create=True)
+        await dst.backend.append_messages("mine", 0, [message(dst, "keep me")], create=True)
     with pytest.raises(statekeel.ConflictError, match="not empty") as info:
         await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated)
     assert info.value.table == "sessions"  # type: ignore[attr-defined]
@@ -187,9 +242,9 @@ async def test_copy_into_non_empty_destination_is_refused_and_writes_nothing(
 @pytest.mark.postgres
 async def test_overwrite_replaces_destination_contents(tmp_path: Any, pg_migrated: str) -> None:
     async with statekeel.open_store(pg_migrated) as dst:
-        await dst.backend.append_messages("stale", 0, [_msg(dst, "user", "old")], create=True)
+        await dst.backend.append_messages("stale", 0, [message(dst, "old")], create=True)
     async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
-        await src.backend.append_messages("fresh", 0, [_msg(src, "user", "new")], create=True)
+        await src.backend.append_messages("fresh", 0, [message(src, "new")], create=True)
     report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, overwrite=True)
     assert report.overwritten and report.verified
     async with statekeel.open_store(pg_migrated) as dst:
@@ -200,7 +255,7 @@ async def test_overwrite_replaces_destination_contents(tmp_path: Any, pg_migrate
 async def test_overwrite_refuses_to_delete_audit_entries(tmp_path: Any) -> None:
     src_url, dst_url = _sqlite_url(tmp_path, "a.db"), _sqlite_url(tmp_path, "b.db")
     async with statekeel.open_store(src_url) as src:
-        await src.backend.append_messages("s", 0, [_msg(src, "user", "x")], create=True)
+        await src.backend.append_messages("s", 0, [message(src, "x")], create=True)
     async with statekeel.open_store(dst_url) as dst:
         await AuditLog(dst.backend, dst.codec).append("k", "actor", "subject", {"keep": True})
     with pytest.raises(statekeel.ConflictError, match="never deleted"):
@@ -231,7 +286,7 @@ async def test_bad_copy_arguments_raise_invalid_argument_before_anything_is_open
     dst = _sqlite_url(tmp_path, "never.db")
     with pytest.raises(statekeel.InvalidArgument, match=match):
         await statekeel.copy_store(_sqlite_url(tmp_path), dst, **kwargs)
-    assert not _exists(dst.removeprefix("sqlite:///"))
+    assert not exists(dst.removeprefix("sqlite:///"))
 
 
 async def test_copy_refuses_a_store_onto_itself_and_memory_urls(tmp_path: Any) -> None:
@@ -239,6 +294,64 @@ async def test_copy_refuses_a_store_onto_itself_and_memory_urls(tmp_path: Any) -
         await statekeel.copy_store(_sqlite_url(tmp_path), _sqlite_url(tmp_path))
     with pytest.raises(statekeel.InvalidArgument, match="memory"):
         await statekeel.copy_store("memory://", _sqlite_url(tmp_path))
+
+
+async def _store_precious(store: statekeel.Store) -> None:
+    session = await store.sessions.get_or_create("s")
+    session.add_message("user", "precious")
+    await store.sessions.save(session)
+    await store.tasks.create("a task")
+
+
+async def _precious_still_there(url: str) -> None:
+    async with statekeel.open_store(url) as store:
+        assert [r.payload["content"] for r in await store.backend.read_messages("s")] == ["precious"]
+        assert await store.backend.count_rows("tasks") == 1
+
+
+# overwrite=True empties the destination before copying: were the destination the source under another
+# name (``./a.db`` for ``a.db``, another host spelling, a second open Store), the data would be gone.
+@pytest.mark.parametrize("flags", [{"overwrite": True}, {"resume": True}, {}])
+async def test_copy_to_the_same_sqlite_file_under_another_url_is_refused(
+    tmp_path: Path, flags: dict[str, bool]
+) -> None:
+    url = _sqlite_url(tmp_path, "a.db")
+    async with statekeel.open_store(url) as store:
+        await _store_precious(store)
+    alias = f"sqlite:///{os.fspath(tmp_path)}/./a.db"
+    assert alias != url
+    with pytest.raises(statekeel.InvalidArgument, match="same"):
+        await statekeel.copy_store(url, alias, **flags)
+    await _precious_still_there(url)
+
+
+async def test_copy_between_two_open_stores_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
+    url = _sqlite_url(tmp_path, "a.db")
+    async with statekeel.open_store(url) as src, statekeel.open_store(url) as dst:
+        await _store_precious(src)
+        with pytest.raises(statekeel.InvalidArgument, match="same"):
+            await statekeel.copy_store(src, dst, overwrite=True)
+    await _precious_still_there(url)
+
+
+@pytest.mark.postgres
+async def test_copy_to_the_same_postgres_database_under_another_url_is_refused(pg_migrated: str) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        await _store_precious(store)
+    alias = pg_migrated.replace("127.0.0.1", "localhost") + "?pool_max_size=3"
+    assert alias != pg_migrated
+    with pytest.raises(statekeel.InvalidArgument, match="same"):
+        await statekeel.copy_store(pg_migrated, alias, overwrite=True)
+    await _precious_still_there(pg_migrated)
+
+
+async def test_copy_between_two_distinct_sqlite_files_is_verified(tmp_path: Path) -> None:
+    src = _sqlite_url(tmp_path, "a.db")
+    async with statekeel.open_store(src) as store:
+        await _store_precious(store)
+    report = await statekeel.copy_store(src, "sqlite:///" + os.fspath(tmp_path / "b.db"))
+    assert report.verified and report.copied >= 3
+    await _precious_still_there(_sqlite_url(tmp_path, "b.db"))
 
 
 # Tables that copy_store deliberately leaves out: the schema record (the destination has its own) and

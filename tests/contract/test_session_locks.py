@@ -7,21 +7,12 @@ import asyncio
 import gc
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage
+from helpers import contents, message
 from statekeel.sessions import SessionManager
-
-
-def msg(store: statekeel.Store, content: str) -> NewMessage:
-    return NewMessage("user", store.codec.encode({"role": "user", "content": content}))
-
-
-async def contents(store: statekeel.Store, key: str) -> list[Any]:
-    return [r.payload["content"] for r in await store.backend.read_messages(key)]
 
 
 async def test_same_lock_object_for_the_same_key_and_different_for_different_keys(
@@ -153,14 +144,14 @@ async def test_expired_lease_is_taken_over_and_the_old_holders_writes_are_refuse
     store: statekeel.Store,
 ) -> None:
     b = store.backend
-    await b.append_messages("s", 0, [msg(store, "base")], create=True)
+    await b.append_messages("s", 0, [message(store, "base")], create=True)
     old = await b.acquire_session_lease("s", "A", 0.05)
     async with asyncio.timeout(10):
         while not (new := await b.acquire_session_lease("s", "B", 30)).acquired:
             await asyncio.sleep(0.01)  # wait (with a deadline) for A's lease to expire
     assert new.token == old.token + 1
     with pytest.raises(statekeel.LeaseLost):
-        await b.append_messages("s", 1, [msg(store, "zombie")], lease=old)
+        await b.append_messages("s", 1, [message(store, "zombie")], lease=old)
     with pytest.raises(statekeel.LeaseLost):
         await b.update_session("s", metadata=b'{"zombie": true}', lease=old)
     with pytest.raises(statekeel.LeaseLost):
@@ -171,7 +162,7 @@ async def test_expired_lease_is_taken_over_and_the_old_holders_writes_are_refuse
         await b.delete_session("s", lease=old)
     rec = await b.load_session("s")
     assert rec is not None and rec.head_seq == 1 and rec.metadata == {} and rec.last_consolidated == 0
-    await b.append_messages("s", 1, [msg(store, "current holder")], lease=new)
+    await b.append_messages("s", 1, [message(store, "current holder")], lease=new)
     assert await contents(store, "s") == ["base", "current holder"]
 
 
@@ -260,3 +251,21 @@ async def test_a_long_hold_is_renewed_and_never_taken_over(store: statekeel.Stor
         with pytest.raises(statekeel.ConflictError):
             await theirs.lock("s").acquire(timeout=0.1)
         assert now.token == first.token  # renewals keep the token
+
+
+async def test_an_infinite_lease_is_refused_and_a_long_finite_one_is_usable(store: statekeel.Store) -> None:
+    # Refused when the manager is made, not as an OverflowError from the lease write of the first lock.
+    with pytest.raises(statekeel.InvalidArgument):
+        SessionManager(store.backend, store.codec, lease_seconds=float("inf"))
+    sm = SessionManager(store.backend, store.codec, lease_seconds=1e6)
+    async with sm.open("long") as s:
+        s.add_message("user", "x")
+
+
+async def test_a_nan_lock_timeout_is_refused_and_the_lock_stays_free(store: statekeel.Store) -> None:
+    lock = store.sessions.lock("k")
+    with pytest.raises(statekeel.InvalidArgument, match="timeout"):
+        await lock.acquire(float("nan"))
+    assert not lock.locked()
+    async with store.sessions.open("k", timeout=1) as s:  # still usable
+        s.add_message("user", "x")

@@ -1,26 +1,25 @@
-"""The session part of the storage contract, on every backend."""
+"""The session part of the storage contract, on every backend, including operations run concurrently
+inside one ``atomic()`` block."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 from typing import Any
 
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage
-
-
-def _msg(store: statekeel.Store, role: str, content: str) -> NewMessage:
-    return NewMessage(role, store.codec.encode({"role": role, "content": content}))
+from helpers import message
 
 
 async def test_append_assigns_dense_sequence_numbers(store: statekeel.Store) -> None:
     b = store.backend
     rec = await b.append_messages(
-        "s", 0, [_msg(store, "user", "a"), _msg(store, "assistant", "b")], create=True
+        "s", 0, [message(store, "a"), message(store, "b", "assistant")], create=True
     )
     assert rec.head_seq == 2
-    rec = await b.append_messages("s", 2, [_msg(store, "user", "c")])
+    rec = await b.append_messages("s", 2, [message(store, "c")])
     assert rec.head_seq == 3
     rows = await b.read_messages("s")
     assert [(r.seq, r.payload["content"]) for r in rows] == [(0, "a"), (1, "b"), (2, "c")]
@@ -28,16 +27,16 @@ async def test_append_assigns_dense_sequence_numbers(store: statekeel.Store) -> 
 
 async def test_append_at_stale_head_raises_conflict_with_current_head(store: statekeel.Store) -> None:
     b = store.backend
-    await b.append_messages("s", 0, [_msg(store, "user", "a")], create=True)
+    await b.append_messages("s", 0, [message(store, "a")], create=True)
     with pytest.raises(statekeel.ConflictError) as info:
-        await b.append_messages("s", 0, [_msg(store, "user", "b")])
+        await b.append_messages("s", 0, [message(store, "b")])
     assert info.value.current == 1
     assert [r.payload["content"] for r in await b.read_messages("s")] == ["a"]
 
 
 async def _fill(store: statekeel.Store, key: str, n: int, *, start: int = 0) -> None:
     await store.backend.append_messages(
-        key, start, [_msg(store, "user", f"m{start + i}") for i in range(n)], create=start == 0
+        key, start, [message(store, f"m{start + i}") for i in range(n)], create=start == 0
     )
 
 
@@ -79,7 +78,7 @@ async def test_load_of_a_missing_session_is_none(store: statekeel.Store) -> None
 
 async def test_append_to_a_missing_session_without_create_is_not_found(store: statekeel.Store) -> None:
     with pytest.raises(statekeel.NotFound):
-        await store.backend.append_messages("nope", 0, [_msg(store, "user", "a")])
+        await store.backend.append_messages("nope", 0, [message(store, "a")])
     assert await store.backend.load_session("nope") is None
 
 
@@ -93,7 +92,7 @@ async def test_list_returns_sessions_newest_first_across_pages_without_gaps_or_d
     for key in ("k03", "k00", "k11"):
         rec = await store.backend.load_session(key)
         assert rec is not None
-        await store.backend.append_messages(key, 0, [_msg(store, "user", "x")])
+        await store.backend.append_messages(key, 0, [message(store, "x")])
     records = [await store.backend.load_session(k) for k in keys]
     expected = [
         r.key for r in sorted(records, key=lambda r: (r.updated_at, r.key), reverse=True) if r is not None
@@ -166,6 +165,14 @@ async def test_update_session_at_stale_version_raises_conflict_with_current_and_
     assert await store.backend.load_session("s") == before
 
 
+async def test_append_messages_rejects_a_naive_expected_created_at(store: statekeel.Store) -> None:
+    s = await store.sessions.get_or_create("k")
+    s.add_message("user", "x")
+    await store.sessions.save(s)
+    with pytest.raises(statekeel.InvalidArgument, match="expected_created_at"):
+        await store.backend.append_messages("k", 1, [], expected_created_at=dt.datetime(2026, 1, 1))
+
+
 async def test_update_of_a_missing_session_is_not_found(store: statekeel.Store) -> None:
     with pytest.raises(statekeel.NotFound):
         await store.backend.update_session("nope", status="expired")
@@ -222,7 +229,7 @@ async def test_archive_moves_messages_and_advances_last_consolidated_together(st
     assert [m.seq for m in found[1]] == [4, 5]
     assert await b.read_summaries("s") == [("c1", 0, 4, "sum1")]
     # Appending continues at the head, not at the number of live messages.
-    rec = await b.append_messages("s", 6, [_msg(store, "user", "m6")])
+    rec = await b.append_messages("s", 6, [message(store, "m6")])
     assert rec.head_seq == 7
 
 
@@ -297,8 +304,40 @@ async def test_failed_append_inside_atomic_leaves_earlier_state_intact(store: st
     await _fill(store, "s", 2)
     with pytest.raises(statekeel.ConflictError):
         async with b.atomic():
-            await b.append_messages("s", 2, [_msg(store, "user", "m2")])
-            await b.append_messages("s", 2, [_msg(store, "user", "dup")])
+            await b.append_messages("s", 2, [message(store, "m2")])
+            await b.append_messages("s", 2, [message(store, "dup")])
     assert _contents(await b.read_messages("s")) == ["m0", "m1"]
     rec = await b.load_session("s")
     assert rec is not None and rec.head_seq == 2
+
+
+# Child tasks started inside ``atomic()`` inherit the block: their operations join its transaction (on
+# PostgreSQL one connection, which asyncpg lets run one operation at a time).
+async def test_concurrent_operations_inside_one_atomic_block_all_commit_together(
+    store: statekeel.Store,
+) -> None:
+    b = store.backend
+    async with b.atomic():
+        await asyncio.gather(
+            *(b.append_messages(f"s{i}", 0, [message(store, f"m{i}")], create=True) for i in range(8))
+        )
+    for i in range(8):
+        assert [r.payload["content"] for r in await b.read_messages(f"s{i}")] == [f"m{i}"]
+
+
+async def test_concurrent_operations_inside_an_atomic_block_that_fails_all_roll_back(
+    store: statekeel.Store,
+) -> None:
+    b = store.backend
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with b.atomic():
+            await asyncio.gather(
+                *(b.append_messages(f"s{i}", 0, [message(store, f"m{i}")], create=True) for i in range(8))
+            )
+            raise Boom
+    for i in range(8):
+        assert await b.load_session(f"s{i}") is None

@@ -1,8 +1,11 @@
-"""The step journal: two-phase records, replay, steps in doubt, resolution — on every backend."""
+"""The step journal: two-phase records, replay, steps in doubt, resolution, failing steps whose error is
+large or unprintable — on every backend."""
 
 from __future__ import annotations
 
 import datetime as dt
+import inspect
+import os
 from typing import Any
 
 import pytest
@@ -170,3 +173,61 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_start_a_step(store: St
     assert fn.calls == 0 and await store.tasks.get_step(zombie.id, "late") is None
     assert await store.tasks.step(heir.id, "late", fn, lease_epoch=heir.lease_epoch) == "done"
     assert fn.calls == 1
+
+
+async def test_a_step_that_raises_with_an_oversized_message_is_recorded_failed_and_reraised(
+    store_url: str, tmp_path: os.PathLike[str]
+) -> None:
+    fallback = os.path.join(os.fspath(tmp_path), "fallback")
+    async with statekeel.open_store(store_url, fallback_dir=fallback, max_record_bytes=64 * 1024) as store:
+        task = await _running(store)
+        huge = "x" * (200 * 1024)  # e.g. a tool's whole output in the exception text
+
+        def fail() -> None:
+            raise RuntimeError(huge)
+
+        with pytest.raises(RuntimeError) as caught:
+            await store.tasks.step(task.id, "call-tool", fail)
+        assert str(caught.value) == huge  # the caller's own exception, not PayloadTooLarge
+        record = await store.tasks.get_step(task.id, "call-tool")
+        assert record is not None and record.status == "failed"
+        assert record.error["type"] == "builtins.RuntimeError"
+        assert record.error["message"].startswith("xxxx") and "truncated" in record.error["message"]
+        # fn raised, so its outcome is known: the next call runs it again rather than StepInDoubt.
+        assert await store.tasks.step(task.id, "call-tool", lambda: "ok") == "ok"
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+async def test_a_step_that_raises_an_unprintable_exception_is_recorded_failed_and_reraised(
+    store: Store,
+) -> None:
+    task = await _running(store)
+
+    def fail() -> None:
+        raise _Unprintable()
+
+    with pytest.raises(_Unprintable):
+        await store.tasks.step(task.id, "s", fail)
+    record = await store.tasks.get_step(task.id, "s")
+    assert record is not None and record.status == "failed"
+    assert record.error["type"].endswith("_Unprintable") and "str()" in record.error["message"]
+
+
+async def test_a_coroutine_given_to_step_with_bad_arguments_is_closed_not_left_unawaited(
+    store: Store,
+) -> None:
+    task = await _running(store)
+
+    async def send() -> int:
+        return 1
+
+    for bad in ({"step_key": ""}, {"step_key": "s", "idempotent": 1}, {"step_key": "s", "lease_epoch": 0}):
+        coro = send()
+        with pytest.raises(statekeel.InvalidArgument):
+            await store.tasks.step(task.id, fn=coro, **bad)  # type: ignore[arg-type]
+        assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
+    assert await store.tasks.steps(task.id) == []

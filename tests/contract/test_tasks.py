@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 import statekeel
+from helpers import BAD_TEXT
 from statekeel.backends.base import TASK_STATUSES
 from statekeel.tasks import TRANSITIONS
 
@@ -168,6 +169,25 @@ async def test_bad_arguments_raise_typed_errors_and_write_nothing(store: Store) 
     assert (await store.tasks.transition(task.id, "queued")).status == "queued"
 
 
+@pytest.mark.parametrize("text", BAD_TEXT, ids=["nul", "surrogate"])
+async def test_task_and_workflow_text_with_nul_or_a_surrogate_is_refused_and_nothing_written(
+    store: Store, text: str
+) -> None:
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.create(text)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.create("t", description=text)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.workflows.create(text, [{"name": "build"}])
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.workflows.create("release", [{"name": "build", "title": text}])
+    assert (await store.tasks.list()).items == []
+    assert await store.workflows.list() == []
+    # The store stays usable, and ordinary text (empty description included) still goes through.
+    task = await store.tasks.create("é 🚀", description="")
+    assert (task.title, task.description) == ("é 🚀", "")
+
+
 async def test_list_filters_by_status_and_workflow_and_paginates_oldest_first(store: Store) -> None:
     made = [await store.tasks.create(f"t{i}", status="queued" if i % 2 else "pending") for i in range(7)]
     seen: list[str] = []
@@ -263,6 +283,60 @@ async def test_a_worker_whose_lease_expired_cannot_complete_the_interrupted_task
     with pytest.raises(statekeel.LeaseLost):
         await store.tasks.transition(task.id, "success", lease_epoch=task.lease_epoch)
     assert (await store.tasks.get(task.id)).status == "interrupted"  # type: ignore[union-attr]
+
+
+async def _expired_zombie(store: Store) -> statekeel.Task:
+    """A task claimed by "zombie" whose lease then expired (the task is interrupted)."""
+    await store.tasks.create("t", status="queued")
+    zombie = await store.tasks.claim("zombie", lease_seconds=1)
+    assert zombie is not None
+    expired = await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5))
+    assert [t.id for t in expired] == [zombie.id]
+    return zombie
+
+
+async def test_a_zombie_cannot_heartbeat_complete_or_step_a_task_resumed_without_a_claim(
+    store: Store,
+) -> None:
+    zombie = await _expired_zombie(store)
+    # An operator (or recovery) resumes the interrupted task directly: interrupted -> running is legal.
+    resumed = await store.tasks.transition(zombie.id, "running")
+    assert resumed.lease_epoch > zombie.lease_epoch and resumed.lease_owner is None
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.heartbeat(zombie.id, "zombie", zombie.lease_epoch)
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.transition(zombie.id, "success", worker_id="zombie", lease_epoch=zombie.lease_epoch)
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.transition(zombie.id, "success", worker_id="zombie")
+    calls: list[int] = []
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.step(zombie.id, "send", lambda: calls.append(1), lease_epoch=zombie.lease_epoch)
+    assert calls == [] and await store.tasks.steps(zombie.id) == []
+    assert await store.tasks.get(zombie.id) == resumed
+
+
+async def test_a_worker_that_suspended_its_task_is_fenced_once_the_task_is_resumed(store: Store) -> None:
+    await store.tasks.create("t", status="queued")
+    worker = await store.tasks.claim("w1")
+    assert worker is not None
+    await store.tasks.transition(worker.id, "suspended", worker_id="w1", lease_epoch=worker.lease_epoch)
+    resumed = await store.tasks.transition(worker.id, "running")
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.heartbeat(worker.id, "w1", worker.lease_epoch)
+    assert await store.tasks.get(worker.id) == resumed
+    # A later claim fences by the next epoch.
+    await store.tasks.transition(worker.id, "suspended")
+    await store.tasks.transition(worker.id, "queued")
+    heir = await store.tasks.claim("w2")
+    assert heir is not None and heir.lease_epoch == resumed.lease_epoch + 1 and heir.lease_owner == "w2"
+
+
+async def test_leaving_running_keeps_the_owner_and_epoch_for_the_record(store: Store) -> None:
+    await store.tasks.create("t", status="queued")
+    task = await store.tasks.claim("w1")
+    assert task is not None
+    done = await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert (done.lease_owner, done.lease_epoch) == ("w1", task.lease_epoch)
 
 
 async def test_expire_leases_leaves_live_leases_and_unleased_tasks_alone(store: Store) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+
+from helpers import run_together
 
 OPENER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "opener.py")
 
@@ -14,32 +15,7 @@ def open_concurrently(url: str, n: int, *, timeout: float = 60.0) -> list[str]:
 
     Fails the test if any process fails (its stderr is shown).
     """
-    procs = [
-        subprocess.Popen(
-            [sys.executable, OPENER, url, str(i)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(n)
+    return [
+        out.strip()
+        for out in run_together([[sys.executable, OPENER, url, str(i)] for i in range(n)], timeout=timeout)
     ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-        for proc in procs:  # release them together: the barrier
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = []
-        for i, proc in enumerate(procs):
-            out, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"opener {i} failed ({proc.returncode}):\n{err}"
-            outputs.append(out.strip())
-        return outputs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()

@@ -15,6 +15,7 @@ import pytest
 from migration_support import open_concurrently
 
 import statekeel
+from helpers import sqlite_url
 from statekeel.backends.sql.migrations import Migration, load_migrations
 from statekeel.backends.sqlite.backend import SqliteBackend, migrations_shipped
 from statekeel.codec import Codec
@@ -33,10 +34,6 @@ BROKEN = Migration(
     "INSERT INTO added_by_broken VALUES (1);\n"
     "SELECT * FROM no_such_table;\n",
 )
-
-
-def url_of(path: Path) -> str:
-    return f"sqlite:///{path}"
 
 
 def dump(path: Path) -> dict[str, Any]:
@@ -66,7 +63,7 @@ def backups(directory: Path) -> list[Path]:
 
 
 async def make_store_with_data(path: Path) -> None:
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         for key in ("a", "b"):
             session = await store.sessions.get_or_create(key)
             for i in range(3):
@@ -83,7 +80,7 @@ def copy_fixture(name: str, tmp_path: Path) -> Path:
 
 async def test_new_file_gets_every_shipped_migration_once(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         infos = await store.backend.migrations()
         assert [(m.version, m.name) for m in infos] == [(m.version, m.name) for m in SHIPPED]
         assert [m.checksum for m in infos] == [m.checksum for m in SHIPPED]
@@ -103,7 +100,7 @@ async def test_failed_migration_leaves_database_unchanged(tmp_path: Path) -> Non
     await make_store_with_data(path)
     before_bytes = path.read_bytes()
     before = dump(path)
-    backend = SqliteBackend(url_of(path), str(path), codec=Codec(), migrations=[*SHIPPED, BROKEN])
+    backend = SqliteBackend(sqlite_url(path), str(path), codec=Codec(), migrations=[*SHIPPED, BROKEN])
     with pytest.raises(statekeel.MigrationError) as info:
         await backend.initialize()
     assert info.value.version == CURRENT + 1
@@ -117,7 +114,7 @@ async def test_failed_migration_leaves_database_unchanged(tmp_path: Path) -> Non
     assert stat.S_IMODE(os.stat(backup).st_mode) == 0o600
     assert dump(backup)["rows"] == before["rows"]
     # The store is still usable with the shipped migrations.
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         rows = await store.backend.read_messages("a")
         assert [r.payload["content"] for r in rows] == ["a0", "a1", "a2"]
 
@@ -125,11 +122,11 @@ async def test_failed_migration_leaves_database_unchanged(tmp_path: Path) -> Non
 async def test_failed_first_migration_of_a_new_file_leaves_it_without_schema(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     bad = Migration(1, "initial", "CREATE TABLE t (a INTEGER);\nINSERT INTO nowhere VALUES (1);\n")
-    backend = SqliteBackend(url_of(path), str(path), codec=Codec(), migrations=[bad])
+    backend = SqliteBackend(sqlite_url(path), str(path), codec=Codec(), migrations=[bad])
     with pytest.raises(statekeel.MigrationError):
         await backend.initialize()
     assert dump(path)["schema"] == []
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         assert await store.backend.schema_version() == CURRENT
 
 
@@ -145,7 +142,7 @@ async def test_database_newer_than_the_code_is_refused_and_not_modified(tmp_path
     conn.close()
     before_bytes = path.read_bytes()
     with pytest.raises(statekeel.SchemaTooNew) as info:
-        await statekeel.open_store(url_of(path))
+        await statekeel.open_store(sqlite_url(path))
     assert (info.value.found, info.value.supported) == (CURRENT + 5, CURRENT)
     assert path.read_bytes() == before_bytes
     assert sorted(os.listdir(tmp_path)) == ["store.db"]
@@ -156,7 +153,7 @@ async def test_applied_migration_with_a_different_checksum_is_migration_error(tm
     await make_store_with_data(path)
     before_bytes = path.read_bytes()
     edited = [Migration(m.version, m.name, m.sql + "\n-- edited after release\n") for m in SHIPPED[:1]]
-    backend = SqliteBackend(url_of(path), str(path), codec=Codec(), migrations=edited + SHIPPED[1:])
+    backend = SqliteBackend(sqlite_url(path), str(path), codec=Codec(), migrations=edited + SHIPPED[1:])
     with pytest.raises(statekeel.MigrationError) as info:
         await backend.initialize()
     assert info.value.version == 1
@@ -173,7 +170,7 @@ async def test_checksum_tampered_in_the_database_is_migration_error(tmp_path: Pa
     conn.commit()
     conn.close()
     with pytest.raises(statekeel.MigrationError) as info:
-        await statekeel.open_store(url_of(path))
+        await statekeel.open_store(sqlite_url(path))
     assert info.value.version == CURRENT
 
 
@@ -189,7 +186,7 @@ async def test_frozen_v1_database_upgrades_with_its_data_intact(tmp_path: Path) 
     expected = _load_fixture_script().EXPECTED
     path = copy_fixture("v1.sqlite", tmp_path)
     assert versions(path) == [(1, 1)]
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         assert await store.backend.schema_version() == CURRENT
         for key, (status, metadata, messages, archived) in expected.items():
             record = await store.backend.load_session(key)
@@ -216,7 +213,7 @@ async def test_backup_is_taken_before_upgrading_an_existing_file(tmp_path: Path)
     before = dump(path)
     # Migration 2 is replaced by a failing one: the backup must exist and be the v1 database.
     broken_2 = Migration(2, "broken", BROKEN.sql)
-    backend = SqliteBackend(url_of(path), str(path), codec=Codec(), migrations=[SHIPPED[0], broken_2])
+    backend = SqliteBackend(sqlite_url(path), str(path), codec=Codec(), migrations=[SHIPPED[0], broken_2])
     with pytest.raises(statekeel.MigrationError) as info:
         await backend.initialize()
     backup = Path(info.value.backup)
@@ -231,7 +228,7 @@ def test_processes_opening_a_new_file_at_once_all_succeed_and_migrate_once(
     tmp_path: Path, round_: int
 ) -> None:
     path = tmp_path / "race.db"
-    outputs = open_concurrently(url_of(path), 3)
+    outputs = open_concurrently(sqlite_url(path), 3)
     assert outputs == [f"ok {CURRENT}"] * 3
     assert versions(path) == [(v, 1) for v in range(1, CURRENT + 1)]
     keys = {r[0] for r in sqlite3.connect(path).execute("SELECT key FROM sessions")}
@@ -241,7 +238,7 @@ def test_processes_opening_a_new_file_at_once_all_succeed_and_migrate_once(
 
 def test_processes_upgrading_the_same_old_file_at_once_all_succeed(tmp_path: Path) -> None:
     path = copy_fixture("v1.sqlite", tmp_path)
-    outputs = open_concurrently(url_of(path), 3)
+    outputs = open_concurrently(sqlite_url(path), 3)
     assert outputs == [f"ok {CURRENT}"] * 3
     assert versions(path) == [(v, 1) for v in range(1, CURRENT + 1)]
     assert backups(tmp_path) == []

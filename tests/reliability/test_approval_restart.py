@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -27,13 +26,6 @@ asyncio.run(main(sys.argv[1]))
 
 ARGS_A = {"env": "prod", "sha": "abc"}
 ARGS_B = {"env": "prod", "sha": "abd"}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'approvals.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
 
 
 async def test_an_approval_survives_kill_and_restarts_bound_to_its_args_and_single_use(

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 import statekeel
+from helpers import run_together
 
 PER_WORKER = 50
 WORKERS = 4
@@ -29,40 +26,13 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'audit.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
 def run_appenders(url: str) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, url, f"agent-{i}", str(PER_WORKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(WORKERS)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            assert out.strip() == "done"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outputs = run_together(
+        [[sys.executable, "-c", CHILD, url, f"agent-{i}", str(PER_WORKER)] for i in range(WORKERS)],
+        timeout=120,
+    )
+    for out in outputs:
+        assert out.strip() == "done"
 
 
 async def test_concurrent_appends_from_four_processes_form_one_chain(shared_url: str) -> None:

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 import statekeel
+from helpers import run_together
 
 TASKS = 200
 WORKERS = 4
@@ -38,42 +35,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'claims.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
 def run_workers(url: str) -> dict[str, Any]:
-    procs = {
-        f"worker-{i}": subprocess.Popen(
-            [sys.executable, "-c", CHILD, url, f"worker-{i}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(WORKERS)
-    }
-    try:
-        for p in procs.values():
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        for p in procs.values():
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        reports = {}
-        for name, p in procs.items():
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            reports[name] = json.loads(out)
-        return reports
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    names = [f"worker-{i}" for i in range(WORKERS)]
+    outputs = run_together([[sys.executable, "-c", CHILD, url, name] for name in names], timeout=120)
+    return {name: json.loads(out) for name, out in zip(names, outputs, strict=True)}
 
 
 async def test_four_processes_claim_each_of_200_tasks_exactly_once(shared_url: str) -> None:

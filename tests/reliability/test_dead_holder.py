@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -39,13 +38,6 @@ HOLDER = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'agent.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
 def _stop(proc: subprocess.Popen[str]) -> None:
     """SIGKILL the holder and reap it (closing its pipes)."""
     if proc.poll() is None:
@@ -65,10 +57,10 @@ def _start_holder(url: str) -> subprocess.Popen[str]:
     return proc
 
 
-async def test_a_restarted_agent_resumes_a_session_whose_holder_was_killed(url: str) -> None:
-    proc = _start_holder(url)
+async def test_a_restarted_agent_resumes_a_session_whose_holder_was_killed(shared_url: str) -> None:
+    proc = _start_holder(shared_url)
     _stop(proc)  # kill -9, as a crash would
-    async with statekeel.open_store(url) as store:
+    async with statekeel.open_store(shared_url) as store:
         lease = await store.backend.read_session_lease("agent")
         assert lease is not None and lease.expires_at.timestamp() > time.time() + 10  # not expired
         report = await store.recover()
@@ -80,10 +72,10 @@ async def test_a_restarted_agent_resumes_a_session_whose_holder_was_killed(url: 
         assert time.monotonic() - started < 5
 
 
-async def test_a_live_holder_in_another_process_keeps_its_lease(url: str) -> None:
-    proc = _start_holder(url)
+async def test_a_live_holder_in_another_process_keeps_its_lease(shared_url: str) -> None:
+    proc = _start_holder(shared_url)
     try:
-        async with statekeel.open_store(url) as store:
+        async with statekeel.open_store(shared_url) as store:
             with pytest.raises(statekeel.ConflictError):
                 async with store.sessions.open("agent", timeout=0.3):
                     pass

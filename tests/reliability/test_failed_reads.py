@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 import statekeel
+from helpers import sqlite_url
 from statekeel.backends.sqlite.backend import SqliteBackend
 
 
-def url_of(path: Path) -> str:
-    return f"sqlite:///{path}"
-
-
 async def write_session(path: Path, key: str = "agent", n: int = 6, size: int = 10) -> None:
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         session = await store.sessions.get_or_create(key)
         for i in range(n):
             session.add_message("user", f"m{i} " + "x" * size)
@@ -27,7 +24,7 @@ async def write_session(path: Path, key: str = "agent", n: int = 6, size: int = 
 async def test_load_on_a_dead_connection_raises_then_reconnects(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     await write_session(path)
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         backend = store.backend
         assert isinstance(backend, SqliteBackend)
         assert await backend.load_session("warm-up") is None  # the reader connects lazily
@@ -46,7 +43,7 @@ async def test_load_on_a_dead_connection_raises_then_reconnects(tmp_path: Path) 
 async def test_write_on_a_dead_connection_raises_then_reconnects(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     await write_session(path, n=1)
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         backend = store.backend
         assert isinstance(backend, SqliteBackend)
         writer = backend._writer
@@ -65,7 +62,7 @@ async def test_write_on_a_dead_connection_raises_then_reconnects(tmp_path: Path)
 async def test_load_of_a_session_whose_table_vanished_is_storage_corrupt_not_none(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     await write_session(path)
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         other = sqlite3.connect(path)
         other.execute("DROP TABLE messages")
         other.commit()
@@ -81,7 +78,7 @@ async def test_load_of_an_undecodable_message_raises_not_none(tmp_path: Path) ->
     other.execute("UPDATE messages SET payload = '{not json' WHERE seq = 3")
     other.commit()
     other.close()
-    async with statekeel.open_store(url_of(path)) as store:
+    async with statekeel.open_store(sqlite_url(path)) as store:
         with pytest.raises(statekeel.SerializationError):
             await store.sessions.load("agent")
         with pytest.raises(statekeel.SerializationError):
@@ -102,5 +99,5 @@ async def test_load_from_damaged_pages_raises_storage_corrupt_not_none(tmp_path:
         fh.seek(last_root * page_size)  # pages are numbered from 1: this is page last_root + 1
         fh.write(b"\xa5" * (page_size * (page_count - last_root)))
     with pytest.raises(statekeel.StorageCorrupt):
-        async with statekeel.open_store(url_of(path)) as store:
+        async with statekeel.open_store(sqlite_url(path)) as store:
             await store.sessions.load("agent")

@@ -134,19 +134,11 @@ async def _run_workers(tmp_path: Path, url: str, mode: str, *args: int) -> list[
     return results
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def mp_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mp.db'}"
-    request.applymarker(pytest.mark.postgres)
-    return str(request.getfixturevalue("pg_migrated"))
-
-
-async def test_four_processes_with_fifty_sessions_each_lose_nothing(mp_url: str, tmp_path: Path) -> None:
+async def test_four_processes_with_fifty_sessions_each_lose_nothing(shared_url: str, tmp_path: Path) -> None:
     sessions, turns = 50, 5
-    results = await _run_workers(tmp_path, mp_url, "sessions", sessions, turns)
+    results = await _run_workers(tmp_path, shared_url, "sessions", sessions, turns)
     assert sum(r["turns"] for r in results) == PROCS * sessions * turns
-    async with statekeel.open_store(mp_url) as store:
+    async with statekeel.open_store(shared_url) as store:
         page = await store.backend.list_sessions(limit=1000)
         assert len(page.items) == PROCS * sessions
         for p in range(PROCS):
@@ -163,11 +155,11 @@ async def test_four_processes_with_fifty_sessions_each_lose_nothing(mp_url: str,
 
 @pytest.mark.parametrize("mode", ["shared_cas", "shared_lock"])
 async def test_four_processes_on_one_session_never_interleave_duplicate_or_lose_turns(
-    mp_url: str, tmp_path: Path, mode: str
+    shared_url: str, tmp_path: Path, mode: str
 ) -> None:
     turns = 25 if mode == "shared_cas" else 8
-    await _run_workers(tmp_path, mp_url, mode, turns)
-    async with statekeel.open_store(mp_url) as store:
+    await _run_workers(tmp_path, shared_url, mode, turns)
+    async with statekeel.open_store(shared_url) as store:
         messages = await store.backend.read_messages("shared")
     total = PROCS * turns * len(ROLES)
     assert [m.seq for m in messages] == list(range(total))  # dense: none lost, none extra

@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage
+from helpers import message
 
 pytestmark = pytest.mark.postgres
 
@@ -95,10 +95,6 @@ def pgbouncer(pg_database: str) -> Iterator[str]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _msg(store: statekeel.Store, content: str) -> NewMessage:
-    return NewMessage("user", store.codec.encode({"role": "user", "content": content}))
-
-
 async def test_store_works_behind_pgbouncer_transaction_pooling(pgbouncer: str, pg_database: str) -> None:
     db = pg_database.rsplit("/", 1)[1]
     url = f"{pgbouncer}/{db}?pgbouncer=true&pool_max_size=12"
@@ -113,7 +109,7 @@ async def test_store_works_behind_pgbouncer_transaction_pooling(pgbouncer: str, 
             head = 0
             for t in range(10):
                 head = (
-                    await b.append_messages(f"s{i}", head, [_msg(store, f"{i}-{t}")] * 2, create=True)
+                    await b.append_messages(f"s{i}", head, [message(store, f"{i}-{t}")] * 2, create=True)
                 ).head_seq
                 loaded = await b.load_session_with_messages(f"s{i}")
                 assert loaded is not None and loaded[0].head_seq == head
@@ -121,10 +117,10 @@ async def test_store_works_behind_pgbouncer_transaction_pooling(pgbouncer: str, 
         await asyncio.gather(*(writer(i) for i in range(24)))
         await b.archive_messages("s0", compression_id="c", upto_seq=4, summary="sum", expected_consolidated=0)
         async with b.atomic():
-            await b.append_messages("s1", 20, [_msg(store, "atomic")])
+            await b.append_messages("s1", 20, [message(store, "atomic")])
             await b.update_session("s1", status="expired")
         with pytest.raises(statekeel.ConflictError):
-            await b.append_messages("s2", 0, [_msg(store, "stale")])
+            await b.append_messages("s2", 0, [message(store, "stale")])
     # Reopened (migrations are current), everything is there.
     async with statekeel.open_store(url) as store:
         page = await store.backend.list_sessions(limit=100)

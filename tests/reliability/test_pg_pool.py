@@ -12,16 +12,13 @@ import asyncpg
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage, SessionRecord
+from helpers import message
+from statekeel.backends.base import SessionRecord
 from statekeel.backends.postgres.backend import PostgresBackend
 
 pytestmark = pytest.mark.postgres
 
 T = TypeVar("T")
-
-
-def _msg(store: statekeel.Store, content: str) -> NewMessage:
-    return NewMessage("user", store.codec.encode({"role": "user", "content": content}))
 
 
 def _pg(store: statekeel.Store) -> PostgresBackend:
@@ -101,7 +98,7 @@ async def _prepared_statements(store: statekeel.Store) -> int:
 async def _round_trip(store: statekeel.Store) -> None:
     b = store.backend
     await b.create_session("rt", metadata=store.codec.encode({"a": 1}))
-    await b.append_messages("rt", 0, [_msg(store, "one"), _msg(store, "two"), _msg(store, "three")])
+    await b.append_messages("rt", 0, [message(store, "one"), message(store, "two"), message(store, "three")])
     rec = await b.update_session("rt", expected_version=2, metadata=store.codec.encode({"a": 2}))
     assert rec.metadata == {"a": 2}
     await b.archive_messages("rt", compression_id="c1", upto_seq=2, summary="s", expected_consolidated=0)
@@ -110,7 +107,7 @@ async def _round_trip(store: statekeel.Store) -> None:
     assert [a.payload["content"] for a in await b.read_archive("rt")] == ["one", "two"]
     assert [s.key for s in (await b.list_sessions()).items] == ["rt"]
     async with b.atomic():
-        await b.append_messages("rt", 3, [_msg(store, "four")])
+        await b.append_messages("rt", 3, [message(store, "four")])
         await b.update_session("rt", status="expired")
     assert await b.delete_session("rt")
 
@@ -131,14 +128,14 @@ async def test_a_blocked_session_does_not_block_other_sessions(
 ) -> None:
     b = pg_store.backend
     for key in ("a", "b"):
-        await b.append_messages(key, 0, [_msg(pg_store, "x")], create=True)
+        await b.append_messages(key, 0, [message(pg_store, "x")], create=True)
 
     def write() -> Coroutine[Any, Any, SessionRecord]:
-        return b.append_messages("a", 1, [_msg(pg_store, "y")])
+        return b.append_messages("a", 1, [message(pg_store, "y")])
 
     async with _blocked_on_row_lock(pg_migrated, "a", write) as (blocked, tx):
         # No instance-wide lock: another session's write completes while "a" waits.
-        rec = await asyncio.wait_for(b.append_messages("b", 1, [_msg(pg_store, "y")]), timeout=10)
+        rec = await asyncio.wait_for(b.append_messages("b", 1, [message(pg_store, "y")]), timeout=10)
         assert rec.head_seq == 2
         assert not blocked.done()
         await tx.rollback()
@@ -151,13 +148,13 @@ async def test_pool_reconnects_after_pg_terminate_backend_and_loses_nothing(
     b = pg_store.backend
     head = 0
     for round_ in range(3):
-        await b.append_messages("s", head, [_msg(pg_store, f"before-{round_}")], create=True)
+        await b.append_messages("s", head, [message(pg_store, f"before-{round_}")], create=True)
         head += 1
         assert await _terminate_all(pg_migrated) >= 1
         # A read and a write right after: both go through on fresh connections, no error surfaces.
         loaded = await b.load_session_with_messages("s")
         assert loaded is not None and loaded[0].head_seq == head
-        rec = await b.append_messages("s", head, [_msg(pg_store, f"after-{round_}")])
+        rec = await b.append_messages("s", head, [message(pg_store, f"after-{round_}")])
         head += 1
         assert rec.head_seq == head
         await _terminate_all(pg_migrated)
@@ -175,7 +172,7 @@ async def test_commit_lost_with_the_connection_raises_unknown_outcome_and_is_not
     pg_store: statekeel.Store, pg_migrated: str, monkeypatch: pytest.MonkeyPatch, in_atomic: bool
 ) -> None:
     b = pg_store.backend
-    await b.append_messages("s", 0, [_msg(pg_store, "kept")], create=True)
+    await b.append_messages("s", 0, [message(pg_store, "kept")], create=True)
     original = asyncpg.transaction.Transaction.commit
     commits: list[int] = []
 
@@ -194,16 +191,16 @@ async def test_commit_lost_with_the_connection_raises_unknown_outcome_and_is_not
     with pytest.raises(statekeel.BackendUnavailable) as info:
         if in_atomic:
             async with b.atomic():
-                await b.append_messages("s", 1, [_msg(pg_store, "lost")])
+                await b.append_messages("s", 1, [message(pg_store, "lost")])
         else:
-            await b.append_messages("s", 1, [_msg(pg_store, "lost")])
+            await b.append_messages("s", 1, [message(pg_store, "lost")])
     monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", original)
     assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
     assert "re-read" in str(info.value)
     assert commits == [1]  # not retried blindly
     # The store is usable right away and holds exactly what was acknowledged.
     assert [m.payload["content"] for m in await b.read_messages("s")] == ["kept"]
-    rec = await b.append_messages("s", 1, [_msg(pg_store, "next")])
+    rec = await b.append_messages("s", 1, [message(pg_store, "next")])
     assert rec.head_seq == 2
 
 
@@ -211,19 +208,19 @@ async def test_cancelled_and_failed_operations_leave_the_pooled_connection_clean
     # One pooled connection: whatever a failed or cancelled operation left on it, the next one inherits.
     async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
         b = store.backend
-        await b.append_messages("s", 0, [_msg(store, "one")], create=True)
+        await b.append_messages("s", 0, [message(store, "one")], create=True)
         with pytest.raises(statekeel.ConflictError):
-            await b.append_messages("s", 0, [_msg(store, "stale")])
+            await b.append_messages("s", 0, [message(store, "stale")])
 
         def write() -> Coroutine[Any, Any, SessionRecord]:
-            return b.append_messages("s", 1, [_msg(store, "cancelled")])
+            return b.append_messages("s", 1, [message(store, "cancelled")])
 
         async with _blocked_on_row_lock(pg_migrated, "s", write) as (blocked, tx):
             blocked.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await blocked
             await tx.rollback()
-        rec = await asyncio.wait_for(b.append_messages("s", 1, [_msg(store, "two")]), timeout=10)
+        rec = await asyncio.wait_for(b.append_messages("s", 1, [message(store, "two")]), timeout=10)
         assert rec.head_seq == 2
         assert [m.payload["content"] for m in await b.read_messages("s")] == ["one", "two"]
         async with _pg(store).pool.acquire() as conn:

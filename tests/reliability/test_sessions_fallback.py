@@ -1,40 +1,28 @@
 """Fallback: with the database unwritable (SQLite's write lock held by another connection), saves go to
-fallback files, loads see them, and replay moves them into the database with nothing lost."""
+fallback files, loads see them, and replay moves them into the database with nothing lost. A file the
+backend will not take is reported and kept without stopping the others (nor ``recover()``); a file whose
+header would write bad values, or whose session was deleted and created again, is quarantined."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import statekeel
+from helpers import contents, database_write_locked
 from statekeel.fallback import FallbackDir, file_stem
 
 NASTY_KEYS = ["a:b", "a_b", "a/b", "../x", "é", "k" * 500]
-
-
-@contextlib.contextmanager
-def database_write_locked(db: Path) -> Iterator[None]:
-    """Hold SQLite's write lock from another connection: every write of the store fails after its
-    busy timeout with BackendUnavailable (reads still work: WAL)."""
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        conn.execute("BEGIN EXCLUSIVE")
-        yield
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
 
 
 @pytest.fixture
@@ -48,12 +36,37 @@ def read_bytes(path: str | Path) -> bytes:
         return fh.read()
 
 
-async def contents(store: statekeel.Store, key: str) -> list[Any]:
-    found = await store.backend.load_session_with_messages(key)
-    assert found is not None
-    record, rows = found
-    assert [r.seq for r in rows] == list(range(record.last_consolidated, record.head_seq))
-    return [r.payload["content"] for r in rows]
+async def write_fallbacks(url: str, db: Path, fb: Path, contents_by_key: dict[str, str]) -> None:
+    """Sessions created during an outage: each one only in its fallback file."""
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        with database_write_locked(db):
+            for key, content in contents_by_key.items():
+                s = await store.sessions.get_or_create(key)
+                s.add_message("user", content)
+                await store.sessions.save(s)
+    assert len(os.listdir(fb)) == len(contents_by_key)
+
+
+async def save_then_fall_back(
+    store: statekeel.Store, db: Path, key: str, saved: str, fallen_back: str, *, role: str = "user"
+) -> statekeel.Session:
+    """A session with one message in the database and a second one only in its fallback file."""
+    s = await store.sessions.get_or_create(key)
+    s.add_message("user", saved)
+    await store.sessions.save(s)
+    with database_write_locked(db):
+        s.add_message(role, fallen_back)
+        await store.sessions.save(s)
+    return s
+
+
+async def recreate_elsewhere(url: str, key: str, content: str) -> None:
+    """Another machine (no fallback directory) deletes the session and creates it again."""
+    async with statekeel.open_store(url) as other:
+        assert await other.sessions.delete(key)
+        fresh = await other.sessions.get_or_create(key)
+        fresh.add_message("user", content)
+        await other.sessions.save(fresh)
 
 
 async def test_saves_go_to_fallback_loads_see_them_and_replay_loses_nothing(
@@ -99,11 +112,7 @@ async def test_a_session_created_during_the_outage_survives_a_restart_and_is_rep
     paths: tuple[str, Path, Path],
 ) -> None:
     url, db, fb = paths
-    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
-        with database_write_locked(db):
-            s = await store.sessions.get_or_create("new")
-            s.add_message("user", "only in the fallback")
-            await store.sessions.save(s)
+    await write_fallbacks(url, db, fb, {"new": "only in the fallback"})
     # A new process: the load sees the fallback; the next save writes it to the database.
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
         s2 = await store.sessions.load("new")
@@ -143,12 +152,7 @@ async def test_a_corrupt_fallback_file_is_quarantined_without_stopping_the_other
     paths: tuple[str, Path, Path],
 ) -> None:
     url, db, fb = paths
-    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
-        with database_write_locked(db):
-            for key in ("good-1", "bad", "good-2"):
-                s = await store.sessions.get_or_create(key)
-                s.add_message("user", key)
-                await store.sessions.save(s)
+    await write_fallbacks(url, db, fb, {key: key for key in ("good-1", "bad", "good-2")})
     bad = fb / (file_stem("bad") + ".jsonl")
     bad.write_bytes(bad.read_bytes().replace(b'"content":"bad"', b'"content":"bad'))
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
@@ -166,12 +170,7 @@ async def test_a_fallback_already_replayed_before_a_crash_is_not_applied_twice(
 ) -> None:
     url, db, fb = paths
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
-        s = await store.sessions.get_or_create("s")
-        s.add_message("user", "a")
-        await store.sessions.save(s)
-        with database_write_locked(db):
-            s.add_message("user", "b")
-            await store.sessions.save(s)
+        await save_then_fall_back(store, db, "s", "a", "b")
         kept = (fb / (file_stem("s") + ".jsonl")).read_bytes()
         assert (await store.sessions.replay_fallback()).replayed == {"s": 1}
     # The process died after the commit but before deleting the file: put it back.
@@ -192,12 +191,7 @@ async def test_a_fallback_that_conflicts_with_another_writer_is_quarantined_not_
 ) -> None:
     url, db, fb = paths
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
-        s = await store.sessions.get_or_create("s")
-        s.add_message("user", "a")
-        await store.sessions.save(s)
-        with database_write_locked(db):
-            s.add_message("user", "fallback only")
-            await store.sessions.save(s)
+        await save_then_fall_back(store, db, "s", "a", "fallback only")
         # Another machine (with its own fallback directory) appended meanwhile.
         other = statekeel.SessionManager(store.backend, store.codec)
         theirs = await other.load("s")
@@ -325,12 +319,7 @@ async def test_load_quarantines_a_corrupt_fallback_file_and_returns_the_database
 ) -> None:
     url, db, fb = paths
     async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
-        s = await store.sessions.get_or_create("s")
-        s.add_message("user", "in the database")
-        await store.sessions.save(s)
-        with database_write_locked(db):
-            s.add_message("user", "in the file")
-            await store.sessions.save(s)
+        await save_then_fall_back(store, db, "s", "in the database", "in the file")
     name = file_stem("s") + ".jsonl"
     with open(fb / name, "ab") as fh:
         fh.write(b'{"role": "user", "content": "torn')  # a torn last line
@@ -342,3 +331,128 @@ async def test_load_quarantines_a_corrupt_fallback_file_and_returns_the_database
         assert aside.startswith(name + ".corrupt-") and "quarantined" in caplog.text
         report = await store.sessions.replay_fallback()
         assert list(report.quarantined) == [os.fspath(fb / aside)]  # reported by the next replay
+
+
+async def test_a_file_over_a_lowered_record_limit_is_reported_and_the_others_still_replay(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    await write_fallbacks(url, db, fb, {"a": "small", "big": "x" * 5000, "z": "small too"})
+    # Reopened with a smaller max_record_bytes: the big message can no longer be written.
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), max_record_bytes=1024) as store:
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {"a": 1, "z": 1}
+        assert list(report.failed) == ["big"] and "max_record_bytes" in report.failed["big"]
+        assert not report.ok
+        assert os.listdir(fb) == [file_stem("big") + ".jsonl"]  # kept for a retry with a higher limit
+        assert await contents(store, "a") == ["small"]
+        assert await contents(store, "z") == ["small too"]
+        assert await store.backend.load_session("big") is None
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {"big": 1} and report.ok
+        assert await contents(store, "big") == ["x" * 5000]
+
+
+async def test_recover_reports_an_unreplayable_fallback_file_and_finishes_its_other_work(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    await write_fallbacks(url, db, fb, {"big": "x" * 5000})
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        s = await store.sessions.get_or_create("tools")
+        s.add_message("assistant", None, tool_calls=[{"id": "c1", "name": "run"}])
+        await store.sessions.save(s)
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), max_record_bytes=1024) as store:
+        report = await store.recover()  # a failed replay is reported, not raised
+        assert report.fallback is not None and "big" in report.fallback.failed
+        assert not report.ok
+        assert report.orphaned_tool_calls == {"tools": ["c1"]}  # the rest of recovery still ran
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("status", "bogus"),
+        ("status_changed", "yes"),
+        ("last_consolidated", "0"),
+        ("created_at", "yesterday"),
+    ],
+)
+async def test_a_fallback_header_with_unwritable_values_is_quarantined_not_loaded(
+    paths: tuple[str, Path, Path], field: str, value: Any
+) -> None:
+    url, db, fb = paths
+    await write_fallbacks(url, db, fb, {"edited": "kept aside", "good": "fine"})
+    path = fb / (file_stem("edited") + ".jsonl")
+    header, rest = path.read_bytes().split(b"\n", 1)
+    fields = orjson.loads(header)
+    fields[field] = value
+    fields["status_changed"] = fields["status_changed"] if field == "status_changed" else True
+    path.write_bytes(orjson.dumps(fields) + b"\n" + rest)
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        # A load does not take the bad header into the session (a later save would fail forever) ...
+        loaded = await store.sessions.load("edited")
+        assert loaded is None
+        report = await store.sessions.replay_fallback()
+        # ... and the replay quarantines it, reports it, and replays the others.
+        assert report.replayed == {"good": 1}
+        assert len(report.quarantined) == 1 and not report.ok
+        (quarantined,) = report.quarantined
+        assert os.path.basename(quarantined).startswith(file_stem("edited") + ".jsonl.corrupt-")
+        assert await store.backend.load_session("edited") is None
+
+
+async def test_a_fallback_of_a_session_deleted_and_created_again_is_quarantined_not_merged(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        await save_then_fall_back(
+            store, db, "s", "old conversation", "old reply, only in the fallback", role="assistant"
+        )
+    await recreate_elsewhere(url, "s", "new conversation")  # same head 1 as the file's base
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        loaded = await store.sessions.load("s")
+        assert loaded is not None and [m["content"] for m in loaded.messages] == ["new conversation"]
+        assert not loaded.is_dirty()
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {} and len(report.quarantined) == 1
+        assert await contents(store, "s") == ["new conversation"]
+    # Same, found by the replay rather than a load.
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        await save_then_fall_back(store, db, "r", "old", "old reply", role="assistant")
+    await recreate_elsewhere(url, "r", "new")
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as store:
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {} and len(report.quarantined) == 1
+        assert "created again" in next(iter(report.quarantined.values()))
+        assert await contents(store, "r") == ["new"]
+
+
+async def test_replay_leaves_alone_a_session_another_process_holds_and_its_holder_saves_it(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    # Two processes on one SQLite file share its fallback directory (two stores stand for them).
+    async with (
+        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as holder,
+        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as restarted,
+    ):
+        async with holder.sessions.open("s") as s:
+            s.add_message("user", "before")
+            await holder.sessions.save(s)
+            with database_write_locked(db):
+                s.add_message("assistant", "during the outage")
+                await holder.sessions.save(s)  # to the fallback file; the lock is still held
+            # Another process restarts and recovers while the agent still works on "s".
+            report = await restarted.sessions.replay_fallback()
+            assert report.skipped == ["s"] and report.replayed == {}
+            assert os.listdir(fb) == [file_stem("s") + ".jsonl"]
+            assert await contents(holder, "s") == ["before"]
+            s.add_message("user", "after")
+        # The holder's save on exit writes everything: the replay appended nothing under it.
+        assert await contents(holder, "s") == ["before", "during the outage", "after"]
+        assert os.listdir(fb) == []
+        report = await restarted.sessions.replay_fallback()
+        assert report.ok and report.replayed == {}

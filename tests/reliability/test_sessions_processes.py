@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import statekeel
+from helpers import run_together
 
 TURNS = 500
 
@@ -34,32 +34,15 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 
 def run_two_writers(url: str, tmp_path: Path) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, url, tag, str(TURNS), os.fspath(tmp_path / f"fb-{tag}")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for tag in ("A", "B")
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err
-            assert out.strip() == "done"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outputs = run_together(
+        [
+            [sys.executable, "-c", CHILD, url, tag, str(TURNS), os.fspath(tmp_path / f"fb-{tag}")]
+            for tag in ("A", "B")
+        ],
+        timeout=240,
+    )
+    for out in outputs:
+        assert out.strip() == "done"
 
 
 async def check_whole_turns(url: str) -> None:

@@ -37,13 +37,6 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'steps.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 

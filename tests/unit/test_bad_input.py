@@ -6,6 +6,7 @@ same path) still works afterwards.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sqlite3
 import sys
@@ -15,11 +16,8 @@ from typing import Any
 import pytest
 
 import statekeel
+from helpers import exists
 from statekeel.backends.base import NewMessage
-
-
-def _exists(path: str) -> bool:
-    return os.access(path, os.F_OK)
 
 
 async def assert_usable(store: statekeel.Store, key: str = "still-usable") -> None:
@@ -34,7 +32,7 @@ async def assert_nothing_written(store: statekeel.Store) -> None:
     # Through the backend: the session manager's cache would show unsaved sessions.
     assert (await store.backend.list_sessions()).items == []
     fallback = store.options.fallback_dir
-    assert fallback is None or not _exists(fallback) or os.listdir(fallback) == []
+    assert fallback is None or not exists(fallback) or os.listdir(fallback) == []
 
 
 BAD_KEYS: list[Any] = ["", "a\x00b", "k" * 513, "é" * 257, 42, None, b"bytes", ["k"]]
@@ -150,6 +148,30 @@ async def test_non_str_url_is_invalid_argument(url: Any) -> None:
         await statekeel.open_store(url)
 
 
+@pytest.mark.parametrize("suffix", ["a.db?durability=full", "run#2.db", "a.db?", "a.db#"])
+async def test_sqlite_url_with_a_query_or_fragment_is_refused_and_creates_no_file(
+    tmp_path: Path, suffix: str
+) -> None:
+    # Not reinterpreted: "?durability=full" is not an option here, and "#2.db" is not cut off the name.
+    url = f"sqlite:///{os.fspath(tmp_path)}/{suffix}"
+    with pytest.raises(statekeel.InvalidArgument, match="open_store"):
+        await statekeel.open_store(url)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("url", ["memory://somewhere", "memory://?cache=shared", "memory:///x.db"])
+async def test_memory_url_with_anything_after_the_scheme_is_refused(url: str) -> None:
+    with pytest.raises(statekeel.InvalidArgument, match="memory://"):
+        await statekeel.open_store(url)
+
+
+async def test_plain_sqlite_and_memory_urls_open(tmp_path: Path) -> None:
+    async with statekeel.open_store(f"sqlite:///{os.fspath(tmp_path)}/ok.db") as store:
+        assert await store.backend.schema_version() > 0
+    async with statekeel.open_store("memory://") as store:
+        assert await store.backend.schema_version() > 0
+
+
 async def test_sqlite_path_that_is_a_directory_is_invalid_argument(tmp_path: Path) -> None:
     target = tmp_path / "a-directory"
     target.mkdir()
@@ -217,7 +239,7 @@ async def test_unwritable_directory_is_backend_unavailable(tmp_path: Path) -> No
     with pytest.raises(statekeel.BackendUnavailable) as info:
         await statekeel.open_store(f"sqlite:///{target}")
     assert target in str(info.value)
-    assert not _exists(target)
+    assert not exists(target)
     async with statekeel.open_store(f"sqlite:///{tmp_path}/ok.db") as store:
         await assert_usable(store)
 
@@ -240,3 +262,27 @@ async def test_bad_open_options_are_invalid_argument_and_create_nothing(
     with pytest.raises(statekeel.InvalidArgument):
         await statekeel.open_store(f"sqlite:///{tmp_path}/x.db", **options)
     assert os.listdir(tmp_path) == []
+
+
+class _NoOffset(dt.tzinfo):
+    """A tzinfo that knows no offset: datetimes carrying it are naive although tzinfo is set."""
+
+    def utcoffset(self, _: dt.datetime | None) -> None:
+        return None
+
+    def dst(self, _: dt.datetime | None) -> None:
+        return None
+
+    def tzname(self, _: dt.datetime | None) -> str:
+        return "?"
+
+
+async def test_a_datetime_whose_tzinfo_has_no_offset_is_refused_as_naive(store: statekeel.Store) -> None:
+    naive = dt.datetime(2999, 1, 1, tzinfo=_NoOffset())
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.approvals.request("task:1", "shell", {}, "agent", expires_at=naive)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.expire_leases(now=naive)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.audit.query(since=naive)
+    assert await store.approvals.pending() == [] and (await store.audit.verify()).count == 0

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import statekeel
-from statekeel.cli import main
+from statekeel.cli import main, redact_url
 
 
 def make_store(path: Path, statuses: dict[str, str]) -> None:
@@ -38,6 +38,24 @@ def test_info_reports_schema_sessions_and_integrity(tmp_path: Path) -> None:
     assert f"schema version {version}" in out
     assert "sessions: 3 (2 active, 1 expired)" in out
     assert "integrity check: ok" in out
+
+
+def test_info_reports_every_state_kind_and_the_database_files(tmp_path: Path) -> None:
+    db = tmp_path / "kinds.db"
+
+    async def fill() -> None:
+        async with statekeel.open_store(f"sqlite:///{db}") as store:
+            task = await store.tasks.create("build")
+            await store.tasks.transition(task.id, "queued")
+            await store.approvals.request("task:1", "shell", {"cmd": "ls"}, "agent")
+
+    asyncio.run(fill())
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "info"])
+    assert result.exit_code == 0, result.output
+    out = flat(result.output)
+    assert "sessions: 0 tasks: 1 (1 queued) workflows: 0" in out
+    assert "approvals pending: 1 audit entries: 1" in out
+    assert "database file: " in out and "WAL: " in out
 
 
 def test_db_defaults_to_statekeel_url_from_the_environment(tmp_path: Path) -> None:
@@ -99,3 +117,20 @@ def test_info_never_prints_a_database_password() -> None:
     assert result.exit_code == 1
     assert "s3cret" not in result.output
     assert "ada:***@127.0.0.1:1" in flat(result.output)
+
+
+QUERY_PASSWORD_URL = "postgresql://ada@127.0.0.1:1/none?password=s3cret&connect_timeout=2"
+
+
+def test_info_never_prints_a_password_from_the_query_string() -> None:
+    result = CliRunner().invoke(main, ["--db", QUERY_PASSWORD_URL, "info"])
+    assert result.exit_code == 1
+    assert "s3cret" not in result.output
+    assert "127.0.0.1:1" in result.output
+
+
+def test_redact_url_blanks_a_query_string_password_and_keeps_other_options() -> None:
+    shown = redact_url(QUERY_PASSWORD_URL)
+    assert "s3cret" not in shown
+    assert "connect_timeout=2" in shown
+    assert shown.startswith("postgresql://ada@127.0.0.1:1/none?")

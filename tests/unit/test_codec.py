@@ -12,8 +12,11 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+import orjson
 import pytest
 
+import statekeel
+from helpers import FLOATS, same_value
 from statekeel.codec import TAG, Codec, canonical
 from statekeel.errors import InvalidArgument, PayloadTooLarge, SerializationError
 
@@ -336,3 +339,37 @@ def test_decoding_never_instantiates_a_class_that_is_not_an_enum_or_dataclass(ta
     assert Spy.calls == []
     with pytest.raises(SerializationError):
         Codec().decode(json.dumps({"$sk": "enum", "cls": "subprocess:Popen", "v": ["true"]}).encode())
+
+
+def test_plain_floats_encode_as_plain_json_numbers() -> None:
+    # Only the floats JSONB would change are tagged: everyday values stay readable JSON.
+    assert statekeel.codec.encode({"x": 0.5, "y": 1.0, "z": 123.25}) == b'{"x":0.5,"y":1.0,"z":123.25}'
+
+
+def test_tagged_floats_decode_exactly() -> None:
+    raw = statekeel.codec.encode(FLOATS)
+    assert same_value(statekeel.codec.decode(raw), FLOATS)
+
+
+def test_datetime_in_a_named_time_zone_comes_back_in_that_zone() -> None:
+    # A fixed offset instead of the zone would move "same time tomorrow" by an hour across a DST change.
+    from zoneinfo import ZoneInfo
+
+    paris = ZoneInfo("Europe/Paris")
+    before_dst = dt.datetime(2026, 3, 28, 9, 0, tzinfo=paris)
+    ambiguous = dt.datetime(2026, 10, 25, 2, 30, fold=1, tzinfo=paris)
+    back = statekeel.codec.decode(statekeel.codec.encode([before_dst, ambiguous]))
+    assert back[0].tzinfo == paris and back[0] == before_dst
+    assert (back[0] + dt.timedelta(days=1)).hour == 9  # wall-clock arithmetic in the zone
+    assert (back[0] + dt.timedelta(days=1)).utcoffset() == dt.timedelta(hours=2)
+    assert back[1].tzinfo == paris and back[1].fold == 1 and back[1] == ambiguous
+
+
+def test_a_stored_zone_name_that_is_not_a_zone_is_a_serialization_error() -> None:
+    for zone in ("Nowhere/Atlantis", "../../etc/passwd", 7):
+        raw = statekeel.codec.encode({"x": 1}).replace(
+            b'{"x":1}',
+            b'{"x":{"$sk":"datetime","v":"2026-01-01T00:00:00+00:00","tz":' + orjson.dumps(zone) + b"}}",
+        )
+        with pytest.raises(statekeel.SerializationError):
+            statekeel.codec.decode(raw)

@@ -45,6 +45,13 @@ def test_target_names_host_and_database_but_never_the_password() -> None:
     assert t.scrub("auth for hunter2-secret failed") == "auth for *** failed"
 
 
+def test_driver_errors_scrub_a_query_string_password() -> None:
+    # asyncpg accepts ``?password=…``: driver messages quoting it are scrubbed like ``user:password@``.
+    target = PgTarget("postgresql://ada@127.0.0.1:1/none?password=s3cret&connect_timeout=2")
+    assert "s3cret" not in target.scrub("FATAL: password s3cret rejected")
+    assert "s3cret" not in str(target)
+
+
 @pytest.mark.parametrize(
     "query",
     [
@@ -78,6 +85,21 @@ async def test_bad_url_option_fails_open_store_before_connecting() -> None:
     # Port 1 would refuse or hang; the option error must come first.
     with pytest.raises(statekeel.InvalidArgument, match="pool_max_size"):
         await statekeel.open_store("postgresql://postgres@127.0.0.1:1/db?pool_max_size=0")
+
+
+@pytest.mark.parametrize("query", ["pool_max_size=²", "pool_min_size=¹", "pool_max_size=٣"])
+async def test_postgres_pool_size_that_is_not_ascii_digits_raises_invalid_argument(query: str) -> None:
+    # str.isdigit() accepts superscripts (int() then fails) and other scripts' digits.
+    with pytest.raises(statekeel.InvalidArgument, match="pool_"):
+        await statekeel.open_store(f"postgresql://u@127.0.0.1:1/db?{query}")
+
+
+async def test_postgres_url_with_several_hosts_fails_to_connect_with_backend_unavailable() -> None:
+    # The default fallback directory is named after the URL, whose port list ("1,127.0.0.1:2") is not one
+    # int: it is still named, and asyncpg tries the hosts in turn.
+    url = "postgresql://u@127.0.0.1:1,127.0.0.1:2/db?connect_timeout=2"
+    with pytest.raises(statekeel.BackendUnavailable):
+        await statekeel.open_store(url)
 
 
 def test_translate_keeps_statekeel_errors_and_scrubs_driver_messages() -> None:

@@ -15,12 +15,8 @@ from typing import Any
 import pytest
 
 import statekeel
-from statekeel.backends.base import NewMessage
+from helpers import message
 from statekeel.backends.sqlite.backend import SqliteBackend
-
-
-def _msg(store: statekeel.Store, text: str) -> NewMessage:
-    return NewMessage("user", store.codec.encode({"role": "user", "content": text}))
 
 
 @pytest.fixture(params=["sqlite", "memory"])
@@ -58,7 +54,7 @@ async def test_writes_queued_behind_a_busy_writer_share_one_commit(store: statek
     seen = await _trace(store)
     release, holder = await _hold_writer(store)
     writes = [
-        asyncio.create_task(store.backend.append_messages(f"s{i}", 0, [_msg(store, str(i))], create=True))
+        asyncio.create_task(store.backend.append_messages(f"s{i}", 0, [message(store, str(i))], create=True))
         for i in range(20)
     ]
     await asyncio.sleep(0)  # let every task submit its job while the writer is held
@@ -81,12 +77,12 @@ async def test_failing_write_in_a_group_rolls_back_alone(store: statekeel.Store)
 
     def good(i: int) -> asyncio.Task[Any]:
         return asyncio.create_task(
-            store.backend.append_messages(f"ok{i}", 0, [_msg(store, "x")], create=True)
+            store.backend.append_messages(f"ok{i}", 0, [message(store, "x")], create=True)
         )
 
     before = [good(i) for i in range(3)]
     # Creates its session row, then fails its head check: the row must not survive.
-    bad = asyncio.create_task(store.backend.append_messages("bad", 7, [_msg(store, "y")], create=True))
+    bad = asyncio.create_task(store.backend.append_messages("bad", 7, [message(store, "y")], create=True))
     after = [good(i) for i in range(3, 6)]
     await asyncio.sleep(0)
     release.set()
@@ -104,10 +100,10 @@ async def test_failing_write_in_a_group_rolls_back_alone(store: statekeel.Store)
 async def test_failing_write_alone_rolls_back_and_the_store_stays_usable(store: statekeel.Store) -> None:
     seen = await _trace(store)
     with pytest.raises(statekeel.ConflictError):
-        await store.backend.append_messages("bad", 3, [_msg(store, "y")], create=True)
+        await store.backend.append_messages("bad", 3, [message(store, "y")], create=True)
     assert "ROLLBACK" in [s.strip().upper() for s in seen]
     assert await store.backend.load_session("bad") is None
-    rec = await store.backend.append_messages("bad", 0, [_msg(store, "z")], create=True)
+    rec = await store.backend.append_messages("bad", 0, [message(store, "z")], create=True)
     assert rec.head_seq == 1
 
 
@@ -115,13 +111,13 @@ async def test_a_read_queued_between_writes_sees_the_first_and_not_the_second() 
     # In memory, reads run on the writer thread: a read taken off the queue while a group was being
     # formed must still run, and in its place in the queue.
     async with statekeel.open_store("memory://") as store:
-        await store.backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+        await store.backend.append_messages("s", 0, [message(store, "a")], create=True)
         release, holder = await _hold_writer(store)
-        first = asyncio.create_task(store.backend.append_messages("s", 1, [_msg(store, "b")]))
+        first = asyncio.create_task(store.backend.append_messages("s", 1, [message(store, "b")]))
         await asyncio.sleep(0)
         read = asyncio.create_task(store.backend.read_messages("s"))
         await asyncio.sleep(0)
-        second = asyncio.create_task(store.backend.append_messages("s", 2, [_msg(store, "c")]))
+        second = asyncio.create_task(store.backend.append_messages("s", 2, [message(store, "c")]))
         await asyncio.sleep(0)
         release.set()
         await holder
@@ -141,7 +137,7 @@ async def test_a_closed_connection_fails_the_write_with_a_typed_error(tmp_path: 
 
         await backend._call(backend._writer, close)
         with pytest.raises(statekeel.BackendUnavailable):
-            await backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+            await backend.append_messages("s", 0, [message(store, "a")], create=True)
         # The dead connection was dropped; the next write reconnects.
-        rec = await backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+        rec = await backend.append_messages("s", 0, [message(store, "a")], create=True)
         assert rec.head_seq == 1

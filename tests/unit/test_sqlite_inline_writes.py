@@ -15,23 +15,19 @@ import time
 from pathlib import Path
 
 import statekeel
-from statekeel.backends.base import NewMessage
+from helpers import message
 from statekeel.backends.sqlite.backend import SqliteBackend
-
-
-def _msg(store: statekeel.Store, text: str) -> NewMessage:
-    return NewMessage("user", store.codec.encode({"role": "user", "content": text}))
 
 
 async def test_a_write_blocked_by_another_process_lock_does_not_block_the_event_loop(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     async with statekeel.open_store(f"sqlite:///{path}", busy_timeout_ms=10_000) as store:
-        await store.backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+        await store.backend.append_messages("s", 0, [message(store, "a")], create=True)
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # another writer holds SQLite's write lock
         try:
             started = time.monotonic()
-            write = asyncio.create_task(store.backend.append_messages("s", 1, [_msg(store, "b")]))
+            write = asyncio.create_task(store.backend.append_messages("s", 1, [message(store, "b")]))
             for _ in range(50):
                 await asyncio.sleep(0)  # the loop keeps turning while the write waits
             assert time.monotonic() - started < 2.0
@@ -51,7 +47,7 @@ async def test_inline_writes_keep_the_wal_bounded(tmp_path: Path) -> None:
         backend = store.backend
         assert isinstance(backend, SqliteBackend) and backend.inline_writes
         for i in range(1500):
-            await backend.append_messages("s", i, [_msg(store, payload)], create=i == 0)
+            await backend.append_messages("s", i, [message(store, payload)], create=i == 0)
         await backend.load_session("s")  # a read after the last checkpoint job was queued
         wal = (await asyncio.to_thread(os.stat, f"{path}-wal")).st_size
         # Measured here: ~46 MB of WAL for these 1,500 commits without checkpoints, ~6 MB with them.
@@ -70,7 +66,7 @@ async def test_durability_full_sends_every_write_through_the_writer_thread(tmp_p
             threads.append(threading.current_thread().name)
 
         await backend._call(backend._writer, lambda c: c.set_trace_callback(note))
-        await backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
         assert threads and set(threads) == {"statekeel-sqlite-writer"}
 
 
@@ -87,7 +83,7 @@ async def test_at_normal_an_idle_writer_runs_the_write_on_the_callers_thread(tmp
         deadline = time.monotonic() + 5
         while not backend._writer._idle and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
-        await backend.append_messages("s", 0, [_msg(store, "a")], create=True)
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
         assert threads and set(threads) == {threading.current_thread().name}
         assert [m.seq for m in await backend.read_messages("s")] == [0]
 
@@ -99,7 +95,7 @@ async def test_writes_issued_in_one_event_loop_turn_share_one_commit(tmp_path: P
         statements: list[str] = []
         await backend._call(backend._writer, lambda c: c.set_trace_callback(statements.append))
         records = await asyncio.gather(
-            *(backend.append_messages(f"s{i}", 0, [_msg(store, str(i))], create=True) for i in range(20))
+            *(backend.append_messages(f"s{i}", 0, [message(store, str(i))], create=True) for i in range(20))
         )
         assert [r.head_seq for r in records] == [1] * 20
         assert sum(1 for s in statements if s.strip().upper() == "COMMIT") == 1
@@ -110,11 +106,11 @@ async def test_writes_issued_in_one_event_loop_turn_share_one_commit(tmp_path: P
 async def test_a_failing_write_in_a_loop_turn_group_rolls_back_alone(tmp_path: Path) -> None:
     async with statekeel.open_store(f"sqlite:///{tmp_path / 'g.db'}") as store:
         backend = store.backend
-        await backend.append_messages("taken", 0, [_msg(store, "first")], create=True)
+        await backend.append_messages("taken", 0, [message(store, "first")], create=True)
         results = await asyncio.gather(
-            backend.append_messages("a", 0, [_msg(store, "a")], create=True),
-            backend.append_messages("taken", 0, [_msg(store, "stale head")]),  # conflicts
-            backend.append_messages("b", 0, [_msg(store, "b")], create=True),
+            backend.append_messages("a", 0, [message(store, "a")], create=True),
+            backend.append_messages("taken", 0, [message(store, "stale head")]),  # conflicts
+            backend.append_messages("b", 0, [message(store, "b")], create=True),
             return_exceptions=True,
         )
         assert isinstance(results[1], statekeel.ConflictError)
@@ -126,10 +122,10 @@ async def test_a_failing_write_in_a_loop_turn_group_rolls_back_alone(tmp_path: P
 async def test_a_write_cancelled_before_its_turn_ends_is_not_written(tmp_path: Path) -> None:
     async with statekeel.open_store(f"sqlite:///{tmp_path / 'c.db'}") as store:
         backend = store.backend
-        task = asyncio.create_task(backend.append_messages("s", 0, [_msg(store, "never")], create=True))
+        task = asyncio.create_task(backend.append_messages("s", 0, [message(store, "never")], create=True))
         await asyncio.sleep(0)  # the task queues its write for the end of this turn
         task.cancel()
-        done = asyncio.create_task(backend.append_messages("other", 0, [_msg(store, "x")], create=True))
+        done = asyncio.create_task(backend.append_messages("other", 0, [message(store, "x")], create=True))
         await done
         assert task.cancelled()
         assert await backend.load_session("s") is None
@@ -138,7 +134,7 @@ async def test_a_write_cancelled_before_its_turn_ends_is_not_written(tmp_path: P
 async def test_close_writes_what_was_accepted_before_it(tmp_path: Path) -> None:
     path = tmp_path / "close.db"
     store = await statekeel.open_store(f"sqlite:///{path}")
-    write = asyncio.create_task(store.backend.append_messages("s", 0, [_msg(store, "kept")], create=True))
+    write = asyncio.create_task(store.backend.append_messages("s", 0, [message(store, "kept")], create=True))
     await asyncio.sleep(0)  # the write is waiting for the end of the turn
     await store.close()
     assert (await write).head_seq == 1

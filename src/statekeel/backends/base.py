@@ -29,6 +29,7 @@ from statekeel.backends.records import (
     AuditRecord,
     Contradiction,
     CopyTableInfo,
+    DatabaseFiles,
     Drift,
     Episode,
     FileRecord,
@@ -47,6 +48,7 @@ from statekeel.backends.records import (
     RowPage,
     SessionLease,
     SessionRecord,
+    StateCounts,
     StepRecord,
     TaskChange,
     TaskRecord,
@@ -71,6 +73,7 @@ __all__ = [
     "Contradiction",
     "CopyBackend",
     "CopyTableInfo",
+    "DatabaseFiles",
     "Drift",
     "Episode",
     "FileBackend",
@@ -93,6 +96,7 @@ __all__ = [
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "StateCounts",
     "StepRecord",
     "StorageBackend",
     "TaskBackend",
@@ -139,6 +143,19 @@ class LifecycleBackend(abc.ABC):
     def in_atomic(self) -> bool:
         """True inside the current task's ``atomic()`` block (work there joins its transaction)."""
         return False
+
+    @abc.abstractmethod
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        """``(version, name)`` of the migrations this code ships that the database has not applied."""
+
+    @abc.abstractmethod
+    async def count_state(self) -> StateCounts:
+        """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def database_files(self) -> DatabaseFiles | None:
+        """The sizes of the files the store lives in; None when it has none of its own (in memory, or
+        on a database server)."""
+        return None
 
 
 class SessionBackend(abc.ABC):

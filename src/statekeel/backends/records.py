@@ -434,3 +434,28 @@ class Drift:
     record: FileRecord
     checksum: str | None = None
     size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    """How much state a store holds, read on one snapshot by COUNTs over indexed columns.
+
+    ``sessions``, ``tasks`` and ``workflows`` map every status to its count (0 included).
+    ``approvals_pending`` counts undecided, unexpired approvals (what ``approvals.pending()`` lists);
+    ``audit_entries`` is the audit head's sequence number: entries are numbered from 1 and never deleted.
+    """
+
+    sessions: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)
+    workflows: dict[str, int] = field(default_factory=dict)
+    approvals_pending: int = 0
+    audit_entries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseFiles:
+    """The files an embedded store lives in: the database and its write-ahead log, in bytes."""
+
+    path: str
+    database_bytes: int
+    wal_bytes: int

@@ -1,7 +1,9 @@
-"""Review finding: on a PostgreSQL database whose default isolation is repeatable read (a common server
-setting), concurrent audit appends read a head older than the chain lock they waited for and failed with
-ConflictError. statekeel pins read committed on its write transactions, so appends, approvals and claims
-behave as on a default server."""
+"""statekeel's PostgreSQL write transactions run at read committed whatever the server's default isolation.
+
+Under repeatable read (a common server setting) a transaction that waited for the audit chain's lock
+would read a head older than the lock it holds; pinned to read committed, concurrent audit appends,
+approvals and claims behave as on a default server.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Approval binding: different argument values never share a hash, equal values always do (review of the
-canonical encoding: key order, 1 / 1.0 / True, NUL, tagged look-alikes, Unicode forms, big ints)."""
+"""Approval binding: different argument values never share a hash, equal values always do (the canonical
+encoding under key order, 1 / 1.0 / True, NUL, tagged look-alikes, Unicode forms, big ints)."""
 
 from __future__ import annotations
 
