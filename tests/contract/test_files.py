@@ -107,7 +107,7 @@ async def test_bad_file_input_is_a_typed_error_and_writes_nothing(store: Store, 
     kept = await store.files.record("kept.txt", sha(b"k"), 1)
     with pytest.raises(statekeel.InvalidArgument):
         await call(store)
-    assert await store.files.list() == [kept]
+    assert await store.files.list() == [kept] and await ledger_rows(store) == 1
     assert (await store.files.record("after.txt", sha(b"a"), 1)).seq == 1  # still usable
 
 

@@ -32,10 +32,25 @@ WHERE session_key = $2 AND ($1::text IS NULL OR task_id = $1) AND ($3::text IS N
 ORDER BY recorded_at, path, seq LIMIT $4::bigint;
 
 -- name: file_last_records
--- The newest record of each path after $1 (in path order), restricted to paths a task or session touched.
+-- The newest record of each path after $1, in path order ($2 and $3 are None here).
 SELECT f.* FROM file_changes f
-WHERE f.path > $1
+WHERE f.path > $1 AND f.seq = (SELECT max(l.seq) FROM file_changes l WHERE l.path = f.path)
+  AND $2::text IS NULL AND $3::text IS NULL
+ORDER BY f.path LIMIT $4;
+
+-- name: file_last_records_task
+-- The same for the paths task $2 recorded (and session $3 too, when given).
+SELECT f.* FROM file_changes f
+WHERE f.path IN (SELECT t.path FROM file_changes t WHERE t.task_id = $2 AND t.path > $1)
   AND f.seq = (SELECT max(l.seq) FROM file_changes l WHERE l.path = f.path)
-  AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM file_changes t WHERE t.path = f.path AND t.task_id = $2))
-  AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM file_changes s WHERE s.path = f.path AND s.session_key = $3))
+  AND ($3::text IS NULL
+       OR EXISTS (SELECT 1 FROM file_changes s WHERE s.session_key = $3 AND s.path = f.path))
+ORDER BY f.path LIMIT $4;
+
+-- name: file_last_records_session
+-- The same for the paths session $3 recorded (task $2 is None here).
+SELECT f.* FROM file_changes f
+WHERE f.path IN (SELECT s.path FROM file_changes s WHERE s.session_key = $3 AND s.path > $1)
+  AND f.seq = (SELECT max(l.seq) FROM file_changes l WHERE l.path = f.path)
+  AND $2::text IS NULL
 ORDER BY f.path LIMIT $4;

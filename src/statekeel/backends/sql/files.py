@@ -70,7 +70,13 @@ async def op_list_files(
 async def op_last_file_records(
     tx: Tx, after_path: str, limit: int, task_id: str | None, session_key: str | None
 ) -> list[FileRecord]:
-    rows = await tx.fetchall("file_last_records", after_path, task_id, session_key, limit)
+    if task_id is not None:
+        name = "file_last_records_task"
+    elif session_key is not None:
+        name = "file_last_records_session"
+    else:
+        name = "file_last_records"
+    rows = await tx.fetchall(name, after_path, task_id, session_key, limit)
     return [file_from_row(tx, r) for r in rows]
 
 

@@ -112,7 +112,7 @@ CREATE TABLE memory_accesses (
     at            INTEGER NOT NULL,
     context_query TEXT
 );
-CREATE INDEX memory_accesses_by_memory ON memory_accesses (memory_id, at);
+CREATE INDEX memory_accesses_by_memory ON memory_accesses (memory_id, at, id);
 
 -- The file ledger: every recorded change of a path (relative, normalised, POSIX), seq dense per path.
 CREATE TABLE file_changes (
@@ -127,8 +127,9 @@ CREATE TABLE file_changes (
     PRIMARY KEY (path, seq),
     CHECK (action = 'deleted' OR (checksum IS NOT NULL AND size IS NOT NULL))
 );
-CREATE INDEX file_changes_by_task ON file_changes (task_id, recorded_at) WHERE task_id IS NOT NULL;
-CREATE INDEX file_changes_by_session ON file_changes (session_key, recorded_at) WHERE session_key IS NOT NULL;
+-- By task or session: the paths it touched (check) and its records (list).
+CREATE INDEX file_changes_by_task ON file_changes (task_id, path, seq) WHERE task_id IS NOT NULL;
+CREATE INDEX file_changes_by_session ON file_changes (session_key, path, seq) WHERE session_key IS NOT NULL;
 CREATE INDEX file_changes_by_time ON file_changes (recorded_at, path, seq);
 
 CREATE TRIGGER file_changes_no_update BEFORE UPDATE ON file_changes
