@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 import statekeel
+from helpers import run_together
 
 WORKERS = 4
 PER_WORKER = 25
@@ -33,51 +31,16 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'memory.db'}"
-    return str(request.getfixturevalue("pg_migrated"))
-
-
-def _spawn(url: str, name: str, n: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", PUTTER, url, name, str(n)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _start(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-
-
 async def test_concurrent_puts_of_one_key_from_four_processes_keep_every_change(shared_url: str) -> None:
     async with statekeel.open_store(shared_url):
         pass  # migrate once, before the workers race to open it
-    procs = [_spawn(shared_url, f"w{i}", PER_WORKER) for i in range(WORKERS)]
-    try:
-        _start(procs)
-        outputs = []
-        for p in procs:
-            out, err = p.communicate(timeout=180)
-            assert p.returncode == 0, err
-            outputs.append(out.split("\n"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    returned = [line.split() for out in outputs for line in out if line and line != "done"]
-    assert len(returned) == WORKERS * PER_WORKER
+    outputs = run_together(
+        [[sys.executable, "-c", PUTTER, shared_url, f"w{i}", str(PER_WORKER)] for i in range(WORKERS)],
+        timeout=180,
+    )
+    returned = [line.split() for out in outputs for line in out.splitlines() if line and line != "done"]
     total = WORKERS * PER_WORKER
+    assert len(returned) == total
     async with statekeel.open_store(shared_url) as store:
         page = await store.memory.query(scope="race", include_forgotten=True, include_superseded=True)
         [memory] = page.items
@@ -100,11 +63,19 @@ async def test_concurrent_puts_of_one_key_from_four_processes_keep_every_change(
 async def test_a_put_that_returned_survives_kill_9_with_its_history(shared_url: str) -> None:
     async with statekeel.open_store(shared_url):
         pass
-    proc = _spawn(shared_url, "victim", 100_000)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUTTER, shared_url, "victim", "100000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     acked: list[tuple[str, int]] = []
     try:
-        _start([proc])
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         while len(acked) < 40:
             line = proc.stdout.readline().split()
             acked.append((line[0], int(line[1])))

@@ -443,6 +443,8 @@ class StateCounts:
     ``sessions``, ``tasks`` and ``workflows`` map every status to its count (0 included).
     ``approvals_pending`` counts undecided, unexpired approvals (what ``approvals.pending()`` lists);
     ``audit_entries`` is the audit head's sequence number: entries are numbered from 1 and never deleted.
+    ``memories`` counts live memories (neither forgotten nor superseded), ``contradictions_open`` the
+    unresolved contradictions, ``file_changes`` the records of the file ledger.
     """
 
     sessions: dict[str, int] = field(default_factory=dict)
@@ -450,6 +452,9 @@ class StateCounts:
     workflows: dict[str, int] = field(default_factory=dict)
     approvals_pending: int = 0
     audit_entries: int = 0
+    memories: int = 0  # live: neither forgotten nor superseded
+    contradictions_open: int = 0
+    file_changes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
