@@ -2,10 +2,10 @@
 -- are in the same order as SQLite's ?1, ?2.
 
 -- name: memory_live_by_key
--- Locked: concurrent puts of one key queue here instead of retrying their conditional update.
+-- Not locked: a put that finds the same values writes nothing (a row lock would cost a WAL flush at
+-- COMMIT), and a put that lost a race to another writer fails its conditional update and reads again.
 SELECT * FROM memories
-WHERE type = $1 AND scope = $2 AND key = $3 AND deleted_at IS NULL AND superseded_by IS NULL
-FOR UPDATE;
+WHERE type = $1 AND scope = $2 AND key = $3 AND deleted_at IS NULL AND superseded_by IS NULL;
 
 -- name: memory_insert
 -- The live-key unique index refuses a second live memory of (type, scope, key): nothing is returned.

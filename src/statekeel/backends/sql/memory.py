@@ -5,7 +5,8 @@ Every change of a memory is one conditional UPDATE on the version it was decided
 the live-key unique index may refuse), followed by its history event in the same transaction. When another
 writer got there first the operation reads again and decides again, so concurrent puts of one key from
 many processes leave one memory whose history holds every change, with versions 1, 2, 3 … without gaps.
-PostgreSQL also locks the row it read (``FOR UPDATE``), so that writers queue instead of retrying.
+On PostgreSQL forget and supersede also lock the row they read (``FOR UPDATE``), so that writers queue
+instead of retrying; a put does not, so that a put of unchanged values writes nothing at all.
 """
 
 from __future__ import annotations
