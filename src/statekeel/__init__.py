@@ -29,6 +29,9 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    ToolCallAlreadyAnswered,
+    TranscriptError,
+    UnknownToolCall,
 )
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
@@ -36,6 +39,7 @@ from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, M
 from .sessions import Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
+from .traces import Span, TraceLog
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
@@ -73,6 +77,7 @@ __all__ = [
     "Session",
     "SessionLock",
     "SessionManager",
+    "Span",
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
@@ -81,6 +86,10 @@ __all__ = [
     "TableCopy",
     "Task",
     "TaskManager",
+    "ToolCallAlreadyAnswered",
+    "TraceLog",
+    "TranscriptError",
+    "UnknownToolCall",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

@@ -10,6 +10,7 @@ One pass, idempotent (a second run finds nothing to repair):
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
    open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
 With ``repair=False`` nothing is written; the report says what a repair would do.
 
@@ -65,6 +66,7 @@ class RecoveryReport:
     unfinished_workflows: list[Workflow] = field(default_factory=list)
     open_contradictions: list[Contradiction] = field(default_factory=list)
     drifted_files: list[Drift] = field(default_factory=list)  # only when recover() was given files_root
+    traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
     repaired: bool = True
 
     @property
@@ -96,6 +98,7 @@ class RecoveryReport:
             "unfinished_workflows": len(self.unfinished_workflows),
             "open_contradictions": len(self.open_contradictions),
             "drifted_files": len(self.drifted_files),
+            "traces_dropped": self.traces_dropped,
         }
 
 
@@ -136,21 +139,15 @@ async def _repair_session(store: Store, report: RecoveryReport, repair: bool, ke
 
 
 async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool) -> None:
-    cursor: str | None = None
-    while True:
-        page = await store.backend.list_sessions(status="active", limit=_PAGE, cursor=cursor)
-        for record in page.items:
-            try:
-                await _repair_session(store, report, repair, record.key)
-            except (ConflictError, LeaseLost):
-                report.sessions_busy.append(record.key)
-            except StatekeelError as exc:
-                # One damaged session must not stop the repair of the others nor the task recovery.
-                log.warning("could not check or repair session %r: %s", record.key, exc)
-                report.sessions_failed[record.key] = str(exc)
-        if page.next_cursor is None:
-            return
-        cursor = page.next_cursor
+    async for record in store.sessions.iter(status="active", page_size=_PAGE):
+        try:
+            await _repair_session(store, report, repair, record.key)
+        except (ConflictError, LeaseLost):
+            report.sessions_busy.append(record.key)
+        except StatekeelError as exc:
+            # One damaged session must not stop the repair of the others nor the task recovery.
+            log.warning("could not check or repair session %r: %s", record.key, exc)
+            report.sessions_failed[record.key] = str(exc)
 
 
 async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
@@ -190,6 +187,7 @@ async def recover(
     report.open_contradictions = await store.memory.open_contradictions()
     if files_root is not None:
         report.drifted_files = await store.files.check(files_root)
+    report.traces_dropped = await store.traces.total_dropped()
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())
     return report

@@ -29,6 +29,7 @@ from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
+from .traces import TraceLog
 from .validation import check_int
 from .workflows import WorkflowEngine
 
@@ -180,6 +181,7 @@ class Store:
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
         self.memory = MemoryStore(self.backend, self.codec)
         self.files = FileLedger(self.backend)
+        self.traces = TraceLog(self.backend, self.codec)
         self._closed = False
 
     async def _open(self) -> Store:
@@ -243,10 +245,14 @@ class Store:
         if self._closed:
             return
         self._closed = True
+        await self.sessions.close()
         try:
-            await self.memory.close()  # buffered: the access log is written before the backend closes
+            # Buffered tiers: what they hold is written before the backend closes.
+            try:
+                await self.memory.close()
+            finally:
+                await self.traces.close()
         finally:
-            await self.sessions.close()
             await self.backend.close()
 
     async def __aenter__(self) -> Store:

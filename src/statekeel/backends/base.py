@@ -21,6 +21,7 @@ from statekeel.backends.records import (
     MEMORY_EVENTS,
     MEMORY_TYPES,
     SESSION_STATUSES,
+    SPAN_STATUSES,
     STEP_STATUSES,
     TASK_STATUSES,
     WORKFLOW_STATUSES,
@@ -41,6 +42,7 @@ from statekeel.backends.records import (
     MessageRecord,
     MigrationInfo,
     NewMessage,
+    NewSpan,
     NewTask,
     NewWorkflowStep,
     Page,
@@ -48,6 +50,7 @@ from statekeel.backends.records import (
     RowPage,
     SessionLease,
     SessionRecord,
+    Span,
     StateCounts,
     StepRecord,
     TaskChange,
@@ -62,6 +65,7 @@ __all__ = [
     "MEMORY_EVENTS",
     "MEMORY_TYPES",
     "SESSION_STATUSES",
+    "SPAN_STATUSES",
     "STEP_STATUSES",
     "TASK_STATUSES",
     "WORKFLOW_STATUSES",
@@ -88,6 +92,7 @@ __all__ = [
     "MessageRecord",
     "MigrationInfo",
     "NewMessage",
+    "NewSpan",
     "NewTask",
     "NewWorkflowStep",
     "Page",
@@ -96,12 +101,14 @@ __all__ = [
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "Span",
     "StateCounts",
     "StepRecord",
     "StorageBackend",
     "TaskBackend",
     "TaskChange",
     "TaskRecord",
+    "TraceBackend",
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
@@ -129,6 +136,10 @@ class LifecycleBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def in_atomic(self) -> bool:
+        """True when the calling task is inside this backend's ``atomic()`` block."""
+
+    @abc.abstractmethod
     async def schema_version(self) -> int:
         """The highest applied migration version."""
 
@@ -139,10 +150,6 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def integrity_check(self) -> list[str]:
         """Problems found by the storage engine's own check; empty when healthy."""
-
-    def in_atomic(self) -> bool:
-        """True inside the current task's ``atomic()`` block (work there joins its transaction)."""
-        return False
 
     @abc.abstractmethod
     async def pending_migrations(self) -> list[tuple[int, str]]:
@@ -618,6 +625,38 @@ class FileBackend(abc.ABC):
         ``task_id`` / ``session_key`` when given."""
 
 
+class TraceBackend(abc.ABC):
+    """Spans (the buffered tier): written in batches, read by trace and by start time."""
+
+    @abc.abstractmethod
+    async def write_spans(self, spans: Sequence[NewSpan], *, dropped: int = 0) -> None:
+        """Upsert ``spans`` by ``(trace_id, span_id)`` in order (a later span replaces an earlier one with
+        the same ids) and add ``dropped`` to the store's count of spans lost to buffer overflow, in one
+        transaction."""
+
+    @abc.abstractmethod
+    async def read_trace(self, trace_id: str) -> list[Span]:
+        """A trace's spans in start order (then by ``span_id``); empty when there are none."""
+
+    @abc.abstractmethod
+    async def query_spans(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Spans with ``since <= started_at < until``, newest first (by ``started_at``, then trace and
+        span id, descending), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def spans_dropped(self) -> int:
+        """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""
+
+
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
 
@@ -671,6 +710,7 @@ class StorageBackend(
     ApprovalBackend,
     MemoryBackend,
     FileBackend,
+    TraceBackend,
     CopyBackend,
     abc.ABC,
 ):

@@ -37,6 +37,7 @@ from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
 from .schema import MIGRATION_LOCK_ID, PgSchema
@@ -139,6 +140,7 @@ class PostgresBackend(
     SqlApprovals,
     SqlMemory,
     SqlFiles,
+    SqlTraces,
 ):
     """PostgreSQL storage over an asyncpg pool.
 
@@ -269,6 +271,8 @@ class PostgresBackend(
                     "memory_contradictions",
                     "memory_accesses",
                     "file_changes",
+                    "traces",
+                    "trace_counters",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

@@ -36,6 +36,7 @@ from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import translate
 from .schema import SqliteSchema
@@ -113,6 +114,7 @@ class SqliteBackend(
     SqlApprovals,
     SqlMemory,
     SqlFiles,
+    SqlTraces,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
