@@ -15,23 +15,19 @@ Around the memories: episodes (summaries of session ranges), a graph whose edges
 until ``unrelate`` ends them (never deleted, so ``relations(entity, at=...)`` answers what was true then),
 contradictions between memories (resolved once; an open one is never purged), and an access log.
 
-The access log is the buffered tier: ``record_access`` only appends to a bounded in-process buffer (at
-least 10,000 entries; when it is full the oldest entry is dropped and counted in ``accesses_dropped``). A
-background task writes the buffer in batches a few hundred milliseconds after the first entry, at once
-when a batch is full, on ``await memory.flush()`` and on ``store.close()``. Entries not yet written are
-lost if the process dies.
+The access log is the buffered tier (:class:`~statekeel.buffer.WriteBuffer`): ``record_access`` only
+queues the entry in a bounded in-process buffer (10,000 entries; when it is full the oldest entry is
+dropped and counted in ``accesses_dropped``). A background task writes the buffer in batches of 500, each
+its own transaction, 250 ms after the first entry at most, at once when a batch is full, on
+``await memory.flush()`` and on ``store.close()``. Entries not yet written are lost if the process dies.
 
 Storage never extracts, embeds or decides: which facts to keep is the agent's policy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import collections
-import contextvars
 import datetime as dt
-import logging
 import math
 import uuid
 from collections.abc import Iterable
@@ -49,15 +45,16 @@ from .backends.base import (
     Relation,
     StorageBackend,
 )
+from .buffer import WriteBuffer
 from .codec import Codec
-from .errors import BackendUnavailable, InvalidArgument
+from .errors import InvalidArgument
 from .validation import check_aware, check_int, check_key, check_text
-
-log = logging.getLogger("statekeel.memory")
 
 ACCESS_BUFFER = 10_000
 ACCESS_BATCH = 500
 FLUSH_INTERVAL_S = 0.25
+# What a queued access costs besides its query text, towards the buffer's byte budget.
+_ACCESS_OVERHEAD = 128
 
 
 class _Clock:
@@ -110,13 +107,13 @@ class MemoryStore:
         self.backend = backend
         self.codec = codec
         self._clock = _Clock()
-        self._buffer: collections.deque[MemoryAccess] = collections.deque(maxlen=access_buffer)
-        self._drain_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
-        self._closed = False
-        self.accesses_dropped = 0
-        """Access log entries dropped because the buffer was full (or could not be written at close)."""
+        self._accesses: WriteBuffer[MemoryAccess] = WriteBuffer(
+            self._write_accesses,
+            name="memory accesses",
+            capacity=access_buffer,
+            batch_size=ACCESS_BATCH,
+            interval=FLUSH_INTERVAL_S,
+        )
 
     # --- memories ---------------------------------------------------------------------------------------
 
@@ -400,100 +397,56 @@ class MemoryStore:
     # --- the access log (buffered) ----------------------------------------------------------------------
 
     def record_access(self, memory_id: str, context_query: str | None = None) -> None:
-        """Note that a memory was used (for ``context_query``, if given). Never waits: the entry goes to
-        a bounded buffer that a background task writes in batches."""
+        """Note that a memory was used (for ``context_query``, if given). Never waits: the entry joins a
+        bounded buffer that a background task writes in batches (after close it is dropped and counted).
+        A bad id or query text raises at once."""
         check_key(memory_id, "memory_id")
         if context_query is not None:
             check_text(context_query, "context_query", allow_empty=True)
-        if self._closed:
-            raise BackendUnavailable("the store is closed; its access log takes no more entries")
-        if len(self._buffer) == self._buffer.maxlen:
-            self.accesses_dropped += 1  # the deque drops its oldest entry on append
-        self._buffer.append(MemoryAccess(uuid.uuid4().hex, memory_id, self._clock.now(), context_query))
-        self._schedule()
+        size = _ACCESS_OVERHEAD + (0 if context_query is None else len(context_query))
+        self._accesses.put(MemoryAccess(uuid.uuid4().hex, memory_id, self._clock.now(), context_query), size)
+
+    async def _write_accesses(self, accesses: list[MemoryAccess], dropped: int) -> None:
+        # The overflow count is kept in this process (accesses_dropped), not in the store.
+        await self.backend.record_accesses(accesses)
 
     @property
     def accesses_pending(self) -> int:
         """Access log entries recorded but not written yet."""
-        return len(self._buffer)
+        return self._accesses.pending
 
-    def _schedule(self) -> None:
-        if len(self._buffer) >= ACCESS_BATCH:
-            self._wake.set()
-        if self._flusher is not None and not self._flusher.done():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no event loop: flush() or close() writes the buffer
-        # A fresh context: the flusher must never join the atomic() block of the task that started it.
-        self._flusher = loop.create_task(
-            self._flush_loop(), name="statekeel-memory-accesses", context=contextvars.Context()
-        )
+    @property
+    def accesses_dropped(self) -> int:
+        """Access log entries dropped because the buffer was full (or recorded after close)."""
+        return self._accesses.dropped
 
-    async def _flush_loop(self) -> None:
-        while self._buffer and not self._closed:
-            try:
-                await asyncio.wait_for(self._wake.wait(), FLUSH_INTERVAL_S)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            try:
-                await self._drain()
-            except Exception as exc:  # a background task has nobody to raise to: keep the entries, retry
-                log.warning("writing the memory access log failed (%s); retrying", exc)
+    async def flush(self) -> None:
+        """Write every access recorded before this call; raise the error of a write that failed (its
+        entries stay buffered and are retried).
 
-    async def _drain(self) -> int:
-        """Write every buffered entry, in batches; returns how many. A failed batch goes back to the
-        front of the buffer (as far as the bound allows) and its error is raised."""
-        written = 0
-        async with self._drain_lock:
-            while self._buffer:
-                batch = [self._buffer.popleft() for _ in range(min(ACCESS_BATCH, len(self._buffer)))]
-                try:
-                    written += await self.backend.record_accesses(batch)
-                except Exception:
-                    room = (self._buffer.maxlen or 0) - len(self._buffer)
-                    kept = batch[len(batch) - room :] if room > 0 else []
-                    self.accesses_dropped += len(batch) - len(kept)
-                    self._buffer.extendleft(reversed(kept))
-                    raise
-        return written
-
-    async def flush(self) -> int:
-        """Write the buffered access log entries now; returns how many were written by this call.
-
-        Not inside ``atomic()``: the entries are written in transactions of their own.
+        Not inside ``atomic()``: the entries are written in transactions of their own, which wait for
+        the block to end.
         """
         if self.backend.in_atomic():
             raise InvalidArgument(
                 "memory.flush() cannot run inside atomic(): the access log is written in its own "
-                "transactions; call it after the block"
+                "transactions, which wait for the block; call it after the block"
             )
-        return await self._drain()
+        await self._accesses.flush()
 
     async def accesses(self, memory_id: str, *, limit: int = 100) -> list[MemoryAccess]:
-        """The memory's logged accesses, newest first (what is still buffered is not included: call
-        ``flush()`` first to see it)."""
+        """The memory's logged accesses, newest first. What this process recorded is written first
+        (except inside ``atomic()``, where that write would wait for the block)."""
         check_key(memory_id, "memory_id")
         check_int(limit, "limit", minimum=1)
+        if not self.backend.in_atomic():
+            await self._accesses.flush()
         return await self.backend.list_accesses(memory_id, limit=limit)
 
     async def close(self) -> None:
-        """Write what is buffered and stop the background task. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._wake.set()
-        flusher = self._flusher
-        if flusher is not None and not flusher.done() and flusher.get_loop() is asyncio.get_running_loop():
-            await asyncio.gather(flusher, return_exceptions=True)
-        try:
-            await self._drain()
-        except Exception:
-            self.accesses_dropped += len(self._buffer)
-            self._buffer.clear()
-            raise
+        """Write what is buffered and stop the background task. Idempotent; ``BackendUnavailable`` (with
+        ``lost``) if entries could not be written."""
+        await self._accesses.close()
 
 
 __all__ = [

@@ -133,7 +133,9 @@ RETURNING *;
 SELECT * FROM memory_contradictions WHERE resolved_at IS NULL ORDER BY created_at, id LIMIT $1;
 
 -- name: access_insert
-INSERT INTO memory_accesses (id, memory_id, at, context_query) VALUES ($1, $2, $3, $4);
+-- A batch whose write was interrupted is written again: an entry already stored is skipped.
+INSERT INTO memory_accesses (id, memory_id, at, context_query) VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO NOTHING;
 
 -- name: access_list
 SELECT * FROM memory_accesses WHERE memory_id = $1 ORDER BY at DESC, id DESC LIMIT $2;
