@@ -18,6 +18,7 @@ from .errors import (
     BackendUnavailable,
     ConflictError,
     InvalidArgument,
+    InvalidConfig,
     InvalidKey,
     InvalidTransition,
     LeaseLost,
@@ -29,9 +30,11 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    SyncCallRefused,
     ToolCallAlreadyAnswered,
     TranscriptError,
     UnknownToolCall,
+    UnserializableValue,
 )
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
@@ -60,6 +63,7 @@ __all__ = [
     "FileLedger",
     "FileRecord",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -83,6 +87,7 @@ __all__ = [
     "StorageCorrupt",
     "Store",
     "StoreInfo",
+    "SyncCallRefused",
     "TableCopy",
     "Task",
     "TaskManager",
@@ -90,6 +95,7 @@ __all__ = [
     "TraceLog",
     "TranscriptError",
     "UnknownToolCall",
+    "UnserializableValue",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

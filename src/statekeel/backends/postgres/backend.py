@@ -30,6 +30,7 @@ from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.files import SqlFiles
 from ..sql.info import SqlInfo
@@ -141,6 +142,7 @@ class PostgresBackend(
     SqlMemory,
     SqlFiles,
     SqlTraces,
+    SqlCheckpoints,
 ):
     """PostgreSQL storage over an asyncpg pool.
 
@@ -273,6 +275,9 @@ class PostgresBackend(
                     "file_changes",
                     "traces",
                     "trace_counters",
+                    "checkpoints",
+                    "checkpoint_blobs",
+                    "checkpoint_writes",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

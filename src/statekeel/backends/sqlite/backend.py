@@ -29,6 +29,7 @@ from ..base import DatabaseFiles, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.files import SqlFiles
 from ..sql.info import SqlInfo
@@ -115,6 +116,7 @@ class SqliteBackend(
     SqlMemory,
     SqlFiles,
     SqlTraces,
+    SqlCheckpoints,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
