@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
 import os
 import sqlite3
@@ -31,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import statekeel  # noqa: E402
+from common import write_results  # noqa: E402
 from messages import turn  # noqa: E402
 
 
@@ -134,15 +134,7 @@ async def main() -> None:
         print(f"tool calls ({durability}):", {k: round(v, 1) for k, v in tools.items()})
     results["fallback"] = await fallback_round_trip(args.repeats)
     print("fallback round trip:", {k: round(v, 2) for k, v in results["fallback"].items()})
-    _write_results(results)
-
-
-def _write_results(results: dict[str, Any]) -> None:
-    out = os.path.join(HERE, "results", f"sessions-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(results, fh, indent=2)
-    print("wrote", os.path.relpath(out, os.path.dirname(HERE)))
+    write_results("sessions", results)
 
 
 if __name__ == "__main__":

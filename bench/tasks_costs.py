@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import multiprocessing as mp
 import os
 import statistics
 import tempfile
 import time
-import uuid
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-import statekeel  # noqa: E402
+import statekeel
+from common import pg_databases, write_results
 
 WORKERS = 4
 
@@ -90,16 +87,6 @@ async def step_costs(url: str, steps: int, durability: str = "normal") -> dict[s
     return {"step_us_median": statistics.median(run), "replay_us_median": statistics.median(replay)}
 
 
-async def _pg_admin(base: str, sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(base)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", type=int, default=4000)
@@ -123,22 +110,11 @@ def main() -> None:
         print("memory", {k: round(v, 1) for k, v in results["memory"].items()})
     if args.pg:
         # Two databases: the step bench's own task must not be among the tasks the claimers count.
-        names = [f"sk_bench_{uuid.uuid4().hex[:8]}" for _ in range(2)]
-        for name in names:
-            asyncio.run(_pg_admin(args.pg, f'CREATE DATABASE "{name}"'))
-        try:
-            steps_url, claims_url = (args.pg.rsplit("/", 1)[0] + f"/{name}" for name in names)
+        with pg_databases(args.pg, 2) as (steps_url, claims_url):
             results["postgres"] = asyncio.run(step_costs(steps_url, args.steps))
             results["postgres"]["claims_per_s_4_procs"] = claim_throughput(claims_url, args.tasks)
             print("postgres", {k: round(v, 1) for k, v in results["postgres"].items()})
-        finally:
-            for name in names:
-                asyncio.run(_pg_admin(args.pg, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    out = os.path.join(HERE, "results", f"tasks-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(results, fh, indent=2)
-    print("wrote", os.path.relpath(out, os.path.dirname(HERE)))
+    write_results("tasks", results)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from .errors import (
     UnserializableValue,
 )
 from .fallback import ReplayReport
+from .files import Drift, FileLedger, FileRecord, checksum_file
+from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .sessions import Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
@@ -54,15 +56,25 @@ __all__ = [
     "AuditVerification",
     "BackendUnavailable",
     "ConflictError",
+    "Contradiction",
     "CopyReport",
+    "Drift",
+    "Episode",
+    "FileLedger",
+    "FileRecord",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
+    "Memory",
+    "MemoryAccess",
+    "MemoryEvent",
+    "MemoryStore",
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",
+    "Relation",
     "ReplayReport",
     "SchemaTooNew",
     "SerializationError",
@@ -87,6 +99,7 @@ __all__ = [
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",
+    "checksum_file",
     "copy_store",
     "open_store",
 ]

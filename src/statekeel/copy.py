@@ -220,8 +220,9 @@ async def _prepare_destination(
         kept = [info.name for info in infos if info.append_only and info.name in filled]
         if kept:
             raise ConflictError(
-                f"overwrite=True cannot empty {', '.join(kept)} of the destination: audit entries and "
-                "approvals are never deleted; copy into a new, empty store instead",
+                f"overwrite=True cannot empty {', '.join(kept)} of the destination: audit entries, "
+                "approvals and unresolved contradictions are never deleted; copy into a new, empty store "
+                "instead",
                 table=kept[0],
                 rows=filled[kept[0]],
             )

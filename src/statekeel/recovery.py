@@ -11,7 +11,8 @@ One pass, idempotent (a second run finds nothing to repair):
    ``tool_calls_in_doubt``). The sessions are found through an index of those with waiting calls, never
    by reading every session;
 4. running tasks whose lease expired become ``interrupted``;
-5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows.
+5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
+   open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
 6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
 With ``repair=False`` nothing is written; the report says what a repair would do.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,7 @@ from .transcripts import INTERRUPTED_TEXT
 if TYPE_CHECKING:
     from .approvals import Approval
     from .audit import AuditVerification
-    from .backends.base import SessionStepRecord, StepRecord
+    from .backends.base import Contradiction, Drift, SessionStepRecord, StepRecord
     from .fallback import ReplayReport
     from .store import Store
     from .tasks import Task
@@ -69,6 +71,8 @@ class RecoveryReport:
     tool_calls_in_doubt: list[SessionStepRecord] = field(default_factory=list)
     pending_approvals: list[Approval] = field(default_factory=list)
     unfinished_workflows: list[Workflow] = field(default_factory=list)
+    open_contradictions: list[Contradiction] = field(default_factory=list)
+    drifted_files: list[Drift] = field(default_factory=list)  # only when recover() was given files_root
     traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
     repaired: bool = True
 
@@ -100,6 +104,8 @@ class RecoveryReport:
             "tool_calls_in_doubt": len(self.tool_calls_in_doubt),
             "pending_approvals": len(self.pending_approvals),
             "unfinished_workflows": len(self.unfinished_workflows),
+            "open_contradictions": len(self.open_contradictions),
+            "drifted_files": len(self.drifted_files),
             "traces_dropped": self.traces_dropped,
         }
 
@@ -125,7 +131,13 @@ async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
         cursor = page.next_cursor
 
 
-async def recover(store: Store, *, repair: bool = True, now: dt.datetime | None = None) -> RecoveryReport:
+async def recover(
+    store: Store,
+    *,
+    repair: bool = True,
+    now: dt.datetime | None = None,
+    files_root: str | os.PathLike[str] | None = None,
+) -> RecoveryReport:
     """See the module docstring. Raises only when the backend cannot be read at all."""
     when = dt.datetime.now(dt.UTC) if now is None else now
     report = RecoveryReport(repaired=repair)
@@ -142,6 +154,9 @@ async def recover(store: Store, *, repair: bool = True, now: dt.datetime | None 
     report.steps_in_doubt = await store.tasks.steps_in_doubt(now=when)
     report.pending_approvals = await store.approvals.pending(limit=1000)
     report.unfinished_workflows = await store.workflows.unfinished()
+    report.open_contradictions = await store.memory.open_contradictions()
+    if files_root is not None:
+        report.drifted_files = await store.files.check(files_root)
     report.traces_dropped = await store.traces.total_dropped()
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())

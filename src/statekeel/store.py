@@ -24,6 +24,8 @@ from .backends.base import DatabaseFiles, MigrationInfo, StateCounts, StorageBac
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .errors import InvalidArgument, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
+from .files import FileLedger
+from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
@@ -177,6 +179,8 @@ class Store:
         self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
         self.audit = AuditLog(self.backend, self.codec)
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.memory = MemoryStore(self.backend, self.codec)
+        self.files = FileLedger(self.backend)
         self.traces = TraceLog(self.backend, self.codec)
         self._closed = False
 
@@ -184,13 +188,20 @@ class Store:
         await self.backend.initialize()
         return self
 
-    async def recover(self, repair: bool = True, *, now: dt.datetime | None = None) -> RecoveryReport:
+    async def recover(
+        self,
+        repair: bool = True,
+        *,
+        now: dt.datetime | None = None,
+        files_root: str | os.PathLike[str] | None = None,
+    ) -> RecoveryReport:
         """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
+        With ``files_root``, the file ledger is compared with the files under it.
 
         report = await store.recover()
         assert report.ok, report.summary()
         """
-        return await recover(self, repair=repair, now=now)
+        return await recover(self, repair=repair, now=now, files_root=files_root)
 
     async def info(self, *, check_integrity: bool = True) -> StoreInfo:
         """Schema and health facts: schema version and migrations, counts per state kind, file sizes,
@@ -236,7 +247,11 @@ class Store:
         self._closed = True
         await self.sessions.close()
         try:
-            await self.traces.close()
+            # Buffered tiers: what they hold is written before the backend closes.
+            try:
+                await self.memory.close()
+            finally:
+                await self.traces.close()
         finally:
             await self.backend.close()
 

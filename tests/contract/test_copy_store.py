@@ -408,3 +408,80 @@ async def test_every_postgres_table_is_copied_or_deliberately_left_out(pg_migrat
     finally:
         await conn.close()
     assert {r[0] for r in rows} - NOT_COPIED == {t.name for t in TABLES}
+
+
+async def _populate_memory(store: statekeel.Store) -> dict[str, str]:
+    """Memories with history (updated, forgotten, superseded), an episode, edges (one ended), an open and a
+    resolved contradiction, accesses and file records."""
+    mem = store.memory
+    a = await mem.put("user", "drink", "tea", scope="u1", data={"at": dt.datetime(2026, 1, 2, tzinfo=dt.UTC)})
+    await mem.put("user", "drink", "coffee", scope="u1", confidence=0.25, reason="changed her mind")
+    b = await mem.put("semantic", None, {"fact": [1, 2.5, -0.0]})
+    c = await mem.put("semantic", None, "newer fact")
+    await mem.supersede(b.id, c.id, reason="newer", actor="x")
+    gone = await mem.put("environment", "cwd", "/tmp")
+    await mem.forget(gone.id, reason="stale", actor="x")
+    await mem.add_episode("s1", "fixed the test", first_seq=0, upto_seq=9, entities=["tests"])
+    edge = await mem.relate("alice", "works_at", "acme", source_memory_id=a.id)
+    await mem.unrelate(edge.id)
+    await mem.relate("alice", "works_at", "globex", weight=0.5)
+    opened = await mem.record_contradiction(a.id, c.id, "open")
+    done = await mem.record_contradiction(a.id, b.id, "done")
+    await mem.resolve_contradiction(done.id, "b is superseded")
+    mem.record_access(a.id, "what does she drink?")
+    await mem.flush()
+    await store.files.record("src/app.py", "ab" * 32, 10, task_id="t1", action="created")
+    await store.files.record("src/app.py", "cd" * 32, 12, task_id="t1")
+    await store.files.record("old.txt", None, None, action="deleted")
+    return {"a": a.id, "b": b.id, "open": opened.id}
+
+
+async def _assert_same_memory(src: statekeel.Store, dst: statekeel.Store, ids: dict[str, str]) -> None:
+    for memory_id in (ids["a"], ids["b"]):
+        assert await dst.memory.history(memory_id) == await src.memory.history(memory_id)
+        assert await dst.memory.get(memory_id) == await src.memory.get(memory_id)
+    for flags in ({}, {"include_forgotten": True, "include_superseded": True}):
+        assert await dst.memory.query(**flags) == await src.memory.query(**flags)
+    assert await dst.memory.episodes() == await src.memory.episodes()
+    assert await dst.memory.relations("alice") == await src.memory.relations("alice")
+    assert [c.id for c in await dst.memory.open_contradictions()] == [ids["open"]]
+    assert await dst.memory.accesses(ids["a"]) == await src.memory.accesses(ids["a"])
+    assert await dst.files.list() == await src.files.list()
+    # The copy is a working store: a put continues the copied history.
+    updated = await dst.memory.put("user", "drink", "water", scope="u1")
+    assert updated.id == ids["a"] and updated.version == 3
+
+
+async def test_copy_moves_memories_their_history_and_the_file_ledger(tmp_path: Any) -> None:
+    async with statekeel.open_store("memory://") as src, statekeel.open_store("memory://") as dst:
+        ids = await _populate_memory(src)
+        report = await statekeel.copy_store(src, dst, batch_size=2)
+        assert report.verified
+        counts = {t.table: t.destination_rows for t in report.tables}
+        assert counts["memories"] == 4 and counts["memory_events"] == 7 and counts["file_changes"] == 3
+        await _assert_same_memory(src, dst, ids)
+
+
+@pytest.mark.postgres
+async def test_copy_moves_memories_and_files_from_sqlite_to_postgres(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        ids = await _populate_memory(src)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, batch_size=3)
+    assert report.verified
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(pg_migrated) as dst:
+        await _assert_same_memory(src, dst, ids)
+
+
+async def test_overwrite_refuses_to_delete_open_contradictions(tmp_path: Any) -> None:
+    src_url, dst_url = _sqlite_url(tmp_path, "a.db"), _sqlite_url(tmp_path, "b.db")
+    async with statekeel.open_store(src_url) as src:
+        await src.memory.put("user", "k", "v")
+    async with statekeel.open_store(dst_url) as dst:
+        a = await dst.memory.put("user", None, "a")
+        b = await dst.memory.put("user", None, "b")
+        await dst.memory.record_contradiction(a.id, b.id, "unresolved")
+    with pytest.raises(statekeel.ConflictError, match="never deleted"):
+        await statekeel.copy_store(src_url, dst_url, overwrite=True)
+    async with statekeel.open_store(dst_url) as dst:
+        assert len(await dst.memory.open_contradictions()) == 1
+        assert await dst.backend.count_rows("memories") == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import sqlite3
 from pathlib import Path
 
@@ -130,3 +131,24 @@ async def test_a_session_with_a_damaged_history_is_reported_and_recovery_goes_on
             assert s is not None and s.messages[-1]["content"] == INTERRUPTED_CONTENT
         record = await store.backend.load_session("damaged")
         assert record is not None and record.head_seq == 2  # nothing was written to it
+
+
+async def test_recover_lists_open_contradictions_and_files_that_drifted(
+    store: statekeel.Store, tmp_path: Path
+) -> None:
+    a = await store.memory.put("user", "diet", "vegan")
+    b = await store.memory.put("user", None, "ordered a steak")
+    opened = await store.memory.record_contradiction(a.id, b.id, "diet vs. order")
+    settled = await store.memory.record_contradiction(a.id, b.id, "old news")
+    await store.memory.resolve_contradiction(settled.id, "settled")
+    (tmp_path / "kept.txt").write_bytes(b"same")
+    await store.files.record("kept.txt", hashlib.sha256(b"same").hexdigest(), 4)
+    await store.files.record("lost.txt", hashlib.sha256(b"x").hexdigest(), 1)
+
+    report = await store.recover(files_root=tmp_path)
+    assert [c.id for c in report.open_contradictions] == [opened.id]
+    assert [(d.path, d.kind) for d in report.drifted_files] == [("lost.txt", "missing")]
+    assert report.summary()["open_contradictions"] == 1
+    assert report.ok  # both need a decision, neither is damage
+    without_root = await store.recover(repair=False)
+    assert without_root.drifted_files == [] and len(without_root.open_contradictions) == 1

@@ -81,6 +81,22 @@ async def test_counts_follow_each_state_kind_by_status(store: Store) -> None:
     assert counts.audit_entries == len(entries) == entries[-1].seq == 4
 
 
+async def test_counts_include_live_memories_open_contradictions_and_file_changes(store: Store) -> None:
+    a = await store.memory.put("user", "drink", "tea")
+    await store.memory.put("user", "drink", "coffee")  # an update: still one memory
+    b = await store.memory.put("user", None, "b")
+    gone = await store.memory.put("user", None, "gone")
+    await store.memory.forget(gone.id, reason="r", actor="x")
+    await store.memory.record_contradiction(a.id, b.id, "open")
+    done = await store.memory.record_contradiction(a.id, b.id, "settled")
+    await store.memory.resolve_contradiction(done.id, "ok")
+    await store.files.record("a.txt", "0" * 64, 0)
+    await store.files.record("a.txt", "1" * 64, 1)
+    counts = (await store.info()).counts
+    assert counts is not None
+    assert (counts.memories, counts.contradictions_open, counts.file_changes) == (2, 1, 2)
+
+
 async def test_integrity_can_be_skipped_and_info_never_writes(store: Store) -> None:
     before = await store.info()
     info = await store.info(check_integrity=False)

@@ -17,6 +17,9 @@ from typing import Any
 
 from statekeel.backends.records import (
     APPROVAL_STATUSES,
+    FILE_ACTIONS,
+    MEMORY_EVENTS,
+    MEMORY_TYPES,
     SESSION_STATUSES,
     SESSION_STEP_STATUSES,
     SPAN_STATUSES,
@@ -30,9 +33,17 @@ from statekeel.backends.records import (
     CheckpointLineage,
     CheckpointRecord,
     CheckpointWrite,
+    Contradiction,
     CopyTableInfo,
     DatabaseFiles,
+    Drift,
+    Episode,
+    FileRecord,
     LoadedSession,
+    Memory,
+    MemoryAccess,
+    MemoryEvent,
+    MemoryPut,
     MessageRecord,
     MigrationInfo,
     NewCheckpoint,
@@ -42,6 +53,7 @@ from statekeel.backends.records import (
     NewWorkflowStep,
     OpenCalls,
     Page,
+    Relation,
     RowPage,
     SessionLease,
     SessionRecord,
@@ -58,6 +70,9 @@ from statekeel.backends.records import (
 
 __all__ = [
     "APPROVAL_STATUSES",
+    "FILE_ACTIONS",
+    "MEMORY_EVENTS",
+    "MEMORY_TYPES",
     "SESSION_STATUSES",
     "SESSION_STEP_STATUSES",
     "SPAN_STATUSES",
@@ -74,11 +89,21 @@ __all__ = [
     "CheckpointLineage",
     "CheckpointRecord",
     "CheckpointWrite",
+    "Contradiction",
     "CopyBackend",
     "CopyTableInfo",
     "DatabaseFiles",
+    "Drift",
+    "Episode",
+    "FileBackend",
+    "FileRecord",
     "LifecycleBackend",
     "LoadedSession",
+    "Memory",
+    "MemoryAccess",
+    "MemoryBackend",
+    "MemoryEvent",
+    "MemoryPut",
     "MessageRecord",
     "MigrationInfo",
     "NewCheckpoint",
@@ -88,6 +113,7 @@ __all__ = [
     "NewWorkflowStep",
     "OpenCalls",
     "Page",
+    "Relation",
     "RowPage",
     "SessionBackend",
     "SessionLease",
@@ -573,6 +599,148 @@ class ApprovalBackend(abc.ABC):
         """Undecided, unexpired approvals, oldest first."""
 
 
+class MemoryBackend(abc.ABC):
+    """Memories with their history, episodes, the temporal graph, contradictions and the access log."""
+
+    @abc.abstractmethod
+    async def put_memory(self, put: MemoryPut) -> tuple[Memory, str | None]:
+        """Add a memory, or update the live one with the same (type, scope, key) in place, with its
+        history event in the same transaction. Returns the memory and the event written ("ADD",
+        "UPDATE"), or None when the stored memory already held exactly these values."""
+
+    @abc.abstractmethod
+    async def get_memory(self, memory_id: str) -> Memory | None:
+        """The memory whatever its state (forgotten, superseded, expired), or None if unknown."""
+
+    @abc.abstractmethod
+    async def query_memories(
+        self,
+        *,
+        type: str | None = None,
+        scope: str | None = None,
+        key: str | None = None,
+        min_confidence: float | None = None,
+        include_forgotten: bool = False,
+        include_superseded: bool = False,
+        live_at: dt.datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Memories newest first (by ``updated_at``, then id), cursor-paginated; with ``live_at``,
+        those expired by then are left out."""
+
+    @abc.abstractmethod
+    async def changed_memories(
+        self, *, since: dt.datetime | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
+        """Every memory (forgotten and superseded too) changed at or after ``since``, oldest change
+        first (by ``updated_at``, then id), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def forget_memory(
+        self, memory_id: str, *, actor: str | None, reason: str | None, at: dt.datetime
+    ) -> Memory:
+        """Set ``deleted_at`` with a DELETE event. Already forgotten: returned as is, nothing written.
+        ``NotFound`` for an unknown id."""
+
+    @abc.abstractmethod
+    async def supersede_memory(
+        self, old_id: str, new_id: str, *, actor: str | None, reason: str | None, at: dt.datetime
+    ) -> Memory:
+        """Mark ``old_id`` superseded by ``new_id`` with a SUPERSEDE event; returns the old memory.
+        ``NotFound`` for an unknown id, ``InvalidTransition`` unless both are live (superseding again
+        by the same memory changes nothing)."""
+
+    @abc.abstractmethod
+    async def memory_history(self, memory_id: str) -> list[MemoryEvent]:
+        """The memory's events in order. ``NotFound`` for an unknown id."""
+
+    @abc.abstractmethod
+    async def add_episode(self, episode: Episode) -> Episode: ...
+
+    @abc.abstractmethod
+    async def list_episodes(self, *, session_key: str | None = None, limit: int = 100) -> list[Episode]:
+        """Episodes newest first (of one session, or all)."""
+
+    @abc.abstractmethod
+    async def add_relation(self, relation: Relation) -> Relation:
+        """Insert an edge; ``NotFound`` if its ``source_memory_id`` is unknown."""
+
+    @abc.abstractmethod
+    async def end_relation(self, relation_id: str, at: dt.datetime) -> Relation:
+        """Set ``valid_to = at``. ``NotFound`` for an unknown id, ``InvalidTransition`` if it already
+        ended, ``InvalidArgument`` if ``at`` is before ``valid_from``."""
+
+    @abc.abstractmethod
+    async def relations_at(self, entity: str, *, relation: str | None, at: dt.datetime) -> list[Relation]:
+        """Edges with ``entity`` as subject or object that were true at ``at``, oldest first."""
+
+    @abc.abstractmethod
+    async def add_contradiction(self, contradiction: Contradiction) -> Contradiction:
+        """Insert an open contradiction; ``NotFound`` if either memory is unknown."""
+
+    @abc.abstractmethod
+    async def resolve_contradiction(
+        self, contradiction_id: str, resolution: str, at: dt.datetime
+    ) -> Contradiction:
+        """Resolve an open contradiction. ``NotFound`` for an unknown id, ``ConflictError`` if it was
+        resolved already."""
+
+    @abc.abstractmethod
+    async def open_contradictions(self, *, limit: int = 1000) -> list[Contradiction]:
+        """Unresolved contradictions, oldest first."""
+
+    @abc.abstractmethod
+    async def record_accesses(self, accesses: Sequence[MemoryAccess]) -> int:
+        """Append entries to the access log in one transaction; returns how many."""
+
+    @abc.abstractmethod
+    async def list_accesses(self, memory_id: str, *, limit: int = 100) -> list[MemoryAccess]:
+        """A memory's accesses, newest first."""
+
+
+class FileBackend(abc.ABC):
+    """The file ledger: every recorded change of every file, append-only."""
+
+    @abc.abstractmethod
+    async def record_file(
+        self,
+        path: str,
+        *,
+        checksum: str | None,
+        size: int | None,
+        action: str,
+        task_id: str | None,
+        session_key: str | None,
+        at: dt.datetime,
+    ) -> FileRecord:
+        """Append the next record of ``path`` (``seq`` one more than its last; ``recorded_at`` never
+        before the last one's)."""
+
+    @abc.abstractmethod
+    async def list_files(
+        self,
+        *,
+        task_id: str | None = None,
+        session_key: str | None = None,
+        path: str | None = None,
+        limit: int | None = None,
+    ) -> list[FileRecord]:
+        """Records matching every given filter, in the order they were recorded."""
+
+    @abc.abstractmethod
+    async def last_file_records(
+        self,
+        *,
+        after_path: str = "",
+        limit: int = 1000,
+        task_id: str | None = None,
+        session_key: str | None = None,
+    ) -> list[FileRecord]:
+        """The last record of each path after ``after_path`` (in path order), for paths with a record of
+        ``task_id`` / ``session_key`` when given."""
+
+
 class TraceBackend(abc.ABC):
     """Spans (the buffered tier): written in batches, read by trace and by start time."""
 
@@ -743,6 +911,8 @@ class StorageBackend(
     WorkflowBackend,
     AuditBackend,
     ApprovalBackend,
+    MemoryBackend,
+    FileBackend,
     TraceBackend,
     CheckpointBackend,
     CopyBackend,

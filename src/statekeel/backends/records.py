@@ -17,6 +17,9 @@ STEP_STATUSES = ("started", "succeeded", "failed")
 SESSION_STEP_STATUSES = ("started", "succeeded", "failed", "interrupted")
 WORKFLOW_STATUSES = ("pending", "running", "success", "failed", "cancelled")
 APPROVAL_STATUSES = ("pending", "granted", "denied")
+MEMORY_TYPES = ("user", "environment", "semantic", "episodic", "procedural")
+MEMORY_EVENTS = ("ADD", "UPDATE", "DELETE", "SUPERSEDE")
+FILE_ACTIONS = ("created", "modified", "deleted")
 SPAN_STATUSES = ("unset", "ok", "error")
 
 
@@ -310,12 +313,178 @@ class RowPage:
 
 
 @dataclass(frozen=True, slots=True)
+class Memory:
+    """A memory as stored. ``version`` starts at 1 and grows by one at every change (update, forget,
+    supersede), and ``updated_at`` moves with it; ``deleted_at`` is set when it was forgotten."""
+
+    id: str
+    type: str
+    scope: str
+    key: str | None
+    content: Any
+    data: Any
+    confidence: float
+    source: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    expires_at: dt.datetime | None
+    superseded_by: str | None
+    deleted_at: dt.datetime | None
+    version: int
+
+    @property
+    def forgotten(self) -> bool:
+        return self.deleted_at is not None
+
+    @property
+    def superseded(self) -> bool:
+        return self.superseded_by is not None
+
+    def expired(self, now: dt.datetime | None = None) -> bool:
+        """True once ``expires_at`` has passed (at ``now``, default the current time)."""
+        when = dt.datetime.now(dt.UTC) if now is None else now
+        return self.expires_at is not None and self.expires_at <= when
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPut:
+    """A memory to write: ``content`` and ``data`` codec-encoded, ``id`` used only if it is added."""
+
+    id: str
+    type: str
+    scope: str
+    key: str | None
+    content: bytes
+    data: bytes | None
+    confidence: float
+    source: str | None
+    expires_at: dt.datetime | None
+    actor: str | None
+    reason: str | None
+    at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEvent:
+    """One change of a memory. ``old`` and ``new`` are its content before and after (None before an
+    ADD and after a DELETE); ``before`` and ``after`` hold every field that can change (content, data,
+    confidence, source, expires_at, superseded_by, deleted_at). ``version`` is the memory's version
+    after the change: a memory's events have versions 1, 2, 3 … without gaps."""
+
+    memory_id: str
+    version: int
+    event: str
+    old: Any
+    new: Any
+    actor: str | None
+    reason: str | None
+    at: dt.datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """What happened in a session, summarised: messages ``first_seq`` (inclusive) to ``upto_seq``."""
+
+    id: str
+    session_key: str
+    summary: str
+    first_seq: int | None
+    upto_seq: int | None
+    entities: tuple[str, ...]
+    importance: float
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """An edge of the memory graph, true from ``valid_from`` until ``valid_to`` (excluded; None: still
+    true). ``source_memory_id`` is the memory it was derived from, if any."""
+
+    id: str
+    subject: str
+    relation: str
+    object: str
+    weight: float
+    valid_from: dt.datetime
+    valid_to: dt.datetime | None
+    source_memory_id: str | None
+    created_at: dt.datetime
+
+    @property
+    def obj(self) -> str:
+        """The object, under the name ``relate`` takes it by."""
+        return self.object
+
+    def valid_at(self, when: dt.datetime) -> bool:
+        return self.valid_from <= when and (self.valid_to is None or when < self.valid_to)
+
+
+@dataclass(frozen=True, slots=True)
+class Contradiction:
+    """Two memories that disagree; open until resolved (once) with a resolution text."""
+
+    id: str
+    memory_a: str
+    memory_b: str
+    description: str
+    resolution: str | None
+    created_at: dt.datetime
+    resolved_at: dt.datetime | None
+
+    @property
+    def resolved(self) -> bool:
+        return self.resolved_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAccess:
+    """One read of a memory, from the access log (``id`` identifies the entry)."""
+
+    id: str
+    memory_id: str
+    at: dt.datetime
+    context_query: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """One recorded change of a file. ``path`` is relative and POSIX-normalised; ``seq`` counts the
+    records of that path from 1; ``checksum`` is the SHA-256 hex of the content (None for a deletion)."""
+
+    path: str
+    seq: int
+    checksum: str | None
+    size: int | None
+    action: str
+    task_id: str | None
+    session_key: str | None
+    recorded_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """A file whose state on disk no longer matches its last record: ``kind`` is "changed" (other
+    content, not a regular file, or present although recorded as deleted), "missing" or "unreadable".
+    ``checksum`` and ``size`` are those of the file on disk now, when it could be read."""
+
+    path: str
+    kind: str
+    record: FileRecord
+    checksum: str | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StateCounts:
     """How much state a store holds, read on one snapshot by COUNTs over indexed columns.
 
     ``sessions``, ``tasks`` and ``workflows`` map every status to its count (0 included).
     ``approvals_pending`` counts undecided, unexpired approvals (what ``approvals.pending()`` lists);
     ``audit_entries`` is the audit head's sequence number: entries are numbered from 1 and never deleted.
+    ``memories`` counts live memories (neither forgotten nor superseded), ``contradictions_open`` the
+    unresolved contradictions, ``file_changes`` the records of the file ledger.
     """
 
     sessions: dict[str, int] = field(default_factory=dict)
@@ -323,6 +492,9 @@ class StateCounts:
     workflows: dict[str, int] = field(default_factory=dict)
     approvals_pending: int = 0
     audit_entries: int = 0
+    memories: int = 0  # live: neither forgotten nor superseded
+    contradictions_open: int = 0
+    file_changes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

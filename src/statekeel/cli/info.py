@@ -51,6 +51,10 @@ def _print_facts(console: Console, facts: StoreInfo) -> None:
         console.print(_by_status("workflows", counts.workflows), markup=False)
         console.print(f"approvals pending: {counts.approvals_pending}")
         console.print(f"audit entries: {counts.audit_entries}")
+        console.print(
+            f"memories: {counts.memories}, open contradictions: {counts.contradictions_open}, "
+            f"file changes: {counts.file_changes}"
+        )
     if facts.files is not None:
         console.print(
             f"database file: {_size(facts.files.database_bytes)}, WAL: {_size(facts.files.wal_bytes)}"

@@ -32,7 +32,9 @@ from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
+from ..sql.files import SqlFiles
 from ..sql.info import SqlInfo
+from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
@@ -139,6 +141,8 @@ class PostgresBackend(
     SqlWorkflows,
     SqlAudit,
     SqlApprovals,
+    SqlMemory,
+    SqlFiles,
     SqlTraces,
     SqlCheckpoints,
 ):
@@ -264,6 +268,13 @@ class PostgresBackend(
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "memories",
+                    "memory_events",
+                    "memory_episodes",
+                    "memory_relations",
+                    "memory_contradictions",
+                    "memory_accesses",
+                    "file_changes",
                     "traces",
                     "trace_counters",
                     "checkpoints",

@@ -304,6 +304,162 @@ DELETE FROM trace_counters;
 SELECT 'postgresql:' || current_database() || '@' || current_setting('port') || '/'
     || pg_postmaster_start_time()::text AS id;
 
+-- Memories and the file ledger.
+
+-- name: copy_memories_first
+SELECT id, type, scope, key, content, data, confidence, source, created_at, updated_at, expires_at, superseded_by, deleted_at, version
+FROM memories ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_memories_after
+SELECT id, type, scope, key, content, data, confidence, source, created_at, updated_at, expires_at, superseded_by, deleted_at, version
+FROM memories WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_memories_last
+SELECT id FROM memories ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_memories_insert
+INSERT INTO memories (id, type, scope, key, content, data, confidence, source, created_at, updated_at, expires_at, superseded_by, deleted_at, version)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+
+-- name: copy_memories_count
+SELECT count(*) AS n FROM memories;
+
+-- name: copy_memories_clear
+DELETE FROM memories;
+
+-- name: copy_memory_events_first
+SELECT memory_id, version, event, state, actor, reason, at
+FROM memory_events ORDER BY memory_id COLLATE "C", version LIMIT $1;
+
+-- name: copy_memory_events_after
+SELECT memory_id, version, event, state, actor, reason, at
+FROM memory_events WHERE (memory_id COLLATE "C", version) > ($1, $2)
+ORDER BY memory_id COLLATE "C", version LIMIT $3;
+
+-- name: copy_memory_events_last
+SELECT memory_id, version FROM memory_events ORDER BY memory_id COLLATE "C" DESC, version DESC LIMIT 1;
+
+-- name: copy_memory_events_insert
+INSERT INTO memory_events (memory_id, version, event, state, actor, reason, at)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: copy_memory_events_count
+SELECT count(*) AS n FROM memory_events;
+
+-- name: copy_memory_events_clear
+DELETE FROM memory_events;
+
+-- name: copy_memory_episodes_first
+SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at
+FROM memory_episodes ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_memory_episodes_after
+SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at
+FROM memory_episodes WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_memory_episodes_last
+SELECT id FROM memory_episodes ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_memory_episodes_insert
+INSERT INTO memory_episodes (id, session_key, summary, first_seq, upto_seq, entities, importance, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: copy_memory_episodes_count
+SELECT count(*) AS n FROM memory_episodes;
+
+-- name: copy_memory_episodes_clear
+DELETE FROM memory_episodes;
+
+-- name: copy_memory_relations_first
+SELECT id, subject, relation, object, weight, valid_from, valid_to, source_memory_id, created_at
+FROM memory_relations ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_memory_relations_after
+SELECT id, subject, relation, object, weight, valid_from, valid_to, source_memory_id, created_at
+FROM memory_relations WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_memory_relations_last
+SELECT id FROM memory_relations ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_memory_relations_insert
+INSERT INTO memory_relations (id, subject, relation, object, weight, valid_from, valid_to, source_memory_id, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: copy_memory_relations_count
+SELECT count(*) AS n FROM memory_relations;
+
+-- name: copy_memory_relations_clear
+DELETE FROM memory_relations;
+
+-- name: copy_memory_contradictions_first
+SELECT id, memory_a, memory_b, description, resolution, created_at, resolved_at
+FROM memory_contradictions ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_memory_contradictions_after
+SELECT id, memory_a, memory_b, description, resolution, created_at, resolved_at
+FROM memory_contradictions WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_memory_contradictions_last
+SELECT id FROM memory_contradictions ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_memory_contradictions_insert
+INSERT INTO memory_contradictions (id, memory_a, memory_b, description, resolution, created_at, resolved_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: copy_memory_contradictions_count
+SELECT count(*) AS n FROM memory_contradictions;
+
+-- name: copy_memory_contradictions_clear
+DELETE FROM memory_contradictions;
+
+-- name: copy_memory_accesses_first
+SELECT id, memory_id, at, context_query
+FROM memory_accesses ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_memory_accesses_after
+SELECT id, memory_id, at, context_query
+FROM memory_accesses WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_memory_accesses_last
+SELECT id FROM memory_accesses ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_memory_accesses_insert
+INSERT INTO memory_accesses (id, memory_id, at, context_query)
+VALUES ($1, $2, $3, $4);
+
+-- name: copy_memory_accesses_count
+SELECT count(*) AS n FROM memory_accesses;
+
+-- name: copy_memory_accesses_clear
+DELETE FROM memory_accesses;
+
+-- name: copy_file_changes_first
+SELECT path, seq, checksum, size, action, task_id, session_key, recorded_at
+FROM file_changes ORDER BY path COLLATE "C", seq LIMIT $1;
+
+-- name: copy_file_changes_after
+SELECT path, seq, checksum, size, action, task_id, session_key, recorded_at
+FROM file_changes WHERE (path COLLATE "C", seq) > ($1, $2)
+ORDER BY path COLLATE "C", seq LIMIT $3;
+
+-- name: copy_file_changes_last
+SELECT path, seq FROM file_changes ORDER BY path COLLATE "C" DESC, seq DESC LIMIT 1;
+
+-- name: copy_file_changes_insert
+INSERT INTO file_changes (path, seq, checksum, size, action, task_id, session_key, recorded_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: copy_file_changes_count
+SELECT count(*) AS n FROM file_changes;
+
+-- name: copy_file_changes_clear
+DELETE FROM file_changes;
+
 -- Graph checkpoints (key columns compare bytewise in both dialects).
 
 -- name: copy_checkpoints_first

@@ -16,3 +16,13 @@ SELECT count(*) AS n FROM approvals WHERE status = 'pending' AND (expires_at IS 
 -- name: info_audit_entries
 -- The head's sequence number (the primary key): entries are numbered from 1 and never deleted.
 SELECT coalesce(max(seq), 0) AS n FROM audit_log;
+
+-- name: info_memories_live
+SELECT count(*) AS n FROM memories WHERE deleted_at IS NULL AND superseded_by IS NULL;
+
+-- name: info_contradictions_open
+-- Read from the partial index memory_contradictions_open.
+SELECT count(*) AS n FROM memory_contradictions WHERE resolved_at IS NULL;
+
+-- name: info_file_changes
+SELECT count(*) AS n FROM file_changes;

@@ -108,6 +108,42 @@ TABLES: tuple[CopyTable, ...] = (
         append_only=True,
     ),
     _table(
+        "memories",
+        "id:text type:text scope:text key:text content:json data:json confidence:float source:text "
+        "created_at:ts updated_at:ts expires_at:ts superseded_by:text deleted_at:ts version:int",
+        "id",
+    ),
+    _table(
+        "memory_events",
+        "memory_id:text version:int event:text state:json actor:text reason:text at:ts",
+        "memory_id version",
+    ),
+    _table(
+        "memory_episodes",
+        "id:text session_key:text summary:text first_seq:int upto_seq:int entities:json importance:float "
+        "created_at:ts",
+        "id",
+    ),
+    _table(
+        "memory_relations",
+        "id:text subject:text relation:text object:text weight:float valid_from:ts valid_to:ts "
+        "source_memory_id:text created_at:ts",
+        "id",
+    ),
+    # An unresolved contradiction is never deleted, so overwrite=True cannot empty this table.
+    _table(
+        "memory_contradictions",
+        "id:text memory_a:text memory_b:text description:text resolution:text created_at:ts resolved_at:ts",
+        "id",
+        append_only=True,
+    ),
+    _table("memory_accesses", "id:text memory_id:text at:ts context_query:text", "id"),
+    _table(
+        "file_changes",
+        "path:text seq:int checksum:text size:int action:text task_id:text session_key:text recorded_at:ts",
+        "path seq",
+    ),
+    _table(
         "traces",
         "trace_id:text span_id:text parent_span_id:text name:text kind:text status:text attributes:json "
         "started_at:ts ended_at:ts",

@@ -28,13 +28,21 @@ async def _by_status(tx: Tx, query: str, statuses: tuple[str, ...]) -> dict[str,
 async def op_count_state(tx: Tx, now: dt.datetime) -> StateCounts:
     pending = await tx.fetchone("info_approvals_pending", tx.ts_in(now))
     audit = await tx.fetchone("info_audit_entries")
-    assert pending is not None and audit is not None  # an aggregate always returns one row
+    memories = await tx.fetchone("info_memories_live")
+    contradictions = await tx.fetchone("info_contradictions_open")
+    files = await tx.fetchone("info_file_changes")
+    # An aggregate always returns one row.
+    assert pending is not None and audit is not None
+    assert memories is not None and contradictions is not None and files is not None
     return StateCounts(
         sessions=await _by_status(tx, "info_sessions_by_status", SESSION_STATUSES),
         tasks=await _by_status(tx, "info_tasks_by_status", TASK_STATUSES),
         workflows=await _by_status(tx, "info_workflows_by_status", WORKFLOW_STATUSES),
         approvals_pending=int(pending["n"]),
         audit_entries=int(audit["n"]),
+        memories=int(memories["n"]),
+        contradictions_open=int(contradictions["n"]),
+        file_changes=int(files["n"]),
     )
 
 

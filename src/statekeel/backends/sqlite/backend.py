@@ -31,7 +31,9 @@ from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
+from ..sql.files import SqlFiles
 from ..sql.info import SqlInfo
+from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
@@ -113,6 +115,8 @@ class SqliteBackend(
     SqlWorkflows,
     SqlAudit,
     SqlApprovals,
+    SqlMemory,
+    SqlFiles,
     SqlTraces,
     SqlCheckpoints,
 ):
