@@ -292,10 +292,19 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def update_task(
-        self, task_id: str, *, expected_status: str, expected_version: int, change: TaskChange
+        self,
+        task_id: str,
+        *,
+        expected_status: str,
+        expected_version: int,
+        change: TaskChange,
+        lease_valid_at: dt.datetime | None = None,
     ) -> TaskRecord | None:
         """Apply ``change`` with one conditional UPDATE (status and version as expected), bumping the
-        version. None when the condition did not hold (or the task does not exist)."""
+        version. None when the condition did not hold (or the task does not exist).
+
+        With ``lease_valid_at`` (a fenced caller's clock), also None when the task's lease had expired by
+        then: checked in the same statement, whether or not :meth:`expire_task_leases` ran."""
 
     @abc.abstractmethod
     async def claim_task(
@@ -306,9 +315,16 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def heartbeat_task(
-        self, task_id: str, worker_id: str, lease_epoch: int, *, lease_expires_at: dt.datetime
+        self,
+        task_id: str,
+        worker_id: str,
+        lease_epoch: int,
+        *,
+        lease_expires_at: dt.datetime,
+        now: dt.datetime | None = None,
     ) -> TaskRecord | None:
-        """Extend the lease if ``worker_id`` at ``lease_epoch`` still holds the running task; else None."""
+        """Extend the lease if ``worker_id`` at ``lease_epoch`` still holds the running task and its lease
+        has not expired at ``now`` (the caller's clock); else None."""
 
     @abc.abstractmethod
     async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
@@ -316,12 +332,19 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def begin_step(
-        self, task_id: str, step_key: str, *, rerun_started: bool, lease_epoch: int | None = None
+        self,
+        task_id: str,
+        step_key: str,
+        *,
+        rerun_started: bool,
+        lease_epoch: int | None = None,
+        now: dt.datetime | None = None,
     ) -> tuple[StepRecord, bool]:
         """Record that a step starts, in its own transaction. Returns ``(record, run)``.
 
-        With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch (checked in the
-        same transaction, so a worker whose lease was taken over records nothing).
+        With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch under a lease that has
+        not expired at ``now`` (the caller's clock), checked in the same transaction: a worker whose lease
+        was taken over or ran out records nothing.
 
         New step, or one that failed before: recorded *started*, ``run`` is True. Already succeeded:
         ``run`` is False. Found *started* (never finished): restarted (``attempt + 1``) if
