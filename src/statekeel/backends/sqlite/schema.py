@@ -45,6 +45,8 @@ class SqliteSchema:
             raise BackendUnavailable(
                 f"directory {parent} of SQLite database {path} does not exist", path=path
             )
+        if not self.migrate:
+            self._refuse_to_create(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -64,6 +66,28 @@ class SqliteSchema:
             ) from exc
         else:
             os.close(fd)
+
+    def _refuse_to_create(self, path: str) -> None:
+        """With ``migrate=False`` a missing or empty file is refused before SQLite touches it: opening it
+        would create a database (journal_mode=WAL alone writes a 4 KB header)."""
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise BackendUnavailable(
+                f"there is no SQLite database at {path}; it was opened with migrate=False, so none was "
+                "created: check the path, or open it with migrate=True to create a store",
+                path=path,
+                hint="",
+            ) from None
+        if size == 0:
+            raise MigrationError(
+                f"{path} is an empty file, not a statekeel store (schema version 0). It was opened with "
+                "migrate=False, so nothing was changed: open it with migrate=True to create the schema",
+                version=0,
+                pending=[m.version for m in self._migrations],
+                path=path,
+                hint="",
+            )
 
     def _refuse_foreign(self, conn: sqlite3.Connection) -> bool:
         """True if the database has our schema_migrations table, False if it is empty; raises
@@ -131,11 +155,13 @@ class SqliteSchema:
             for statement in split_statements(mig.sql):
                 conn.execute(statement)
         except sqlite3.Error as exc:
+            kept = f" (a copy taken before upgrading is at {self.backup_path})" if self.backup_path else ""
             raise MigrationError(
-                f"{self._where}: migration {mig.version:04d}_{mig.name} failed: {exc}; the database is as it "
-                "was before it",
+                f"{self._where}: migration {mig.version:04d}_{mig.name} failed: {exc}. The database is as it "
+                f"was before this migration{kept}; fix the cause and open it again",
                 version=mig.version,
                 backup=self.backup_path,
+                hint="",
             ) from exc
         conn.execute(
             "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ?)",
