@@ -25,7 +25,9 @@ from statekeel.backends.records import (
     ArchivedMessage,
     AuditRecord,
     CopyTableInfo,
+    Damage,
     DatabaseFiles,
+    Incident,
     LoadedSession,
     MessageRecord,
     MigrationInfo,
@@ -57,7 +59,10 @@ __all__ = [
     "AuditRecord",
     "CopyBackend",
     "CopyTableInfo",
+    "Damage",
     "DatabaseFiles",
+    "Incident",
+    "IncidentBackend",
     "LifecycleBackend",
     "LoadedSession",
     "MessageRecord",
@@ -121,6 +126,17 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def count_state(self) -> StateCounts:
         """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def scan_damage(self) -> list[Damage]:
+        """The tables whose pages are damaged, with the keys of the rows that no longer read (run when the
+        integrity check found problems; reads only). Empty where the engine checks its own pages."""
+        return []
+
+    async def rebuild_indexes(self, tables: Sequence[str]) -> str | None:
+        """Rebuild the indexes of ``tables`` from their rows (a damaged index loses no data). Returns None
+        when rebuilt in place; the path of a rebuilt copy of the database when the damaged pages could
+        not be replaced in place (a person swaps it in with the agents stopped)."""
+        return None
 
     async def database_files(self) -> DatabaseFiles | None:
         """The sizes of the files the store lives in; None when it has none of its own (in memory, or
@@ -411,10 +427,18 @@ class WorkflowBackend(abc.ABC):
 class AuditBackend(abc.ABC):
     """The append-only, hash-chained audit log."""
 
+    # Set by the store (``open_store(audit_key=...)``): every entry appended gets the MAC of its hash.
+    audit_key: bytes | None = None
+
     @abc.abstractmethod
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
         """Append an entry after the current head (serialized: the chain never forks). ``data`` is
-        canonical JSON text; seq, prev_hash, created_at and hash are assigned in the transaction."""
+        canonical JSON text; seq, prev_hash, created_at, hash (and with :attr:`audit_key`, mac) are
+        assigned in the transaction."""
+
+    @abc.abstractmethod
+    async def latest_approval_entry(self, approval_id: str) -> AuditRecord | None:
+        """The newest ``approval.*`` entry whose data names ``approval_id``, or None."""
 
     @abc.abstractmethod
     async def read_audit(
@@ -468,6 +492,10 @@ class ApprovalBackend(abc.ABC):
     async def pending_approvals(self, now: dt.datetime, limit: int = 100) -> list[ApprovalRecord]:
         """Undecided, unexpired approvals, oldest first."""
 
+    @abc.abstractmethod
+    async def list_approvals(self, *, after_id: str = "", limit: int = 1000) -> list[ApprovalRecord]:
+        """Every approval with an id after ``after_id``, in id order (bytewise), for verification."""
+
 
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
@@ -513,8 +541,25 @@ class CopyBackend(abc.ABC):
         return None
 
 
+class IncidentBackend(abc.ABC):
+    """Damage statekeel found in its own storage (see :class:`Incident`)."""
+
+    @abc.abstractmethod
+    async def record_incident(self, kind: str, detail: bytes) -> Incident:
+        """Record an incident (``detail``: codec-encoded JSON object)."""
+
+    @abc.abstractmethod
+    async def list_incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
+        """Incidents oldest first: those not acknowledged yet, or all of them."""
+
+    @abc.abstractmethod
+    async def acknowledge_incident(self, incident_id: int, by: str) -> Incident | None:
+        """Mark an incident acknowledged by ``by``; None when there is no such unacknowledged incident."""
+
+
 class StorageBackend(
     LifecycleBackend,
+    IncidentBackend,
     SessionBackend,
     TaskBackend,
     WorkflowBackend,

@@ -31,6 +31,7 @@ from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
+from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
@@ -127,7 +128,7 @@ async def _rollback(tx: Any) -> None:
 
 
 class PostgresBackend(
-    PgSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+    PgSchema, SqlInfo, SqlIncidents, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
 ):
     """PostgreSQL storage over an asyncpg pool.
 
