@@ -14,6 +14,7 @@ One pass, idempotent (a second run finds nothing to repair):
    waiting for its tool);
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows.
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
 With ``repair=False`` nothing is written; the report says what a repair would do. Arguments are checked
 before anything is read or written. ``recover()`` raises only when the store cannot be read at all.
@@ -71,6 +72,7 @@ class RecoveryReport:
     steps_in_doubt: list[StepRecord] = field(default_factory=list)
     pending_approvals: list[Approval] = field(default_factory=list)
     unfinished_workflows: list[Workflow] = field(default_factory=list)
+    traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
     repaired: bool = True
     # Tables with damaged pages: which rows no longer read (SQLite); damaged indexes rebuilt by this run.
     damage: list[Damage] = field(default_factory=list)
@@ -114,6 +116,7 @@ class RecoveryReport:
             "steps_in_doubt": len(self.steps_in_doubt),
             "pending_approvals": len(self.pending_approvals),
             "unfinished_workflows": len(self.unfinished_workflows),
+            "traces_dropped": self.traces_dropped,
             "damaged_tables": len(self.damage),
             "unreadable_rows": sum(len(d.unreadable) for d in self.damage),
             "indexes_rebuilt": len(self.indexes_rebuilt),
@@ -159,21 +162,15 @@ async def _repair_session(store: Store, report: RecoveryReport, repair: bool, ke
 
 
 async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool) -> None:
-    cursor: str | None = None
-    while True:
-        page = await store.backend.list_sessions(status="active", limit=_PAGE, cursor=cursor)
-        for record in page.items:
-            try:
-                await _repair_session(store, report, repair, record.key)
-            except (ConflictError, LeaseLost):
-                report.sessions_busy.append(record.key)
-            except StatekeelError as exc:
-                # One damaged session must not stop the repair of the others nor the task recovery.
-                log.warning("could not check or repair session %r: %s", record.key, exc)
-                report.sessions_failed[record.key] = str(exc)
-        if page.next_cursor is None:
-            return
-        cursor = page.next_cursor
+    async for record in store.sessions.iter(status="active", page_size=_PAGE):
+        try:
+            await _repair_session(store, report, repair, record.key)
+        except (ConflictError, LeaseLost):
+            report.sessions_busy.append(record.key)
+        except StatekeelError as exc:
+            # One damaged session must not stop the repair of the others nor the task recovery.
+            log.warning("could not check or repair session %r: %s", record.key, exc)
+            report.sessions_failed[record.key] = str(exc)
 
 
 async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
@@ -280,6 +277,7 @@ async def recover(store: Store, *, repair: bool = True, now: dt.datetime | None 
         report, "approvals", lambda: store.approvals.pending(limit=1000), []
     )
     report.unfinished_workflows = await _guarded(report, "workflows", store.workflows.unfinished, [])
+    report.traces_dropped = await _guarded(report, "traces", store.traces.total_dropped, 0)
     report.advice = _advice(store, report)
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())

@@ -28,6 +28,7 @@ from .fallback import default_dir as default_fallback_dir
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
+from .traces import TraceLog
 from .validation import check_int, check_key
 from .workflows import WorkflowEngine
 
@@ -201,6 +202,7 @@ class Store:
         self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
         self.audit = AuditLog(self.backend, self.codec)
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.traces = TraceLog(self.backend, self.codec)
         self._closed = False
 
     async def _open(self) -> Store:
@@ -284,7 +286,10 @@ class Store:
             return
         self._closed = True
         await self.sessions.close()
-        await self.backend.close()
+        try:
+            await self.traces.close()
+        finally:
+            await self.backend.close()
 
     async def __aenter__(self) -> Store:
         return self

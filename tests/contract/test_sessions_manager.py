@@ -271,6 +271,32 @@ async def test_list_pages_10000_sessions_newest_first_without_gaps(store: statek
     assert [r.key for r in expired.items] == ["s00007"] and expired.next_cursor is None
 
 
+async def test_iter_yields_every_session_newest_first_across_pages(store: statekeel.Store) -> None:
+    n = 1234
+    msg = NewMessage("user", store.codec.encode({"role": "user", "content": "x"}))
+    async with store.backend.atomic():
+        for i in range(n):
+            await store.backend.append_messages(f"s{i:04d}", 0, [msg], create=True)
+    await store.sessions.expire("s0007")
+    await store.sessions.archive("s0100")
+    records = [r async for r in store.sessions.iter(page_size=100)]
+    keys = [r.key for r in records]
+    assert len(keys) == n and len(set(keys)) == n
+    order = [(r.updated_at, r.key) for r in records]
+    assert order == sorted(order, reverse=True)  # strictly newest first, as list() pages them
+    assert keys[:2] == ["s0100", "s0007"]
+    assert [r.key async for r in store.sessions.iter("expired", page_size=1)] == ["s0007"]
+    assert [r.key async for r in store.sessions.iter(status="archived")] == ["s0100"]
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"status": "paused"}, {"page_size": 0}, {"page_size": 1001}, {"page_size": "10"}]
+)
+async def test_iter_refuses_bad_arguments_when_called(store: statekeel.Store, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(statekeel.InvalidArgument):
+        store.sessions.iter(**kwargs)  # raised at the call, before anything is read
+
+
 # --- compression -----------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from statekeel.backends.records import (
     APPROVAL_STATUSES,
     SESSION_STATUSES,
+    SPAN_STATUSES,
     STEP_STATUSES,
     TASK_STATUSES,
     WORKFLOW_STATUSES,
@@ -32,12 +33,14 @@ from statekeel.backends.records import (
     MessageRecord,
     MigrationInfo,
     NewMessage,
+    NewSpan,
     NewTask,
     NewWorkflowStep,
     Page,
     RowPage,
     SessionLease,
     SessionRecord,
+    Span,
     StateCounts,
     StepRecord,
     TaskChange,
@@ -49,6 +52,7 @@ from statekeel.backends.records import (
 __all__ = [
     "APPROVAL_STATUSES",
     "SESSION_STATUSES",
+    "SPAN_STATUSES",
     "STEP_STATUSES",
     "TASK_STATUSES",
     "WORKFLOW_STATUSES",
@@ -68,6 +72,7 @@ __all__ = [
     "MessageRecord",
     "MigrationInfo",
     "NewMessage",
+    "NewSpan",
     "NewTask",
     "NewWorkflowStep",
     "Page",
@@ -75,12 +80,14 @@ __all__ = [
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "Span",
     "StateCounts",
     "StepRecord",
     "StorageBackend",
     "TaskBackend",
     "TaskChange",
     "TaskRecord",
+    "TraceBackend",
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
@@ -106,6 +113,10 @@ class LifecycleBackend(abc.ABC):
 
         Nested blocks join the outer transaction. Calls made from other tasks are not part of it.
         """
+
+    @abc.abstractmethod
+    def in_atomic(self) -> bool:
+        """True when the calling task is inside this backend's ``atomic()`` block."""
 
     @abc.abstractmethod
     async def schema_version(self) -> int:
@@ -497,6 +508,38 @@ class ApprovalBackend(abc.ABC):
         """Every approval with an id after ``after_id``, in id order (bytewise), for verification."""
 
 
+class TraceBackend(abc.ABC):
+    """Spans (the buffered tier): written in batches, read by trace and by start time."""
+
+    @abc.abstractmethod
+    async def write_spans(self, spans: Sequence[NewSpan], *, dropped: int = 0) -> None:
+        """Upsert ``spans`` by ``(trace_id, span_id)`` in order (a later span replaces an earlier one with
+        the same ids) and add ``dropped`` to the store's count of spans lost to buffer overflow, in one
+        transaction."""
+
+    @abc.abstractmethod
+    async def read_trace(self, trace_id: str) -> list[Span]:
+        """A trace's spans in start order (then by ``span_id``); empty when there are none."""
+
+    @abc.abstractmethod
+    async def query_spans(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Spans with ``since <= started_at < until``, newest first (by ``started_at``, then trace and
+        span id, descending), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def spans_dropped(self) -> int:
+        """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""
+
+
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
 
@@ -565,6 +608,7 @@ class StorageBackend(
     WorkflowBackend,
     AuditBackend,
     ApprovalBackend,
+    TraceBackend,
     CopyBackend,
     abc.ABC,
 ):

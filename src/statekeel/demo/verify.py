@@ -56,17 +56,6 @@ class Verification:
         return out
 
 
-async def _all_session_keys(store: Store) -> list[str]:
-    keys: list[str] = []
-    cursor: str | None = None
-    while True:
-        page = await store.backend.list_sessions(limit=500, cursor=cursor)
-        keys += [record.key for record in page.items]
-        if page.next_cursor is None:
-            return keys
-        cursor = page.next_cursor
-
-
 async def check_session(store: Store, key: str, acked: Iterable[int]) -> SessionCheck:
     """Verify one session against its acknowledged sequence numbers."""
     acked_set = set(acked)
@@ -118,7 +107,7 @@ async def verify(store: Store, acked: Mapping[str, Iterable[int]]) -> Verificati
     problems: list[str] = []
     checks: list[SessionCheck] = []
     try:
-        keys = sorted(set(await _all_session_keys(store)) | set(acked))
+        keys = sorted({record.key async for record in store.sessions.iter()} | set(acked))
         for key in keys:
             checks.append(await check_session(store, key, acked.get(key, ())))
         integrity = tuple(await store.backend.integrity_check())

@@ -36,6 +36,7 @@ from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
 from .schema import MIGRATION_LOCK_ID, PgSchema
@@ -128,7 +129,16 @@ async def _rollback(tx: Any) -> None:
 
 
 class PostgresBackend(
-    PgSchema, SqlInfo, SqlIncidents, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+    PgSchema,
+    SqlInfo,
+    SqlIncidents,
+    SqlSessions,
+    SqlCopy,
+    SqlTasks,
+    SqlWorkflows,
+    SqlAudit,
+    SqlApprovals,
+    SqlTraces,
 ):
     """PostgreSQL storage over an asyncpg pool.
 
@@ -252,6 +262,9 @@ class PostgresBackend(
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "traces",
+                    "trace_counters",
+                    "store_incidents",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

@@ -143,5 +143,8 @@ class SqlBackend(StorageBackend):
     @abc.abstractmethod
     def atomic(self) -> AbstractAsyncContextManager[None]: ...
 
+    def in_atomic(self) -> bool:
+        return self._current.get() is not None
+
 
 __all__ = ["Op", "Row", "SqlBackend", "Tx", "from_micros", "load_queries", "run_sync", "to_micros", "utcnow"]

@@ -37,6 +37,7 @@ from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from . import damage
 from .errors import translate
@@ -107,7 +108,16 @@ class SqliteTx(Tx):
 
 
 class SqliteBackend(
-    SqliteSchema, SqlInfo, SqlIncidents, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals
+    SqliteSchema,
+    SqlInfo,
+    SqlIncidents,
+    SqlSessions,
+    SqlCopy,
+    SqlTasks,
+    SqlWorkflows,
+    SqlAudit,
+    SqlApprovals,
+    SqlTraces,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 

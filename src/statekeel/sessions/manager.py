@@ -1,0 +1,475 @@
+"""``SessionManager``: loads, caches, locks and saves sessions through a backend.
+
+- ``save`` writes only what changed since the last load or save, in one transaction, conditional on the
+  head sequence it started from: a concurrent writer gets ``ConflictError``, never an interleaved history.
+- ``lock(key)`` is one holder per session (see :mod:`statekeel.sessions.lock`).
+- When the backend is unavailable, ``save`` writes a fallback file and warns; ``load`` merges it back, and
+  ``replay_fallback()`` moves it into the backend once it works again (see
+  :mod:`statekeel.sessions.fallback`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import datetime as dt
+import logging
+import math
+import os
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ..backends.base import (
+    SESSION_STATUSES,
+    ArchivedMessage,
+    Page,
+    SessionLease,
+    SessionRecord,
+    StorageBackend,
+)
+from ..codec import Codec
+from ..errors import BackendUnavailable, InvalidArgument, InvalidTransition, NotFound, StatekeelError
+from ..fallback import FallbackDir, ReplayReport
+from ..holders import new_owner_id
+from ..validation import check_int, check_key, check_str, check_text
+from .fallback import SessionFallback
+from .lock import SessionLock
+from .session import Session, Summary
+
+log = logging.getLogger("statekeel.sessions")
+
+DEFAULT_CACHE_SIZE = 200
+DEFAULT_EXPIRY_HOURS = 24.0
+DEFAULT_ARCHIVE_HOURS = 24.0 * 30
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_LOCK_TIMEOUT = 60.0
+DEFAULT_PAGE_SIZE = 500
+MAX_LIST_LIMIT = 1000
+_MAX_HOURS = 24.0 * 365 * 1000
+_MAX_LEASE_SECONDS = 86400.0 * 365
+
+
+class SessionManager:
+    """Loads, caches, locks and saves sessions through a backend.
+
+    async with statekeel.open_store("sqlite:///agent.db") as store:
+        async with store.sessions.open("user-42") as session:   # lock + load-or-create + save on exit
+            session.add_message("user", "hello")
+    """
+
+    def __init__(
+        self,
+        backend: StorageBackend,
+        codec: Codec,
+        *,
+        fallback_dir: str | os.PathLike[str] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        expiry_hours: float = DEFAULT_EXPIRY_HOURS,
+        archive_hours: float = DEFAULT_ARCHIVE_HOURS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        check_int(cache_size, "cache_size", minimum=1)
+        # Bounded so that date arithmetic cannot overflow later; NaN fails every comparison.
+        # An infinite lock_timeout is "wait forever".
+        for name, value, top in (
+            ("expiry_hours", expiry_hours, _MAX_HOURS),
+            ("archive_hours", archive_hours, _MAX_HOURS),
+            ("lease_seconds", lease_seconds, _MAX_LEASE_SECONDS),
+            ("lock_timeout", lock_timeout, math.inf),
+        ):
+            if type(value) not in (int, float) or not 0 < value <= top:
+                raise InvalidArgument(f"{name} must be a positive number up to {top}, got {value!r}")
+        self.backend = backend
+        self.codec = codec
+        self.cache_size = cache_size
+        self.expiry_hours = float(expiry_hours)
+        self.archive_hours = float(archive_hours)
+        self.lease_seconds = float(lease_seconds)
+        self.lock_timeout = float(lock_timeout)
+        self.fallback = None if fallback_dir is None else FallbackDir(fallback_dir, codec)
+        # Identifies this manager's leases; unique per process and instance.
+        self.owner_id = new_owner_id()
+        self._cache: collections.OrderedDict[str, Session] = collections.OrderedDict()
+        self._locks: weakref.WeakValueDictionary[str, SessionLock] = weakref.WeakValueDictionary()
+        self._held: dict[str, SessionLock] = {}
+        self._evicting = asyncio.Lock()
+        self._fallback = SessionFallback(self, self.fallback)
+
+    # --- helpers --------------------------------------------------------------------------------------
+
+    def _new(self, key: str, record: SessionRecord | None) -> Session:
+        return Session(key, owner=self, codec=self.codec, record=record)
+
+    def _lease_for(self, key: str) -> SessionLease | None:
+        held = self._held.get(key)
+        return None if held is None else held.lease
+
+    def _check_owned(self, session: Any) -> Session:
+        if not isinstance(session, Session) or session._owner is not self:
+            raise InvalidArgument(
+                "this Session was not loaded from this store; load it from this store first"
+            )
+        return session
+
+    # --- locks ----------------------------------------------------------------------------------------
+
+    def lock(self, key: str) -> SessionLock:
+        """The lock of session ``key``: ``async with sessions.lock(key): ...`` (see :class:`SessionLock`)."""
+        check_key(key)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = SessionLock(self, key)
+            self._locks[key] = lock
+        return lock
+
+    @asynccontextmanager
+    async def open(self, key: str, *, timeout: float | None = None) -> AsyncIterator[Session]:
+        """``async with sessions.open(key) as session:`` — lock, load or create, and save on exit.
+
+        The save on exit also runs when the block raises (then a failing save is logged and the block's
+        exception propagates).
+        """
+        lock = self.lock(key)
+        await lock.acquire(timeout)
+        try:
+            session = await self.get_or_create(key)
+            try:
+                yield session
+            except GeneratorExit:
+                raise  # the block was abandoned, not finished: nothing may be awaited any more
+            except BaseException:
+                try:
+                    await self.save(session)
+                except Exception as exc:
+                    log.warning("saving session %r after its block failed did not work: %s", key, exc)
+                raise
+            await self.save(session)
+        finally:
+            await lock.release()
+
+    # --- loading --------------------------------------------------------------------------------------
+
+    async def _cached_valid(self, key: str, include_archived: bool) -> Session | None:
+        """The cached session if the backend still agrees with it (one row read), else None."""
+        cached = self._cache.get(key)
+        if cached is None or (include_archived and not cached._full):
+            return None
+        record = await self.backend.load_session(key)
+        if record is None:
+            if not cached._in_backend:
+                self._cache.move_to_end(key)
+                return cached
+        elif cached._in_step_with(record):
+            cached._refreshed(record)
+            self._cache.move_to_end(key)
+            return cached
+        if cached.is_dirty():
+            log.warning(
+                "cached session %r has unsaved changes but another writer changed it in the backend; "
+                "loading the stored version (saving the old object will raise ConflictError)",
+                key,
+            )
+        del self._cache[key]
+        return None
+
+    async def load(self, key: str, *, include_archived: bool = False) -> Session | None:
+        """The session, or None if it does not exist. A failed read raises; it never looks empty.
+
+        Reads the backend and this session's fallback file, if any, and takes the newer (fallback
+        messages that follow the backend's head are kept as unsaved). Only the live messages are read,
+        plus the compression summaries; ``include_archived=True`` loads every message from seq 0.
+        """
+        check_key(key)
+        cached = await self._cached_valid(key, include_archived)
+        if cached is not None and (cached._in_backend or cached.is_dirty()):
+            return cached
+        session = await self._load_fresh(key, include_archived)
+        if session is not None:
+            await self._remember(session)
+        return session
+
+    async def get_or_create(self, key: str) -> Session:
+        """Load the session, or start a new one in memory (created in the store by the first save)."""
+        check_key(key)
+        cached = await self._cached_valid(key, False)
+        if cached is not None:
+            return cached
+        session = await self._load_fresh(key, False)
+        if session is None:
+            session = self._new(key, None)
+        await self._remember(session)
+        return session
+
+    async def _load_fresh(self, key: str, include_archived: bool) -> Session | None:
+        found = await self.backend.load_session_payloads(key, include_archived=include_archived)
+        session: Session | None = None
+        if found is not None:
+            session = self._new(key, found.record)
+            session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
+        return await self._fallback.merge(key, session)
+
+    # --- cache ----------------------------------------------------------------------------------------
+
+    async def _remember(self, session: Session) -> None:
+        self._cache[session.key] = session
+        self._cache.move_to_end(session.key)
+        if len(self._cache) > self.cache_size:
+            await self._evict(session.key)
+
+    async def _evict(self, newest: str) -> None:
+        async with self._evicting:
+            for key in list(self._cache):
+                if len(self._cache) <= self.cache_size:
+                    return
+                session = self._cache.get(key)
+                if session is None or key in self._held or key == newest:
+                    continue  # a held session is never evicted, nor the one just handed out
+                if session.is_dirty():
+                    try:
+                        await self.save(session)
+                    except StatekeelError as exc:
+                        log.warning(
+                            "could not save session %r before evicting it; it stays cached: %s", key, exc
+                        )
+                        continue
+                if self._cache.get(key) is session:
+                    del self._cache[key]
+
+    def cached(self, key: str) -> Session | None:
+        """The cached session of ``key`` without touching the backend or the LRU order (for inspection)."""
+        return self._cache.get(key)
+
+    # --- saving ---------------------------------------------------------------------------------------
+
+    async def save(self, session: Session) -> None:
+        """Write the new messages and changed metadata/status in one transaction, conditional on the head
+        sequence the session was loaded at.
+
+        ``ConflictError`` if another writer appended first; ``LeaseLost`` if this process held the
+        session's lock and its lease was taken over. When the backend is unavailable the session is
+        written to its fallback file and a warning is logged; raises only if both fail.
+        """
+        await self._save(session)
+
+    async def _save(self, session: Session) -> bool:
+        """Save; True when the backend took it, False when it went to the fallback file."""
+        session = self._check_owned(session)
+        changes = session._changes()
+        if changes.empty:
+            return True
+        try:
+            record = await self.backend.append_messages(
+                session.key,
+                changes.base,
+                changes.batch,
+                metadata=changes.metadata,
+                create=changes.create,
+                status=changes.status,
+                lease=self._lease_for(session.key),
+                # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
+                expected_created_at=session._expected_created_at(),
+            )
+        except BackendUnavailable as exc:
+            await self._fallback.write(session, changes, exc)
+            return False
+        if session._saved(record, changes):
+            await self._fallback.drop_covered(session.key, changes.base, record.head_seq)
+        self._fallback.after_save(session.key)
+        return True
+
+    # --- fallback replay ------------------------------------------------------------------------------
+
+    async def replay_fallback(self) -> ReplayReport:
+        """Write every fallback file's content into the backend; delete each file after its commit.
+
+        Each replay appends exactly the file's messages, conditional on the backend head the file
+        follows. A file whose messages the backend already has is deleted; one that conflicts with
+        another writer, or cannot be read, is quarantined (renamed aside) and reported; one whose session
+        is held (in this process or another one) is left to its holder's next save and reported as
+        skipped. Files are independent: one failure never stops the others.
+        """
+        return await self._fallback.replay()
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    async def _set_status(self, key: str, allowed_from: tuple[str, ...], to: str) -> SessionRecord:
+        check_key(key)
+        record = await self.backend.load_session(key)
+        if record is None:
+            raise NotFound(f"session {key!r} does not exist", key=key)
+        if record.status == to:
+            return record
+        if record.status not in allowed_from:
+            raise InvalidTransition(
+                f"session {key!r} is {record.status}; it can become {to} only from "
+                f"{' or '.join(allowed_from)}",
+                key=key,
+                status=record.status,
+            )
+        updated = await self.backend.update_session(
+            key, expected_version=record.version, status=to, lease=self._lease_for(key)
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            cached._status_set(updated)
+        return updated
+
+    async def expire(self, key: str) -> SessionRecord:
+        """Mark an active session expired (``InvalidTransition`` from another status)."""
+        return await self._set_status(key, ("active",), "expired")
+
+    async def archive(self, key: str) -> SessionRecord:
+        """Mark an active or expired session archived."""
+        return await self._set_status(key, ("active", "expired"), "archived")
+
+    async def reopen(self, key: str) -> SessionRecord:
+        """Make an expired or archived session active again."""
+        return await self._set_status(key, ("expired", "archived"), "active")
+
+    async def delete(self, key: str) -> bool:
+        """Delete the session, its messages, archive and fallback file. False if it did not exist."""
+        check_key(key)
+        existed = await self.backend.delete_session(key, lease=self._lease_for(key))
+        self._cache.pop(key, None)
+        self._fallback.pending.discard(key)
+        if self.fallback is not None and self.fallback.exists(key):
+            existed = await asyncio.to_thread(self.fallback.delete, key) or existed
+        return existed
+
+    async def cleanup_expired(
+        self,
+        now: dt.datetime | None = None,
+        *,
+        expiry_hours: float | None = None,
+        archive_hours: float | None = None,
+    ) -> int:
+        """Active sessions idle past ``expiry_hours`` become expired; expired ones idle past
+        ``archive_hours`` become archived (idle = since ``updated_at``). Returns the number of changes."""
+        if now is None:
+            now = dt.datetime.now(dt.UTC)
+        elif not isinstance(now, dt.datetime) or now.tzinfo is None:
+            raise InvalidArgument(f"now must be a timezone-aware datetime, got {now!r}")
+        expiry = self.expiry_hours if expiry_hours is None else expiry_hours
+        archive = self.archive_hours if archive_hours is None else archive_hours
+        cutoffs = []
+        for name, value in (("expiry_hours", expiry), ("archive_hours", archive)):
+            if type(value) not in (int, float) or not 0 <= value < math.inf:
+                raise InvalidArgument(f"{name} must be a non-negative finite number, got {value!r}")
+            try:
+                cutoffs.append(now - dt.timedelta(hours=value))
+            except OverflowError:
+                raise InvalidArgument(
+                    f"{name}={value!r} reaches before year 1 from {now.isoformat()}; use a smaller value"
+                ) from None
+        expired = await self.backend.transition_idle_sessions("active", "expired", cutoffs[0])
+        archived = await self.backend.transition_idle_sessions("expired", "archived", cutoffs[1])
+        return expired + archived
+
+    # --- listing --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_status(status: str | None) -> None:
+        if status is not None and status not in SESSION_STATUSES:
+            raise InvalidArgument(
+                f"status must be None or one of {', '.join(SESSION_STATUSES)}, got {status!r}"
+            )
+
+    @staticmethod
+    def _check_limit(limit: int, name: str) -> None:
+        check_int(limit, name, minimum=1)
+        if limit > MAX_LIST_LIMIT:
+            raise InvalidArgument(f"{name} must be at most {MAX_LIST_LIMIT}, got {limit}")
+
+    async def list(self, status: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
+        """Sessions (``SessionRecord``) newest first by ``updated_at``; pass ``next_cursor`` on."""
+        self._check_status(status)
+        self._check_limit(limit, "limit")
+        if cursor is not None and type(cursor) is not str:
+            raise InvalidArgument(f"cursor must be a str returned by list, got {type(cursor).__name__}")
+        return await self.backend.list_sessions(status=status, limit=limit, cursor=cursor)
+
+    def iter(
+        self, status: str | None = None, *, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[SessionRecord]:
+        """Every session (``SessionRecord``), newest first by ``updated_at``, read a page at a time.
+
+        async for record in store.sessions.iter(status="active"):
+            print(record.key, record.head_seq)
+
+        Arguments are checked at the call, before anything is read. A session updated while the
+        iteration runs moves to the front and is not seen again; one created meanwhile may be missed.
+        """
+        self._check_status(status)
+        self._check_limit(page_size, "page_size")
+        return self._pages(status, page_size)
+
+    async def _pages(self, status: str | None, page_size: int) -> AsyncIterator[SessionRecord]:
+        cursor: str | None = None
+        while True:
+            page = await self.backend.list_sessions(status=status, limit=page_size, cursor=cursor)
+            for record in page.items:
+                yield record
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    # --- compression ----------------------------------------------------------------------------------
+
+    async def compress(self, key: str, upto_seq: int, summary: str) -> str:
+        """Move messages ``[last_consolidated, upto_seq)`` into the message archive, replaced by
+        ``summary``, and advance ``last_consolidated`` — in one transaction. Returns the compression id."""
+        check_key(key)
+        check_int(upto_seq, "upto_seq", minimum=0)
+        # Same text on every backend: PostgreSQL refuses NUL, SQLite would keep it (and copy_store fail).
+        check_text(summary, "summary", allow_empty=True)
+        record = await self.backend.load_session(key)
+        if record is None:
+            raise NotFound(f"session {key!r} does not exist", key=key)
+        if not record.last_consolidated < upto_seq <= record.head_seq:
+            raise InvalidArgument(
+                f"upto_seq {upto_seq} must be after last_consolidated {record.last_consolidated} and at most "
+                f"the saved head {record.head_seq} of session {key!r}",
+                key=key,
+                upto_seq=upto_seq,
+            )
+        compression_id = uuid.uuid4().hex
+        updated = await self.backend.archive_messages(
+            key,
+            compression_id=compression_id,
+            upto_seq=upto_seq,
+            summary=summary,
+            expected_consolidated=record.last_consolidated,
+            lease=self._lease_for(key),
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            done = Summary(compression_id, record.last_consolidated, upto_seq, summary)
+            cached._compressed(done, record, updated)
+        return compression_id
+
+    async def archived(self, key: str, compression_id: str | None = None) -> builtins.list[ArchivedMessage]:
+        """Messages compression moved out, in sequence order (of every compression, or of one)."""
+        check_key(key)
+        if compression_id is not None:
+            check_str(compression_id, "compression_id")
+        return await self.backend.read_archive(key, compression_id=compression_id)
+
+    # --- shutdown -------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop background work (fallback replay, lease renewal). Held leases expire by themselves."""
+        tasks = list(self._fallback.background)
+        for lock in list(self._held.values()):
+            if lock._renewer is not None:
+                tasks.append(lock._renewer)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+__all__ = ["SessionManager"]

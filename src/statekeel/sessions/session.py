@@ -1,0 +1,336 @@
+"""The in-memory session: its messages, and what the store holds of it.
+
+A :class:`Session` owns its bookkeeping (the head the backend holds, the stored metadata and status, the
+version …). The manager changes it only through the named transitions below (``_loaded``, ``_saved``,
+``_refreshed``, ``_compressed`` …), each of which says which event of the store it follows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import SESSION_STATUSES, NewMessage, SessionRecord
+from ..codec import Codec
+from ..errors import InvalidArgument
+from ..fallback import FallbackSnapshot
+from ..validation import check_int, check_str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What one compression replaced: messages ``[first_seq, upto_seq)`` now in the archive."""
+
+    compression_id: str
+    first_seq: int
+    upto_seq: int
+    summary: str
+
+
+def check_message(message: Any, seq: int) -> None:
+    """Refuse what ``add_message`` would not have produced: a non-dict, or a missing or empty role."""
+    if type(message) is not dict:
+        raise InvalidArgument(
+            f"messages[{seq}] must be a dict, got {type(message).__name__}; use session.add_message()",
+            seq=seq,
+        )
+    role = message.get("role")
+    if type(role) is not str or not role:
+        raise InvalidArgument(f"messages[{seq}] role must be a non-empty str, got {role!r}", seq=seq)
+
+
+def message_batch(codec: Codec, base: int, messages: Sequence[dict[str, Any]]) -> list[NewMessage]:
+    """The messages that follow head ``base``, checked and encoded for ``append_messages``."""
+    batch = []
+    for i, message in enumerate(messages):
+        check_message(message, base + i)
+        batch.append(NewMessage(message["role"], codec.encode(message, where=f"messages[{base + i}]")))
+    return batch
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What saving a session would write: checked and encoded, before anything is written."""
+
+    base: int  # the backend head the new messages follow
+    messages: list[dict[str, Any]]
+    batch: list[NewMessage]
+    metadata_raw: bytes  # the session's metadata, encoded
+    metadata: bytes | None  # the same when it differs from the stored metadata, else None
+    status: str | None  # the status when it differs from the stored one, else None
+    create: bool  # the session is not in the backend yet
+
+    @property
+    def empty(self) -> bool:
+        return not self.batch and self.metadata is None and self.status is None and not self.create
+
+
+class Session:
+    """A session in memory: its live messages plus what the store knows of it.
+
+    ``messages`` holds the messages from ``last_consolidated`` on (or from seq 0 when loaded with
+    ``include_archived=True``), in sequence order; ``summaries`` the compressions before them. Append with
+    :meth:`add_message` and persist with ``SessionManager.save``; ``metadata`` and ``status`` may be
+    changed in place and are saved when they differ from the stored ones.
+    """
+
+    __slots__ = (
+        "_codec",
+        "_fallback",
+        "_first",
+        "_full",
+        "_head",
+        "_in_backend",
+        "_metadata_raw",
+        "_owner",
+        "_saved_last",
+        "_saved_status",
+        "_version",
+        "created_at",
+        "key",
+        "last_consolidated",
+        "messages",
+        "metadata",
+        "status",
+        "summaries",
+        "updated_at",
+    )
+
+    def __init__(self, key: str, *, owner: object, codec: Codec, record: SessionRecord | None = None) -> None:
+        self.key = key
+        self._owner = owner
+        self._codec = codec
+        self.messages: list[dict[str, Any]] = []
+        self.summaries: list[Summary] = []
+        self._fallback = False  # unsaved content also sits in a fallback file
+        self._full = False
+        # The last saved message object: if it is no longer at its place, the list was cut and regrown.
+        self._saved_last: dict[str, Any] | None = None
+        if record is None:
+            now = dt.datetime.now(dt.UTC)
+            self.metadata: dict[str, Any] = {}
+            self.status = "active"
+            self.last_consolidated = 0
+            self.created_at = self.updated_at = now
+            self._first = 0
+            self._head = 0
+            self._version = 0
+            self._in_backend = False
+            self._metadata_raw: bytes | None = None
+            self._saved_status = "active"
+        else:
+            self.metadata = record.metadata
+            self.status = record.status
+            self.last_consolidated = record.last_consolidated
+            self.created_at = record.created_at
+            self.updated_at = record.updated_at
+            self._first = record.last_consolidated
+            self._head = record.head_seq
+            self._version = record.version
+            self._in_backend = True
+            self._metadata_raw = codec.encode(record.metadata, where="metadata")
+            self._saved_status = record.status
+
+    # --- public -----------------------------------------------------------------------------------------
+
+    @property
+    def head_seq(self) -> int:
+        """The sequence number the next added message will get."""
+        return self._first + len(self.messages)
+
+    @property
+    def saved_head(self) -> int:
+        """The head sequence the backend held when this session was last loaded or saved."""
+        return self._head
+
+    def add_message(self, role: str, content: Any, **fields: Any) -> dict[str, Any]:
+        """Append a message in memory; raises a typed error (and adds nothing) if it cannot be stored."""
+        check_str(role, "role")
+        message: dict[str, Any] = {"role": role, "content": content, **fields}
+        self._codec.encode(message, where=f"messages[{self.head_seq}]")
+        self.messages.append(message)
+        return message
+
+    def unsaved(self) -> list[dict[str, Any]]:
+        """Messages the backend does not have yet (added since the last load or save)."""
+        return self.messages[self._head - self._first :]
+
+    def is_dirty(self) -> bool:
+        """Whether saving would write anything (messages, metadata or status)."""
+        if self.unsaved() or self.status != self._saved_status:
+            return True
+        if self._metadata_raw is None:
+            return bool(self.metadata)
+        return self._codec.encode(self.metadata, where="metadata") != self._metadata_raw
+
+    def history(self, max_messages: int = 500) -> list[dict[str, Any]]:
+        """The last ``max_messages`` messages, made safe to send to an LLM.
+
+        Starts at the first user message in that range when there is one; otherwise drops leading tool
+        results, which would be orphaned (their assistant tool call fell outside the range).
+        """
+        check_int(max_messages, "max_messages", minimum=1)
+        window = self.messages[-max_messages:]
+        for i, message in enumerate(window):
+            if message.get("role") == "user":
+                return window[i:]
+        start = 0
+        while start < len(window) and window[start].get("role") == "tool":
+            start += 1
+        return window[start:]
+
+    def __repr__(self) -> str:
+        return (
+            f"Session(key={self.key!r}, messages={len(self.messages)}, head_seq={self.head_seq}, "
+            f"status={self.status!r})"
+        )
+
+    # --- what a save would write ------------------------------------------------------------------------
+
+    def _check_append_only(self) -> None:
+        """Refuse a message list whose saved part was removed or replaced: ``unsaved()`` would be wrong."""
+        saved = self._head - self._first
+        if saved <= 0:
+            return
+        last = self._saved_last
+        if len(self.messages) < saved or (
+            last is not None and self.messages[saved - 1] is not last and self.messages[saved - 1] != last
+        ):
+            raise InvalidArgument(
+                f"session {self.key!r}: messages already saved (up to seq {self._head - 1}) were removed or "
+                "replaced; history is append-only. Add messages with add_message() and use "
+                "history(max_messages) for a shorter context",
+                key=self.key,
+            )
+
+    def _changes(self) -> Changes:
+        """What a save would write, checked and encoded; raises a typed error before anything is written."""
+        self._check_append_only()
+        if type(self.metadata) is not dict:
+            raise InvalidArgument(
+                f"session {self.key!r}: metadata must be a dict, got {type(self.metadata).__name__}",
+                key=self.key,
+            )
+        base = self._head
+        new = self.unsaved()
+        batch = message_batch(self._codec, base, new)
+        if self.status not in SESSION_STATUSES:
+            raise InvalidArgument(
+                f"session status must be one of {', '.join(SESSION_STATUSES)}, got {self.status!r}"
+            )
+        raw = self._codec.encode(self.metadata, where="metadata")
+        return Changes(
+            base=base,
+            messages=new,
+            batch=batch,
+            metadata_raw=raw,
+            metadata=raw if raw != self._metadata_raw else None,
+            status=self.status if self.status != self._saved_status else None,
+            create=not self._in_backend,
+        )
+
+    def _expected_created_at(self) -> dt.datetime | None:
+        """The incarnation a write must find (None for a session not in the backend yet)."""
+        return self.created_at if self._in_backend else None
+
+    # --- transitions: each follows one event of the store -----------------------------------------------
+
+    def _mark_saved(self) -> None:
+        saved = self._head - self._first
+        self._saved_last = self.messages[saved - 1] if 0 < saved <= len(self.messages) else None
+
+    def _loaded(self, messages: list[dict[str, Any]], summaries: list[Summary], *, full: bool) -> None:
+        """The backend's messages of the record this session was made from (from seq 0 when ``full``)."""
+        self.messages = messages
+        self.summaries = summaries
+        if full:
+            self._first = 0
+            self._full = True
+        self._mark_saved()
+
+    def _from_fallback(self, snap: FallbackSnapshot) -> None:
+        """A session the backend does not have, taken whole from its fallback file."""
+        self.metadata = snap.metadata
+        self.status = snap.status
+        self.created_at = snap.created_at
+        self.updated_at = snap.updated_at
+        self.messages = list(snap.messages)
+        self._fallback = True
+
+    def _continued_by(self, snap: FallbackSnapshot) -> None:
+        """A fallback file that follows this session's stored head: its content becomes unsaved here."""
+        self.messages.extend(snap.messages)
+        if snap.metadata_changed:
+            self.metadata = snap.metadata
+        if snap.status_changed:
+            self.status = snap.status
+        self._fallback = True
+
+    def _fell_back(self) -> None:
+        """The unsaved part was written to the fallback file."""
+        self._fallback = True
+
+    def _saved(self, record: SessionRecord, changes: Changes) -> bool:
+        """The backend committed ``changes``; ``record`` is its row after them. True if this session's
+        content was also in a fallback file (which the caller may now delete)."""
+        self._head = record.head_seq
+        self._mark_saved()
+        self._in_backend = True
+        self._metadata_raw = changes.metadata_raw
+        self._saved_status = record.status
+        self._version = record.version
+        self.updated_at = record.updated_at
+        self.created_at = record.created_at
+        had_fallback, self._fallback = self._fallback, False
+        return had_fallback
+
+    def _in_step_with(self, record: SessionRecord) -> bool:
+        """Whether ``record`` is the row this session was last loaded or saved at, but for its metadata
+        and status (same incarnation, head and compression point)."""
+        return (
+            self._in_backend
+            and record.head_seq == self._head
+            and record.last_consolidated == self.last_consolidated
+            and record.created_at == self.created_at  # not deleted and created again
+        )
+
+    def _refreshed(self, record: SessionRecord) -> None:
+        """Another writer changed only status or metadata: take theirs unless changed here too."""
+        if record.version == self._version:
+            return
+        if self.status == self._saved_status:
+            self.status = record.status
+        self._saved_status = record.status
+        raw = self._codec.encode(record.metadata, where="metadata")
+        if self._codec.encode(self.metadata, where="metadata") == self._metadata_raw:
+            self.metadata = record.metadata
+        self._metadata_raw = raw
+        self._version = record.version
+        self.updated_at = record.updated_at
+
+    def _status_set(self, record: SessionRecord) -> None:
+        """The manager changed the stored status (expire, archive, reopen); ``record`` is the row after."""
+        if not (self._in_backend and self._head == record.head_seq):
+            return
+        self.status = self._saved_status = record.status
+        self._version = record.version
+        self.updated_at = record.updated_at
+
+    def _compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
+        """The manager compressed the stored session (``before`` → ``record``): drop what moved to the
+        archive from the live messages."""
+        if not (self._in_backend and self.last_consolidated == before.last_consolidated):
+            return
+        upto = summary.upto_seq
+        if not self._full and self._first < upto:
+            del self.messages[: upto - self._first]
+            self._first = upto
+        self.last_consolidated = upto
+        self.summaries.append(summary)
+        self._version = record.version
+        self.updated_at = record.updated_at
+
+
+__all__ = ["Changes", "Session", "Summary", "check_message", "message_batch"]
