@@ -332,9 +332,12 @@ class PostgresBackend(
     async def _release(
         self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
-        if isinstance(failure, CONNECTION_ERRORS):
+        if isinstance(failure, CONNECTION_ERRORS) or (
+            isinstance(failure, asyncio.CancelledError) and conn.is_in_transaction()
+        ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
-            # hook does not probe it (see _keep_session).
+            # hook does not probe it (see _keep_session). A call cancelled inside its transaction (its
+            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state.
             try:
                 conn.terminate()
             except asyncpg.InterfaceError:
