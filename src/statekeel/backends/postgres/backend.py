@@ -33,6 +33,7 @@ from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.files import SqlFiles
+from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
@@ -133,6 +134,7 @@ async def _rollback(tx: Any) -> None:
 class PostgresBackend(
     PgSchema,
     SqlInfo,
+    SqlIncidents,
     SqlSessions,
     SqlCopy,
     SqlTasks,
@@ -278,6 +280,7 @@ class PostgresBackend(
                     "checkpoints",
                     "checkpoint_blobs",
                     "checkpoint_writes",
+                    "store_incidents",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
@@ -345,9 +348,12 @@ class PostgresBackend(
     async def _release(
         self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
-        if isinstance(failure, CONNECTION_ERRORS):
+        if isinstance(failure, CONNECTION_ERRORS) or (
+            isinstance(failure, asyncio.CancelledError) and conn.is_in_transaction()
+        ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
-            # hook does not probe it (see _keep_session).
+            # hook does not probe it (see _keep_session). A call cancelled inside its transaction (its
+            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state.
             try:
                 conn.terminate()
             except asyncpg.InterfaceError:
