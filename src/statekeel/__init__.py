@@ -30,11 +30,15 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    ToolCallAlreadyAnswered,
+    TranscriptError,
+    UnknownToolCall,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
-from .store import Store, open_store
+from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
+from .traces import Span, TraceLog
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
@@ -63,13 +67,19 @@ __all__ = [
     "Session",
     "SessionLock",
     "SessionManager",
+    "Span",
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
     "Store",
+    "StoreInfo",
     "TableCopy",
     "Task",
     "TaskManager",
+    "ToolCallAlreadyAnswered",
+    "TraceLog",
+    "TranscriptError",
+    "UnknownToolCall",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

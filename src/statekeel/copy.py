@@ -171,6 +171,22 @@ async def _copy(
     started: float,
 ) -> CopyReport:
     src_b, dst_b = source.backend, dest.backend
+    await _refuse_same_database(src_b, dst_b)
+    infos = await src_b.copy_tables()
+    filled = await _prepare_destination(dst_b, infos, resume=resume, overwrite=overwrite)
+    copied = [await _copy_table(src_b, dst_b, info, batch_size, resume, on_batch) for info in infos]
+    verified = [await _verify_count(src_b, dst_b, item) for item in copied]
+    for info in infos:
+        await _compare(src_b, dst_b, info, batch_size)
+    return CopyReport(
+        tables=tuple(verified),
+        resumed=resume,
+        overwritten=overwrite and bool(filled),
+        seconds=time.monotonic() - started,
+    )
+
+
+async def _refuse_same_database(src_b: StorageBackend, dst_b: StorageBackend) -> None:
     # Two URLs (or two open stores) may name one database: overwrite would then empty the source itself.
     same = await src_b.store_identity()
     if same is not None and same == await dst_b.store_identity():
@@ -178,7 +194,13 @@ async def _copy(
             f"source and destination are the same database ({same}); copy into another store",
             identity=same,
         )
-    infos = await src_b.copy_tables()
+
+
+async def _prepare_destination(
+    dst_b: StorageBackend, infos: list[CopyTableInfo], *, resume: bool, overwrite: bool
+) -> dict[str, int]:
+    """Check that the destination can take the copy, and empty it for ``overwrite``; returns the row counts
+    of the tables it held rows in."""
     tables = [info.name for info in infos]
     missing = sorted(set(tables) - {info.name for info in await dst_b.copy_tables()})
     if missing:
@@ -206,45 +228,47 @@ async def _copy(
         async with dst_b.atomic():
             for table in reversed(tables):
                 await dst_b.clear_rows(table)
+    return filled
 
-    results: list[TableCopy] = []
-    for info in infos:
-        after = await dst_b.last_key(info.name) if resume else None
-        resumed_after = after
-        copied = 0
-        while True:
-            page = await src_b.export_rows(info.name, after=after, limit=batch_size)
-            if not page.rows:
-                break
-            await dst_b.import_rows(info.name, page.rows)
-            copied += len(page.rows)
-            after = page.last_key
-            if on_batch is not None:
-                on_batch(info.name, copied)
-            if len(page.rows) < batch_size:
-                break
-        if info.links:
-            await _link(src_b, dst_b, info.name, batch_size)
-        results.append(TableCopy(info.name, copied, 0, 0, resumed_after))
 
-    verified: list[TableCopy] = []
-    for item in results:
-        src_n = await src_b.count_rows(item.table)
-        dst_n = await dst_b.count_rows(item.table)
-        if src_n != dst_n:
-            raise ConflictError(
-                f"after copying, {item.table} holds {dst_n} rows in the destination but {src_n} in the "
-                "source; was the source written to during the copy? Copy again with overwrite=True",
-                table=item.table,
-                source_rows=src_n,
-                destination_rows=dst_n,
-            )
-        verified.append(TableCopy(item.table, item.copied, src_n, dst_n, item.resumed_after))
-    for info in infos:
-        await _compare(src_b, dst_b, info, batch_size)
-    return CopyReport(
-        tables=tuple(verified),
-        resumed=resume,
-        overwritten=overwrite and bool(filled),
-        seconds=time.monotonic() - started,
-    )
+async def _copy_table(
+    src_b: StorageBackend,
+    dst_b: StorageBackend,
+    info: CopyTableInfo,
+    batch_size: int,
+    resume: bool,
+    on_batch: ProgressCallback | None,
+) -> TableCopy:
+    """Copy one table page by page (after the destination's last key when resuming), then its links;
+    the counts are filled in by :func:`_verify_count`."""
+    after = await dst_b.last_key(info.name) if resume else None
+    resumed_after = after
+    copied = 0
+    while True:
+        page = await src_b.export_rows(info.name, after=after, limit=batch_size)
+        if not page.rows:
+            break
+        await dst_b.import_rows(info.name, page.rows)
+        copied += len(page.rows)
+        after = page.last_key
+        if on_batch is not None:
+            on_batch(info.name, copied)
+        if len(page.rows) < batch_size:
+            break
+    if info.links:
+        await _link(src_b, dst_b, info.name, batch_size)
+    return TableCopy(info.name, copied, 0, 0, resumed_after)
+
+
+async def _verify_count(src_b: StorageBackend, dst_b: StorageBackend, item: TableCopy) -> TableCopy:
+    src_n = await src_b.count_rows(item.table)
+    dst_n = await dst_b.count_rows(item.table)
+    if src_n != dst_n:
+        raise ConflictError(
+            f"after copying, {item.table} holds {dst_n} rows in the destination but {src_n} in the "
+            "source; was the source written to during the copy? Copy again with overwrite=True",
+            table=item.table,
+            source_rows=src_n,
+            destination_rows=dst_n,
+        )
+    return TableCopy(item.table, item.copied, src_n, dst_n, item.resumed_after)

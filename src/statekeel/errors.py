@@ -96,6 +96,21 @@ class InvalidKey(InvalidArgument):
     hint = "Nothing was written. Keys are non-empty str of at most 512 UTF-8 bytes without NUL."
 
 
+class TranscriptError(InvalidArgument):
+    """A message would make the transcript's tool calls and results inconsistent (an empty or reused call
+    id, a result in a place the provider refuses). Fields: ``call_id``, ``dialect``, ``index``."""
+
+    hint = "Nothing was written. Each tool call needs one non-empty id and exactly one result after it."
+
+
+class UnknownToolCall(TranscriptError):
+    """A tool result answers a call id that no earlier message of its format made."""
+
+
+class ToolCallAlreadyAnswered(TranscriptError):
+    """A tool result answers a call that already has its result."""
+
+
 class SchemaTooNew(StatekeelError):
     """The database was migrated by a newer statekeel than this one."""
 
@@ -143,4 +158,7 @@ __all__ = [
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
+    "ToolCallAlreadyAnswered",
+    "TranscriptError",
+    "UnknownToolCall",
 ]

@@ -9,6 +9,7 @@ One pass, idempotent (a second run finds nothing to repair):
    waiting for its tool);
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows.
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
 With ``repair=False`` nothing is written; the report says what a repair would do.
 
@@ -61,6 +62,7 @@ class RecoveryReport:
     steps_in_doubt: list[StepRecord] = field(default_factory=list)
     pending_approvals: list[Approval] = field(default_factory=list)
     unfinished_workflows: list[Workflow] = field(default_factory=list)
+    traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
     repaired: bool = True
 
     @property
@@ -90,6 +92,7 @@ class RecoveryReport:
             "steps_in_doubt": len(self.steps_in_doubt),
             "pending_approvals": len(self.pending_approvals),
             "unfinished_workflows": len(self.unfinished_workflows),
+            "traces_dropped": self.traces_dropped,
         }
 
 
@@ -169,6 +172,7 @@ async def recover(store: Store, *, repair: bool = True, now: dt.datetime | None 
     report.steps_in_doubt = await store.tasks.steps_in_doubt(now=when)
     report.pending_approvals = await store.approvals.pending(limit=1000)
     report.unfinished_workflows = await store.workflows.unfinished()
+    report.traces_dropped = await store.traces.total_dropped()
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())
     return report

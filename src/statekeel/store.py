@@ -10,22 +10,24 @@ async with statekeel.open_store("memory://") as store:
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .approvals import ApprovalLog
 from .audit import AuditLog
-from .backends.base import StorageBackend
+from .backends.base import DatabaseFiles, MigrationInfo, StateCounts, StorageBackend
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
-from .errors import InvalidArgument
+from .errors import InvalidArgument, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
+from .traces import TraceLog
 from .validation import check_int
 from .workflows import WorkflowEngine
 
@@ -56,6 +58,51 @@ class StoreOptions:
             raise InvalidArgument(
                 "encryption_key is not supported by this version of statekeel; open the store without it"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """Schema and health facts of a store, as :meth:`Store.info` reads them.
+
+    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"`` or ``"postgresql"``.
+    ``pending_migrations`` lists ``(version, name)`` of migrations this code ships that the database has
+    not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
+    ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
+    ``fallback_files`` counts session fallback files waiting to be replayed. ``integrity`` lists the
+    problems the storage engine's check found (empty when healthy; None when not checked).
+    """
+
+    url: str
+    backend: str
+    schema_version: int
+    migrations: tuple[MigrationInfo, ...]
+    pending_migrations: tuple[tuple[int, str], ...]
+    counts: StateCounts | None
+    files: DatabaseFiles | None
+    fallback_dir: str | None
+    fallback_files: int
+    integrity: tuple[str, ...] | None
+
+    @property
+    def ok(self) -> bool:
+        """The integrity check ran and found nothing, no migration is pending and no fallback file waits."""
+        return self.integrity == () and not self.pending_migrations and self.fallback_files == 0
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (``user:password@`` or ``?password=``, both accepted by asyncpg)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    in_query = any(name == "password" for name, _ in query)
+    if parts.password is None and not in_query:
+        return url  # unchanged: a split/unsplit round trip would drop sqlite:////'s empty host
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if in_query:
+        hidden = [(name, "***" if name == "password" else value) for name, value in query]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
+    return urlunsplit(parts)
 
 
 def sqlite_path(url: str) -> str | None:
@@ -130,6 +177,7 @@ class Store:
         self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
         self.audit = AuditLog(self.backend, self.codec)
         self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.traces = TraceLog(self.backend, self.codec)
         self._closed = False
 
     async def _open(self) -> Store:
@@ -144,13 +192,53 @@ class Store:
         """
         return await recover(self, repair=repair, now=now)
 
+    async def info(self, *, check_integrity: bool = True) -> StoreInfo:
+        """Schema and health facts: schema version and migrations, counts per state kind, file sizes,
+        fallback files waiting, and the integrity check (skipped with ``check_integrity=False``: on SQLite
+        it reads the whole database). Never changes the database.
+
+        info = await store.info()
+        print(info.schema_version, info.counts.sessions["active"], info.ok)
+        """
+        if type(check_integrity) is not bool:
+            raise InvalidArgument(f"check_integrity must be True or False, got {check_integrity!r}")
+        backend = self.backend
+        migrations = tuple(await backend.migrations())
+        pending = tuple(await backend.pending_migrations())
+        problems = tuple(await backend.integrity_check()) if check_integrity else None
+        counts: StateCounts | None
+        try:
+            counts = await backend.count_state()
+        except StorageCorrupt:
+            if not problems:
+                raise
+            counts = None  # the problems found by the integrity check say why
+        fallback = self.sessions.fallback
+        waiting = 0 if fallback is None else await asyncio.to_thread(lambda: sum(1 for _ in fallback.files()))
+        scheme = urlsplit(self.url).scheme
+        return StoreInfo(
+            url=redact_url(self.url),
+            backend="postgresql" if scheme == "postgres" else scheme,
+            schema_version=max((m.version for m in migrations), default=0),
+            migrations=migrations,
+            pending_migrations=pending,
+            counts=counts,
+            files=await backend.database_files(),
+            fallback_dir=None if fallback is None else fallback.path,
+            fallback_files=waiting,
+            integrity=problems,
+        )
+
     async def close(self) -> None:
         """Flush buffered state and close the backend. Idempotent."""
         if self._closed:
             return
         self._closed = True
         await self.sessions.close()
-        await self.backend.close()
+        try:
+            await self.traces.close()
+        finally:
+            await self.backend.close()
 
     async def __aenter__(self) -> Store:
         return self

@@ -376,20 +376,7 @@ class TaskManager:
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
         """
-        try:
-            check_key(task_id, "task_id")
-            check_key(step_key, "step_key")
-            if type(idempotent) is not bool:
-                raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
-            if lease_epoch is not None:
-                check_int(lease_epoch, "lease_epoch", minimum=1)
-        except InvalidArgument:
-            _discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
-            raise
-        if not callable(fn) and not inspect.isawaitable(fn):
-            raise InvalidArgument(
-                f"fn must be a callable or an awaitable, got {type(fn).__name__}", step_key=step_key
-            )
+        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch)
         try:
             record, run = await self.backend.begin_step(
                 task_id, step_key, rerun_started=idempotent, lease_epoch=lease_epoch
@@ -399,15 +386,12 @@ class TaskManager:
             raise
         if not run:
             _discard(fn)
-            if record.status == "succeeded":
-                return record.result
-            raise StepInDoubt(
-                f"step {step_key!r} of task {task_id!r} was started (attempt {record.attempt}, at "
-                f"{record.started_at.isoformat()}) but its outcome was never recorded",
-                record=record,
-                task_id=task_id,
-                step_key=step_key,
-            )
+            return _recorded_outcome(record)
+        value = await self._run_step_fn(record, fn)
+        return await self._record_success(record, value)
+
+    async def _run_step_fn(self, record: StepRecord, fn: Callable[[], Any] | Awaitable[Any]) -> Any:
+        """Run a started step's ``fn``; an exception it raises is recorded as the step's failure."""
         try:
             value = fn() if callable(fn) else fn
             if inspect.isawaitable(value):
@@ -415,9 +399,14 @@ class TaskManager:
         except Exception as exc:
             error_raw = self.codec.encode(_error_record(exc), where="error")
             await self.backend.finish_step(
-                task_id, step_key, status="failed", attempt=record.attempt, error=error_raw
+                record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error_raw
             )
             raise
+        return value
+
+    async def _record_success(self, record: StepRecord, value: Any) -> Any:
+        """Commit a step's result and return it as stored (decoded)."""
+        task_id, step_key = record.task_id, record.step_key
         try:
             raw = self.codec.encode(value, where="result")
         except SerializationError as exc:
@@ -486,6 +475,36 @@ class TaskManager:
         """Steps started but never finished whose task is not running under a live lease (for recovery)."""
         when = _utcnow() if now is None else check_aware(now, "now")
         return await self.backend.steps_in_doubt(when)
+
+
+def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any) -> None:
+    try:
+        check_key(task_id, "task_id")
+        check_key(step_key, "step_key")
+        if type(idempotent) is not bool:
+            raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
+        if lease_epoch is not None:
+            check_int(lease_epoch, "lease_epoch", minimum=1)
+    except InvalidArgument:
+        _discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
+        raise
+    if not callable(fn) and not inspect.isawaitable(fn):
+        raise InvalidArgument(
+            f"fn must be a callable or an awaitable, got {type(fn).__name__}", step_key=step_key
+        )
+
+
+def _recorded_outcome(record: StepRecord) -> Any:
+    """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
+    if record.status == "succeeded":
+        return record.result
+    raise StepInDoubt(
+        f"step {record.step_key!r} of task {record.task_id!r} was started (attempt {record.attempt}, at "
+        f"{record.started_at.isoformat()}) but its outcome was never recorded",
+        record=record,
+        task_id=record.task_id,
+        step_key=record.step_key,
+    )
 
 
 def _check_fence(current: TaskRecord, worker_id: str | None, lease_epoch: int | None) -> None:

@@ -59,6 +59,23 @@ async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5
         requested_by="agent-1",
         expires_at=now + dt.timedelta(hours=1),
     )
+    start = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    store.traces.record("trace-é", {"span_id": "root", "name": "agent", "kind": "agent", "started_at": start})
+    for n in range(6):
+        store.traces.record(
+            "trace-é",
+            {
+                "span_id": f"s{n}",
+                "parent_span_id": "root",
+                "name": "tool",
+                "started_at": start + dt.timedelta(seconds=n),
+                "ended_at": None if n == 5 else start + dt.timedelta(seconds=n + 1),
+                "status": "error" if n == 2 else "ok",
+                "attributes": {"n": n, "big": 2**70, "at": start},
+            },
+        )
+    await store.traces.flush()
+    await store.backend.write_spans([], dropped=3)  # spans a full buffer lost
 
 
 async def _dump(backend: StorageBackend) -> dict[str, list[tuple[Any, ...]]]:
@@ -99,6 +116,9 @@ async def _assert_same(src: statekeel.Store, dst: statekeel.Store) -> None:
     assert child is not None and child.parent_task_id == "z-parent"
     verification = await AuditLog(dst.backend, dst.codec).verify()
     assert verification.ok and verification.count == 5
+    spans = await dst.backend.read_trace("trace-é")
+    assert len(spans) == 7 and spans == await src.backend.read_trace("trace-é")
+    assert await dst.backend.spans_dropped() == 3
 
 
 @pytest.mark.postgres

@@ -54,6 +54,16 @@ async def test_copy_killed_mid_way_resumes_to_an_exact_copy(tmp_path: Path, pg_m
             await asyncio.sleep(0.005)
         os.kill(proc.pid, signal.SIGKILL)
         code = await proc.wait()
+        # The server may still be finishing the killed client's last COMMIT: count once its backends
+        # are gone, so that the count is final.
+        end = time.monotonic() + 30
+        while await watcher.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ):
+            if time.monotonic() > end:
+                pytest.fail("the killed copy's server connections did not go away within 30 s")
+            await asyncio.sleep(0.005)
         copied = await watcher.fetchval("SELECT count(*) FROM messages")
         assert code == -signal.SIGKILL, f"the copy ended by itself (exit {code}, {copied}/{total} messages)"
         assert 0 < copied < total, copied  # really interrupted mid-way

@@ -40,6 +40,24 @@ def test_info_reports_schema_sessions_and_integrity(tmp_path: Path) -> None:
     assert "integrity check: ok" in out
 
 
+def test_info_reports_every_state_kind_and_the_database_files(tmp_path: Path) -> None:
+    db = tmp_path / "kinds.db"
+
+    async def fill() -> None:
+        async with statekeel.open_store(f"sqlite:///{db}") as store:
+            task = await store.tasks.create("build")
+            await store.tasks.transition(task.id, "queued")
+            await store.approvals.request("task:1", "shell", {"cmd": "ls"}, "agent")
+
+    asyncio.run(fill())
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "info"])
+    assert result.exit_code == 0, result.output
+    out = flat(result.output)
+    assert "sessions: 0 tasks: 1 (1 queued) workflows: 0" in out
+    assert "approvals pending: 1 audit entries: 1" in out
+    assert "database file: " in out and "WAL: " in out
+
+
 def test_db_defaults_to_statekeel_url_from_the_environment(tmp_path: Path) -> None:
     db = tmp_path / "env.db"
     make_store(db, {"x": "active"})

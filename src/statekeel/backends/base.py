@@ -18,6 +18,7 @@ from typing import Any
 from statekeel.backends.records import (
     APPROVAL_STATUSES,
     SESSION_STATUSES,
+    SPAN_STATUSES,
     STEP_STATUSES,
     TASK_STATUSES,
     WORKFLOW_STATUSES,
@@ -25,16 +26,20 @@ from statekeel.backends.records import (
     ArchivedMessage,
     AuditRecord,
     CopyTableInfo,
+    DatabaseFiles,
     LoadedSession,
     MessageRecord,
     MigrationInfo,
     NewMessage,
+    NewSpan,
     NewTask,
     NewWorkflowStep,
     Page,
     RowPage,
     SessionLease,
     SessionRecord,
+    Span,
+    StateCounts,
     StepRecord,
     TaskChange,
     TaskRecord,
@@ -45,6 +50,7 @@ from statekeel.backends.records import (
 __all__ = [
     "APPROVAL_STATUSES",
     "SESSION_STATUSES",
+    "SPAN_STATUSES",
     "STEP_STATUSES",
     "TASK_STATUSES",
     "WORKFLOW_STATUSES",
@@ -55,11 +61,13 @@ __all__ = [
     "AuditRecord",
     "CopyBackend",
     "CopyTableInfo",
+    "DatabaseFiles",
     "LifecycleBackend",
     "LoadedSession",
     "MessageRecord",
     "MigrationInfo",
     "NewMessage",
+    "NewSpan",
     "NewTask",
     "NewWorkflowStep",
     "Page",
@@ -67,11 +75,14 @@ __all__ = [
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "Span",
+    "StateCounts",
     "StepRecord",
     "StorageBackend",
     "TaskBackend",
     "TaskChange",
     "TaskRecord",
+    "TraceBackend",
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
@@ -100,7 +111,7 @@ class LifecycleBackend(abc.ABC):
 
     @abc.abstractmethod
     def in_atomic(self) -> bool:
-        """Whether the current task is inside an ``atomic()`` block of this backend."""
+        """True when the calling task is inside this backend's ``atomic()`` block."""
 
     @abc.abstractmethod
     def on_block_end(self, callback: Callable[[bool], None]) -> bool:
@@ -123,6 +134,19 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def integrity_check(self) -> list[str]:
         """Problems found by the storage engine's own check; empty when healthy."""
+
+    @abc.abstractmethod
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        """``(version, name)`` of the migrations this code ships that the database has not applied."""
+
+    @abc.abstractmethod
+    async def count_state(self) -> StateCounts:
+        """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def database_files(self) -> DatabaseFiles | None:
+        """The sizes of the files the store lives in; None when it has none of its own (in memory, or
+        on a database server)."""
+        return None
 
 
 class SessionBackend(abc.ABC):
@@ -447,6 +471,38 @@ class ApprovalBackend(abc.ABC):
         """Undecided, unexpired approvals, oldest first."""
 
 
+class TraceBackend(abc.ABC):
+    """Spans (the buffered tier): written in batches, read by trace and by start time."""
+
+    @abc.abstractmethod
+    async def write_spans(self, spans: Sequence[NewSpan], *, dropped: int = 0) -> None:
+        """Upsert ``spans`` by ``(trace_id, span_id)`` in order (a later span replaces an earlier one with
+        the same ids) and add ``dropped`` to the store's count of spans lost to buffer overflow, in one
+        transaction."""
+
+    @abc.abstractmethod
+    async def read_trace(self, trace_id: str) -> list[Span]:
+        """A trace's spans in start order (then by ``span_id``); empty when there are none."""
+
+    @abc.abstractmethod
+    async def query_spans(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        name: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """Spans with ``since <= started_at < until``, newest first (by ``started_at``, then trace and
+        span id, descending), cursor-paginated."""
+
+    @abc.abstractmethod
+    async def spans_dropped(self) -> int:
+        """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""
+
+
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
 
@@ -498,6 +554,7 @@ class StorageBackend(
     WorkflowBackend,
     AuditBackend,
     ApprovalBackend,
+    TraceBackend,
     CopyBackend,
     abc.ABC,
 ):

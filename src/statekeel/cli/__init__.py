@@ -7,27 +7,12 @@ statekeel --db sqlite:///agent.db info
 from __future__ import annotations
 
 import os
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 
+from ..store import redact_url
+
 DEFAULT_URL = "sqlite:///statekeel.db"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (``user:password@`` or ``?password=``, both accepted by asyncpg)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    in_query = any(name == "password" for name, _ in query)
-    if parts.password is None and not in_query:
-        return url  # unchanged: a split/unsplit round trip would drop sqlite:////'s empty host
-    if parts.password is not None:
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-    if in_query:
-        hidden = [(name, "***" if name == "password" else value) for name, value in query]
-        parts = parts._replace(query=urlencode(hidden, safe="*"))
-    return urlunsplit(parts)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,5 +33,5 @@ def main(ctx: click.Context, url: str) -> None:
 from . import demo as _demo  # noqa: E402  (commands register themselves on ``main``)
 from . import info as _info  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["main", "redact_url"]
 del _demo, _info

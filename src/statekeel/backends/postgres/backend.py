@@ -2,11 +2,8 @@
 
 The same operations as SQLite run on pooled asyncpg connections; there is no instance-wide lock, so
 independent calls proceed in parallel and conditional updates (``WHERE head_seq = $n``) do the
-serializing. Migrations are serialized across processes with ``pg_advisory_lock``.
-
-URL options (``postgresql://user@host:5432/db?pool_max_size=20``): ``pgbouncer=true`` (no prepared
-statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size`` (1),
-``pool_max_size`` (10), ``connect_timeout`` (10 s). Anything else goes to asyncpg.
+serializing. Migrations are serialized across processes with an advisory lock (:mod:`.schema`). URL options
+are parsed by :class:`~.target.PgTarget`; driver errors are translated in :mod:`.errors`.
 
 When the server goes away (restart, failover, ``pg_terminate_backend``) calls raise
 ``BackendUnavailable`` naming host and database, and the pool reconnects by itself. A call that met a
@@ -24,42 +21,42 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
 from ...codec import Codec
-from ...errors import (
-    BackendUnavailable,
-    ConflictError,
-    InvalidArgument,
-    MigrationError,
-    StatekeelError,
-    StorageCorrupt,
-)
+from ...errors import BackendUnavailable, InvalidArgument, StatekeelError
 from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.copy import SqlCopy
-from ..sql.migrations import Migration, load_migrations, pending, refuse_upgrade
+from ..sql.info import SqlInfo
+from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
+from .errors import CONNECTION_ERRORS, translate, unknown_outcome
+from .schema import MIGRATION_LOCK_ID, PgSchema
+from .target import CONNECT_TIMEOUT_S, DEFAULT_MAX_SIZE, DEFAULT_MIN_SIZE, PgTarget
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_MAX_SIZE",
+    "DEFAULT_MIN_SIZE",
+    "MIGRATION_LOCK_ID",
+    "PgTarget",
+    "PgTx",
+    "PostgresBackend",
+    "migrations_shipped",
+    "queries",
+    "translate",
+]
 
 log = logging.getLogger("statekeel.postgres")
 
 T = TypeVar("T")
-# Any constant shared by every statekeel process: the advisory lock that serializes migrations.
-MIGRATION_LOCK_ID = 0x5D_7A_7E_4E_E1
-CONNECT_TIMEOUT_S = 10.0
-DEFAULT_MIN_SIZE = 1
-DEFAULT_MAX_SIZE = 10
-
-_SCHEMA_MIGRATIONS_DDL = (
-    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-    "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
-)
 
 _QUERIES: dict[str, str] | None = None
 
@@ -114,151 +111,6 @@ class PgTx(Tx):
         return result
 
 
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    asyncpg.CrashShutdownError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.InternalClientError,  # the protocol lost track of the connection's state: treat it as dead
-    ConnectionError,
-    OSError,
-    TimeoutError,
-)
-
-
-class PgTarget:
-    """A parsed PostgreSQL URL: the statekeel options it carries, and the parts errors may name.
-
-    Options in the query string, removed before the URL reaches asyncpg: ``pgbouncer=true`` (no prepared
-    statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size``,
-    ``pool_max_size``, ``connect_timeout`` (seconds). Errors name host, port and database, never the
-    password.
-    """
-
-    def __init__(self, url: str) -> None:
-        if not isinstance(url, str):
-            raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
-        parts = urlsplit(url)
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise InvalidArgument(f"not a PostgreSQL URL (scheme {parts.scheme!r}); use postgresql://…")
-        params = dict(parse_qsl(parts.query, keep_blank_values=True))
-        # asyncpg also takes the password from the query string (``?password=…``).
-        self._secrets = [s for s in (parts.password, params.get("password")) if s]
-        flag = params.pop("pgbouncer", "false").lower()
-        if flag not in ("true", "false", "1", "0"):
-            raise InvalidArgument(f"pgbouncer must be true or false in a postgresql:// URL, got {flag!r}")
-        self.pgbouncer = flag in ("true", "1")
-        self.min_size = _int_param(params, "pool_min_size", DEFAULT_MIN_SIZE, minimum=0)
-        self.max_size = _int_param(params, "pool_max_size", DEFAULT_MAX_SIZE, minimum=1)
-        if self.min_size > self.max_size:
-            raise InvalidArgument(
-                f"pool_min_size {self.min_size} is larger than pool_max_size {self.max_size}",
-                pool_min_size=self.min_size,
-                pool_max_size=self.max_size,
-            )
-        raw_timeout = params.pop("connect_timeout", None)
-        self.connect_timeout = CONNECT_TIMEOUT_S
-        if raw_timeout is not None:
-            try:
-                self.connect_timeout = float(raw_timeout)
-            except ValueError:
-                self.connect_timeout = -1.0
-            if not 0 < self.connect_timeout <= 3600:
-                raise InvalidArgument(
-                    f"connect_timeout must be a number of seconds in (0, 3600], got {raw_timeout!r}"
-                )
-        hostspec = parts.netloc.rpartition("@")[2]
-        try:
-            self.host = params.get("host") or parts.hostname or "localhost"
-            self.port: int | None = parts.port or 5432
-        except ValueError:
-            if "," not in hostspec:  # a port that is not a number
-                raise InvalidArgument(
-                    f"the port in postgresql://{hostspec}/… is not a number (1-65535)"
-                ) from None
-            self.host, self.port = hostspec, None  # several hosts: asyncpg tries them in turn
-        self.database = (parts.path or "/").lstrip("/") or (parts.username or "postgres")
-        self.dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(params), ""))
-
-    @property
-    def fields(self) -> dict[str, Any]:
-        """The error fields naming this server: host, port and database."""
-        return {"host": self.host, "port": self.port, "database": self.database}
-
-    def scrub(self, text: str) -> str:
-        """``text`` with the URL's password (if any) blanked out."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def __str__(self) -> str:
-        where = self.host if self.port is None else f"{self.host}:{self.port}"
-        return f"postgresql://{where}/{self.database}"
-
-
-def _int_param(params: dict[str, str], name: str, default: int, *, minimum: int) -> int:
-    raw = params.pop(name, None)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < minimum or int(raw) > 10_000:
-        raise InvalidArgument(f"{name} must be an integer in [{minimum}, 10000] in the URL, got {raw!r}")
-    return int(raw)
-
-
-def translate(exc: BaseException, target: PgTarget) -> BaseException:
-    """Driver errors → statekeel errors with fields (host and database, never the password)."""
-    if isinstance(exc, StatekeelError):
-        return exc
-    fields = target.fields
-    detail = target.scrub(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
-        return BackendUnavailable(
-            f"{target}: authentication failed ({detail}); check the user and password in the URL",
-            **fields,
-        )
-    if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return BackendUnavailable(
-            f"{target}: database {target.database!r} does not exist on {target.host}; create it or fix "
-            "the URL",
-            **fields,
-        )
-    if isinstance(exc, _CONNECTION_ERRORS):
-        return BackendUnavailable(f"{target} is unreachable ({detail})", **fields)
-    if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
-        return ConflictError(
-            f"{target}: constraint failed: {target.scrub(str(exc))}",
-            constraint=getattr(exc, "constraint_name", None),
-        )
-    if isinstance(exc, asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
-        return ConflictError(f"{target}: concurrent update ({exc}); retry", sqlstate=exc.sqlstate)
-    if isinstance(exc, asyncpg.DataError):
-        # SQLSTATE class 22 (and asyncpg's own argument checks): a value PostgreSQL cannot store, e.g.
-        # NUL in text or an int out of range. Bad input, not an outage: no retry, no fallback file.
-        return InvalidArgument(
-            f"{target}: PostgreSQL refused a value ({detail}); nothing was written, fix the value",
-            sqlstate=exc.sqlstate,
-            **fields,
-        )
-    if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedColumnError):
-        return StorageCorrupt(f"{target}: schema is damaged: {exc}", **fields)
-    if isinstance(exc, asyncpg.PostgresError):
-        return BackendUnavailable(f"{target}: {detail}", sqlstate=exc.sqlstate, **fields)
-    return exc
-
-
-def _unknown_outcome(exc: BaseException, target: PgTarget) -> BackendUnavailable:
-    # The COMMIT was sent but its answer never came: the write may or may not be durable. Retrying it
-    # blindly could apply it twice, so the caller must re-read and decide.
-    return BackendUnavailable(
-        f"{target}: the connection was lost while committing ({target.scrub(str(exc))}); the write may or "
-        "may not have been applied: re-read before retrying it",
-        outcome="unknown",
-        **target.fields,
-    )
-
-
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Release hook: nothing to reset. asyncpg has already rolled back any open transaction, and
     statekeel leaves no other session state behind (no LISTEN, cursors outside a transaction, or SET
@@ -271,11 +123,13 @@ async def _rollback(tx: Any) -> None:
     # Best effort: a dead connection has no transaction left to roll back (the server aborted it).
     try:
         await tx.rollback()
-    except (*_CONNECTION_ERRORS, asyncpg.PostgresError):
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError):
         pass
 
 
-class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals):
+class PostgresBackend(
+    PgSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces
+):
     """PostgreSQL storage over an asyncpg pool.
 
     Each operation borrows a pooled connection for one transaction, so calls from many tasks run in
@@ -344,7 +198,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         except BaseException as exc:
             raise translate(exc, self.target) from None
         try:
-            await self._migrate()
+            await self._migrate(self._require_pool())
         except BaseException:
             await self.close()
             raise
@@ -356,7 +210,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), timeout=10)
-            except _CONNECTION_ERRORS:
+            except CONNECTION_ERRORS:
                 self._pool.terminate()
 
     def _require_pool(self) -> asyncpg.Pool:
@@ -365,68 +219,6 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                 f"store {self.target} is closed" if self._closed else "store not initialized"
             )
         return self._pool
-
-    # --- migrations -----------------------------------------------------------------------------------
-
-    async def _applied(self, conn: asyncpg.Connection) -> list[MigrationInfo]:
-        exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
-        if not exists:
-            return []
-        rows = await conn.fetch(
-            "SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version"
-        )
-        return [MigrationInfo(r[0], r[1], r[2], r[3]) for r in rows]
-
-    async def _migrate(self) -> None:
-        pool = self._require_pool()
-        try:
-            async with pool.acquire() as conn:
-                # Cheap path: an up-to-date database needs no lock.
-                async with conn.transaction():
-                    applied = await self._applied(conn)
-                    todo = pending(applied, self._migrations, where=str(self.target))
-                    if not todo:
-                        return
-                    if not self.migrate:
-                        refuse_upgrade(todo, applied, where=str(self.target))
-                # One transaction per migration, holding the advisory lock until its COMMIT (a session
-                # lock would not hold behind PgBouncer's transaction pooling, where each transaction may
-                # run on another server connection). _apply's own transaction nests as a savepoint.
-                while True:
-                    async with conn.transaction():
-                        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
-                        # DDL makes the server process pending catalog invalidations: without it this
-                        # connection's cached "no schema_migrations" from the cheap path could survive
-                        # the wait for the lock, and a migration another process just applied would be
-                        # applied again.
-                        await conn.execute(_SCHEMA_MIGRATIONS_DDL)
-                        todo = pending(await self._applied(conn), self._migrations, where=str(self.target))
-                        if not todo:
-                            return
-                        await self._apply(conn, todo[0])
-        except BaseException as exc:
-            raise translate(exc, self.target) from exc
-
-    async def _apply(self, conn: asyncpg.Connection, mig: Migration) -> None:
-        try:
-            async with conn.transaction():
-                await conn.execute(_SCHEMA_MIGRATIONS_DDL)
-                await conn.execute(mig.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name, checksum, applied_at) "
-                    "VALUES ($1, $2, $3, now())",
-                    mig.version,
-                    mig.name,
-                    mig.checksum,
-                )
-        except asyncpg.PostgresError as exc:
-            if isinstance(exc, _CONNECTION_ERRORS):
-                raise
-            raise MigrationError(
-                f"{self.target}: migration {mig.version:04d}_{mig.name} failed: {exc}; "
-                "the database is as it was before it",
-                version=mig.version,
-            ) from exc
 
     async def schema_version(self) -> int:
         return max((m.version for m in await self.migrations()), default=0)
@@ -438,6 +230,10 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                 return await self._applied(conn)
         except BaseException as exc:
             raise translate(exc, self.target) from exc
+
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        todo = pending(await self.migrations(), self._migrations, where=str(self.target))
+        return [(m.version, m.name) for m in todo]
 
     async def integrity_check(self) -> list[str]:
         # PostgreSQL checks its own pages; we verify that our schema is whole.
@@ -456,6 +252,8 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     "task_steps",
                     "audit_log",
                     "approvals",
+                    "traces",
+                    "trace_counters",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
@@ -500,9 +298,9 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                 finally:
                     await self._release(pool, conn, failure)
                 return result
-            except _CONNECTION_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 if committing:
-                    raise _unknown_outcome(exc, self.target) from None
+                    raise unknown_outcome(exc, self.target) from None
                 # Before COMMIT the server rolls back a lost connection's transaction, so running the op
                 # again on a fresh connection cannot apply it twice.
                 if attempt == 2:
@@ -523,7 +321,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
     async def _release(
         self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
-        if isinstance(failure, _CONNECTION_ERRORS):
+        if isinstance(failure, CONNECTION_ERRORS):
             # Never hand a connection that failed mid-conversation to the next caller: the release
             # hook does not probe it (see _keep_session).
             try:
@@ -533,7 +331,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
 
         try:
             await pool.release(conn)
-        except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
             # The pool has already terminated a connection it could not reset; the next acquire opens
             # a new one. The transaction's outcome is settled by now.
             log.warning("%s: dropped a broken connection (%s)", self.target, exc)
@@ -554,7 +352,7 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                     raise
                 finally:
                     await self._release(pool, conn, failure)
-            except _CONNECTION_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 # A read is safe to retry once on a fresh connection.
                 if attempt == 2:
                     raise translate(exc, self.target) from None
@@ -593,10 +391,10 @@ class PostgresBackend(SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, Sq
                 self._current.reset(token)
                 try:
                     await tx.commit()
-                except _CONNECTION_ERRORS as exc:
+                except CONNECTION_ERRORS as exc:
                     # Unknown outcome: taken as not committed, so nothing is assumed written.
                     failure = exc
-                    raise _unknown_outcome(exc, self.target) from None
+                    raise unknown_outcome(exc, self.target) from None
                 except BaseException as exc:
                     raise translate(exc, self.target) from None
                 outcome.committed = True

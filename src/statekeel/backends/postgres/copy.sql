@@ -230,6 +230,48 @@ SELECT count(*) AS n FROM approvals;
 -- name: copy_approvals_clear
 DELETE FROM approvals;
 
+-- name: copy_traces_first
+SELECT trace_id, span_id, parent_span_id, name, kind, status, attributes, started_at, ended_at
+FROM traces ORDER BY trace_id COLLATE "C", span_id COLLATE "C" LIMIT $1;
+
+-- name: copy_traces_after
+SELECT trace_id, span_id, parent_span_id, name, kind, status, attributes, started_at, ended_at
+FROM traces WHERE (trace_id COLLATE "C", span_id COLLATE "C") > ($1, $2)
+ORDER BY trace_id COLLATE "C", span_id COLLATE "C" LIMIT $3;
+
+-- name: copy_traces_last
+SELECT trace_id, span_id FROM traces ORDER BY trace_id COLLATE "C" DESC, span_id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_traces_insert
+INSERT INTO traces (trace_id, span_id, parent_span_id, name, kind, status, attributes, started_at, ended_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: copy_traces_count
+SELECT count(*) AS n FROM traces;
+
+-- name: copy_traces_clear
+DELETE FROM traces;
+
+-- name: copy_trace_counters_first
+SELECT name, value FROM trace_counters ORDER BY name COLLATE "C" LIMIT $1;
+
+-- name: copy_trace_counters_after
+SELECT name, value FROM trace_counters WHERE name COLLATE "C" > $1
+ORDER BY name COLLATE "C" LIMIT $2;
+
+-- name: copy_trace_counters_last
+SELECT name FROM trace_counters ORDER BY name COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_trace_counters_insert
+INSERT INTO trace_counters (name, value)
+VALUES ($1, $2);
+
+-- name: copy_trace_counters_count
+SELECT count(*) AS n FROM trace_counters;
+
+-- name: copy_trace_counters_clear
+DELETE FROM trace_counters;
+
 -- name: copy_store_identity
 -- The database on this server (whatever host name, port spelling or pooler reached it): the server's
 -- start time and port tell two servers apart.

@@ -101,6 +101,13 @@ TABLES: tuple[CopyTable, ...] = (
         "id",
         append_only=True,
     ),
+    _table(
+        "traces",
+        "trace_id:text span_id:text parent_span_id:text name:text kind:text status:text attributes:json "
+        "started_at:ts ended_at:ts",
+        "trace_id span_id",
+    ),
+    _table("trace_counters", "name:text value:int", "name"),
 )
 _BY_NAME = {t.name: t for t in TABLES}
 
