@@ -55,6 +55,7 @@ _QUARANTINE_MARK = ".corrupt-"
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-")
 # Linux and macOS allow 255 bytes per name; leave room for the temp and quarantine decorations.
 _MAX_ENCODED = 180
+_PATH_CACHE = 10_000
 # A temp file older than this was left by a crashed writer, not one writing now.
 _STALE_TMP_SECONDS = 600
 
@@ -142,9 +143,16 @@ class FallbackDir:
     def __init__(self, path: str | os.PathLike[str], codec: Codec) -> None:
         self.path = os.fspath(path)
         self.codec = codec
+        # Every load and save checks for its key's file: the path is computed once per key.
+        self._paths: dict[str, str] = {}
 
     def file_for(self, key: str) -> str:
-        return os.path.join(self.path, file_stem(key) + SUFFIX)
+        path = self._paths.get(key)
+        if path is None:
+            if len(self._paths) >= _PATH_CACHE:
+                self._paths.clear()
+            path = self._paths[key] = os.path.join(self.path, file_stem(key) + SUFFIX)
+        return path
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self.file_for(key))

@@ -181,15 +181,20 @@ class SessionFallback:
 
     # --- save: before the backend, and when it cannot take the save -----------------------------------
 
+    def may_exist(self, key: str) -> bool:
+        """Whether the key may have a fallback file (one stat; False without a fallback directory)."""
+        return self.files is not None and self.files.exists(key)
+
     async def check_before_save(self, session: Session) -> None:
         """Refuse a save that would fork from a fallback file another writer saved first.
 
         A file this session does not hold that still continues the backend holds acknowledged messages
         the backend does not have yet: saving past it would lose or fork them, so ``ConflictError``. A
-        covered file is deleted, an overtaken one quarantined. One stat when there is no file.
+        covered file is deleted, an overtaken one quarantined. (The caller checks :meth:`may_exist`
+        first: one stat when there is no file.)
         """
         files = self.files
-        if files is None or not files.exists(session.key):
+        if files is None:
             return
         held = session._fallback_sig
         if held is not None and await asyncio.to_thread(files.signature, session.key) == held:
@@ -261,10 +266,10 @@ class SessionFallback:
             path,
         )
 
-    async def drop_covered(self, key: str, signature: str | None) -> None:
+    async def drop_covered(self, key: str, signature: str) -> None:
         """A commit covers the file with ``signature`` (the one the saved session held): delete it, unless
         another writer replaced it meanwhile."""
-        if signature is not None and self.files is not None:
+        if self.files is not None:
             await self.delete(key, signature)
 
     def after_save(self, key: str) -> None:

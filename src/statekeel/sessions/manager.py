@@ -290,7 +290,8 @@ class SessionManager:
         changes = session._changes()
         if changes.empty:
             return True
-        await self._fallback.check_before_save(session)
+        if self._fallback.may_exist(session.key):
+            await self._fallback.check_before_save(session)
         in_block = self.backend.in_atomic()
         try:
             record = await self.backend.append_messages(
@@ -311,12 +312,14 @@ class SessionManager:
             await self._fallback.write(session, changes, exc)
             return False
         covered = session._fallback_sig
-        undo = session._saved(record, changes)
         if in_block:
             # Settled for the rest of the block; undone if it rolls back. The file goes after COMMIT.
+            undo = session._saved_undoably(record, changes)
             self.backend.on_block_end(functools.partial(self._block_ended, session.key, undo, covered))
         else:
-            await self._fallback.drop_covered(session.key, covered)
+            session._saved(record, changes)
+            if covered is not None:
+                await self._fallback.drop_covered(session.key, covered)
         self._fallback.after_save(session.key)
         return True
 

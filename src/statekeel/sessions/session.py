@@ -356,11 +356,8 @@ class Session:
         writer changed what this session changed too (the caller reloads it)."""
         return record.version == self._version or self._take_theirs(record)
 
-    def _saved(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
-        """The backend took ``changes``; ``record`` is its row after them. Returns what undoes this, for a
-        save inside an ``atomic()`` block that rolls back."""
-        before = self._stored()
-        metadata, status = self.metadata, self.status
+    def _saved(self, record: SessionRecord, changes: Changes) -> None:
+        """The backend took ``changes``; ``record`` is its row after them."""
         # A write of metadata or status was conditional on the version: only an append of messages alone
         # can have passed another writer's change, which shows as a version jump.
         theirs = not changes.create and record.version != self._version + 1
@@ -375,6 +372,12 @@ class Session:
                 self._saved_status = record.status
                 self._version = record.version
             self.updated_at = record.updated_at
+
+    def _saved_undoably(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
+        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block rolls back."""
+        before = self._stored()
+        metadata, status = self.metadata, self.status
+        self._saved(record, changes)
         taken_metadata, taken_status = self.metadata, self.status
 
         def undo() -> None:
