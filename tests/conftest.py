@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import statekeel
+from helpers import Prepared, fill_ui_store
 
 PG_BASE = os.environ.get("STATEKEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -144,3 +145,17 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> st
     if request.param == "sqlite":
         return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
     return str(request.getfixturevalue("pg_migrated"))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
+    """A SQLite store holding every kind of state the UI shows (``helpers.fill_ui_store``), closed: the UI
+    tests only read it, and one checks the file is byte-identical afterwards."""
+    path = tmp_path_factory.mktemp("ui") / "agent-state.db"
+    return asyncio.run(fill_ui_store(f"sqlite:///{path}"))
+
+
+@pytest.fixture
+def prepared_pg(pg_migrated: str) -> Prepared:
+    """The same store on PostgreSQL."""
+    return asyncio.run(fill_ui_store(pg_migrated))

@@ -18,6 +18,7 @@ from .errors import (
     BackendUnavailable,
     ConflictError,
     InvalidArgument,
+    InvalidConfig,
     InvalidKey,
     InvalidTransition,
     LeaseLost,
@@ -30,9 +31,11 @@ from .errors import (
     StatekeelError,
     StepInDoubt,
     StorageCorrupt,
+    SyncCallRefused,
     ToolCallAlreadyAnswered,
     TranscriptError,
     UnknownToolCall,
+    UnserializableValue,
 )
 from .fallback import ReplayReport
 from .sessions import Session, SessionLock, SessionManager
@@ -54,6 +57,7 @@ __all__ = [
     "ConflictError",
     "CopyReport",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -73,6 +77,7 @@ __all__ = [
     "StorageCorrupt",
     "Store",
     "StoreInfo",
+    "SyncCallRefused",
     "TableCopy",
     "Task",
     "TaskManager",
@@ -80,6 +85,7 @@ __all__ = [
     "TraceLog",
     "TranscriptError",
     "UnknownToolCall",
+    "UnserializableValue",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

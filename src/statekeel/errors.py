@@ -13,6 +13,7 @@ wrong and what to do about it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 
@@ -141,11 +142,42 @@ class AuditTampered(StatekeelError):
     hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
 
 
+# Errors of the framework adapters (``statekeel.integrations``). Each is a statekeel error and also the
+# builtin type the framework's own code raises in that case, so callers written for the framework still
+# catch it.
+
+
+class InvalidConfig(InvalidArgument, ValueError):
+    """A framework call's configuration or arguments are malformed or miss something statekeel needs (a
+    LangGraph config without ``configurable.thread_id``, a ``before`` without a checkpoint id, a negative
+    ``limit``). Nothing was written."""
+
+    hint = "Nothing was written; pass the missing field in the config and call again."
+
+
+class UnserializableValue(SerializationError, TypeError, ValueError):
+    """A framework value cannot be serialized (by the framework's serializer or statekeel's codec).
+    A ``TypeError`` as the framework's serializer raises, and a ``ValueError`` as bad input."""
+
+    hint = "Nothing was written; store only values the serializer supports (or configure its serde)."
+
+
+class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
+    """A synchronous method of an async adapter cannot run here: on the event loop the adapter runs on
+    (it would block that loop forever), or while that loop is not running."""
+
+    hint = (
+        "Use the async method (await saver.aget_tuple(...), await graph.ainvoke(...)) on the event loop; "
+        "call the sync one only from another thread while the loop runs"
+    )
+
+
 __all__ = [
     "AuditTampered",
     "BackendUnavailable",
     "ConflictError",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -158,7 +190,9 @@ __all__ = [
     "StatekeelError",
     "StepInDoubt",
     "StorageCorrupt",
+    "SyncCallRefused",
     "ToolCallAlreadyAnswered",
     "TranscriptError",
     "UnknownToolCall",
+    "UnserializableValue",
 ]

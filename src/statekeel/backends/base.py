@@ -25,11 +25,16 @@ from statekeel.backends.records import (
     ApprovalRecord,
     ArchivedMessage,
     AuditRecord,
+    ChannelBlob,
+    CheckpointLineage,
+    CheckpointRecord,
+    CheckpointWrite,
     CopyTableInfo,
     DatabaseFiles,
     LoadedSession,
     MessageRecord,
     MigrationInfo,
+    NewCheckpoint,
     NewMessage,
     NewSpan,
     NewTask,
@@ -43,6 +48,7 @@ from statekeel.backends.records import (
     StepRecord,
     TaskChange,
     TaskRecord,
+    TypedBlob,
     WorkflowRecord,
     WorkflowStepRecord,
 )
@@ -59,6 +65,11 @@ __all__ = [
     "ArchivedMessage",
     "AuditBackend",
     "AuditRecord",
+    "ChannelBlob",
+    "CheckpointBackend",
+    "CheckpointLineage",
+    "CheckpointRecord",
+    "CheckpointWrite",
     "CopyBackend",
     "CopyTableInfo",
     "DatabaseFiles",
@@ -66,6 +77,7 @@ __all__ = [
     "LoadedSession",
     "MessageRecord",
     "MigrationInfo",
+    "NewCheckpoint",
     "NewMessage",
     "NewSpan",
     "NewTask",
@@ -83,6 +95,7 @@ __all__ = [
     "TaskChange",
     "TaskRecord",
     "TraceBackend",
+    "TypedBlob",
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
@@ -547,6 +560,92 @@ class CopyBackend(abc.ABC):
         return None
 
 
+class CheckpointBackend(abc.ABC):
+    """Graph checkpoints (LangGraph's shape): checkpoints per (thread, namespace), channel values stored
+    once per channel version, and the pending writes of the tasks that ran after a checkpoint."""
+
+    @abc.abstractmethod
+    async def put_checkpoint(self, checkpoint: NewCheckpoint) -> None:
+        """Store the checkpoint and its new channel blobs in one transaction.
+
+        Storing the same checkpoint id again replaces its body and metadata (a framework saves its last
+        checkpoint again on exit); a blob already stored at that channel version is kept. The parent id is
+        stored as given, as LangGraph's savers do (a run started from an id that names no checkpoint).
+        """
+
+    @abc.abstractmethod
+    async def put_checkpoint_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        writes: Sequence[CheckpointWrite],
+        *,
+        replace: bool = False,
+    ) -> None:
+        """Store pending writes in one transaction. A write whose (task_id, idx) is already stored for
+        the checkpoint is kept, unless ``replace`` (special channels: the latest write wins)."""
+
+    @abc.abstractmethod
+    async def get_checkpoint(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None = None
+    ) -> CheckpointRecord | None:
+        """The checkpoint (the newest of the thread and namespace when ``checkpoint_id`` is None), read
+        on one snapshot; None when there is none."""
+
+    @abc.abstractmethod
+    async def list_checkpoints(
+        self,
+        *,
+        thread_id: str | None = None,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        metadata_filter: bytes | None = None,
+        after: tuple[str, str, str] | None = None,
+        limit: int = 100,
+    ) -> list[CheckpointRecord]:
+        """Checkpoints newest first (checkpoint id descending, then thread and namespace), at most
+        ``limit``, each read whole. ``thread_id`` / ``checkpoint_ns`` / ``checkpoint_id`` narrow the
+        listing when given. ``metadata_filter`` (codec-encoded JSON object) keeps checkpoints whose
+        metadata has each key equal to its value (a null value also matches a missing key). ``after``
+        is ``(checkpoint_id, thread_id, checkpoint_ns)``: only checkpoints strictly after it in this
+        order (``(before_id, "", "")`` lists those with an id below ``before_id``)."""
+
+    @abc.abstractmethod
+    async def checkpoint_lineage(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        channels: Sequence[str],
+        *,
+        limit: int = 100,
+    ) -> list[CheckpointLineage]:
+        """The checkpoint (the newest of the thread and namespace when ``checkpoint_id`` is None) and
+        its ancestors by parent id, nearest first, at most ``limit`` in all, read on one snapshot; each
+        with the values and pending writes of ``channels`` only. Empty when the checkpoint is not stored;
+        the chain ends at a parent id that names no stored checkpoint."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint_thread(self, thread_id: str) -> int:
+        """Delete a thread's checkpoints, blobs and writes in every namespace; returns checkpoints deleted."""
+
+    @abc.abstractmethod
+    async def delete_checkpoint_runs(self, run_ids: Sequence[str]) -> int:
+        """Delete the checkpoints whose metadata ``run_id`` is one of ``run_ids``, with their writes and
+        the blobs no remaining checkpoint uses; returns checkpoints deleted."""
+
+    @abc.abstractmethod
+    async def copy_checkpoint_thread(self, source_thread_id: str, target_thread_id: str) -> int:
+        """Copy every checkpoint, blob and write of a thread to another thread id in one transaction
+        (rows the target already holds are kept); returns checkpoints copied."""
+
+    @abc.abstractmethod
+    async def prune_checkpoints(self, thread_ids: Sequence[str], *, keep_latest: bool) -> int:
+        """Delete the threads' checkpoints — all of them, or all but the newest of each namespace — with
+        their writes and the blobs no remaining checkpoint uses; returns checkpoints deleted."""
+
+
 class StorageBackend(
     LifecycleBackend,
     SessionBackend,
@@ -555,6 +654,7 @@ class StorageBackend(
     AuditBackend,
     ApprovalBackend,
     TraceBackend,
+    CheckpointBackend,
     CopyBackend,
     abc.ABC,
 ):

@@ -338,3 +338,85 @@ class NewSpan(NamedTuple):
     attributes: bytes
     started_at: dt.datetime
     ended_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TypedBlob:
+    """A value as a framework's serializer wrote it: the serializer's type tag and its bytes.
+
+    statekeel stores these opaquely (LangGraph's ``serde.dumps_typed`` output); ``type == "empty"`` with
+    ``data is None`` marks a channel that has a version but no value.
+    """
+
+    type: str
+    data: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelBlob:
+    """One channel's value at one version; stored once per (thread, namespace, channel, version)."""
+
+    channel: str
+    version: str
+    value: TypedBlob
+
+
+@dataclass(frozen=True, slots=True)
+class NewCheckpoint:
+    """A checkpoint to store in one transaction: its row and the channel values new in it.
+
+    ``checkpoint`` is the serialized checkpoint without its channel values; ``channel_versions`` is
+    codec-encoded JSON ``{channel: version}`` (the blobs a load joins); ``metadata`` is a codec-encoded JSON
+    object (filterable); ``run_id`` is the metadata's run id as text, if any.
+    """
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint: TypedBlob
+    metadata: bytes
+    channel_versions: bytes
+    run_id: str | None
+    blobs: tuple[ChannelBlob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    """A pending write of a task, linked to the checkpoint it follows. ``idx`` is its position in the
+    task's writes, or a fixed negative slot for special channels (errors, interrupts)."""
+
+    task_id: str
+    idx: int
+    channel: str
+    value: TypedBlob
+    task_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A stored checkpoint with everything a load returns: the serialized checkpoint, its metadata, the
+    values of its channels at its versions (channels without a value omitted) and its pending writes in
+    ``(task_path, task_id, idx)`` order."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint: TypedBlob
+    metadata: dict[str, Any]
+    channel_values: dict[str, TypedBlob]
+    pending_writes: tuple[CheckpointWrite, ...]
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointLineage:
+    """One checkpoint of a parent chain, with only the requested channels: their values at this
+    checkpoint (channels without a value omitted) and the pending writes to them, in
+    ``(task_path, task_id, idx)`` order."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    values: dict[str, TypedBlob]
+    writes: tuple[CheckpointWrite, ...]

@@ -32,6 +32,7 @@ def main(ctx: click.Context, url: str) -> None:
 
 from . import demo as _demo  # noqa: E402  (commands register themselves on ``main``)
 from . import info as _info  # noqa: E402
+from . import ui as _ui  # noqa: E402  (imports statekeel.ui only when the command runs)
 
 __all__ = ["main", "redact_url"]
-del _demo, _info
+del _demo, _info, _ui

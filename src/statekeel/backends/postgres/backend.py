@@ -30,6 +30,7 @@ from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
@@ -128,7 +129,16 @@ async def _rollback(tx: Any) -> None:
 
 
 class PostgresBackend(
-    PgSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces
+    PgSchema,
+    SqlInfo,
+    SqlSessions,
+    SqlCopy,
+    SqlTasks,
+    SqlWorkflows,
+    SqlAudit,
+    SqlApprovals,
+    SqlTraces,
+    SqlCheckpoints,
 ):
     """PostgreSQL storage over an asyncpg pool.
 
@@ -254,6 +264,9 @@ class PostgresBackend(
                     "approvals",
                     "traces",
                     "trace_counters",
+                    "checkpoints",
+                    "checkpoint_blobs",
+                    "checkpoint_writes",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")

@@ -277,3 +277,71 @@ DELETE FROM trace_counters;
 -- start time and port tell two servers apart.
 SELECT 'postgresql:' || current_database() || '@' || current_setting('port') || '/'
     || pg_postmaster_start_time()::text AS id;
+
+-- Graph checkpoints (key columns compare bytewise in both dialects).
+
+-- name: copy_checkpoints_first
+SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at
+FROM checkpoints ORDER BY thread_id, checkpoint_ns, checkpoint_id LIMIT $1;
+
+-- name: copy_checkpoints_after
+SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at
+FROM checkpoints WHERE (thread_id, checkpoint_ns, checkpoint_id) > ($1, $2, $3)
+ORDER BY thread_id, checkpoint_ns, checkpoint_id LIMIT $4;
+
+-- name: copy_checkpoints_last
+SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints ORDER BY thread_id DESC, checkpoint_ns DESC, checkpoint_id DESC LIMIT 1;
+
+-- name: copy_checkpoints_insert
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+
+-- name: copy_checkpoints_count
+SELECT count(*) AS n FROM checkpoints;
+
+-- name: copy_checkpoints_clear
+DELETE FROM checkpoints;
+
+-- name: copy_checkpoint_blobs_first
+SELECT thread_id, checkpoint_ns, channel, version, type, blob
+FROM checkpoint_blobs ORDER BY thread_id, checkpoint_ns, channel, version LIMIT $1;
+
+-- name: copy_checkpoint_blobs_after
+SELECT thread_id, checkpoint_ns, channel, version, type, blob
+FROM checkpoint_blobs WHERE (thread_id, checkpoint_ns, channel, version) > ($1, $2, $3, $4)
+ORDER BY thread_id, checkpoint_ns, channel, version LIMIT $5;
+
+-- name: copy_checkpoint_blobs_last
+SELECT thread_id, checkpoint_ns, channel, version FROM checkpoint_blobs ORDER BY thread_id DESC, checkpoint_ns DESC, channel DESC, version DESC LIMIT 1;
+
+-- name: copy_checkpoint_blobs_insert
+INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: copy_checkpoint_blobs_count
+SELECT count(*) AS n FROM checkpoint_blobs;
+
+-- name: copy_checkpoint_blobs_clear
+DELETE FROM checkpoint_blobs;
+
+-- name: copy_checkpoint_writes_first
+SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+FROM checkpoint_writes ORDER BY thread_id, checkpoint_ns, checkpoint_id, task_id, idx LIMIT $1;
+
+-- name: copy_checkpoint_writes_after
+SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+FROM checkpoint_writes WHERE (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) > ($1, $2, $3, $4, $5)
+ORDER BY thread_id, checkpoint_ns, checkpoint_id, task_id, idx LIMIT $6;
+
+-- name: copy_checkpoint_writes_last
+SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx FROM checkpoint_writes ORDER BY thread_id DESC, checkpoint_ns DESC, checkpoint_id DESC, task_id DESC, idx DESC LIMIT 1;
+
+-- name: copy_checkpoint_writes_insert
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: copy_checkpoint_writes_count
+SELECT count(*) AS n FROM checkpoint_writes;
+
+-- name: copy_checkpoint_writes_clear
+DELETE FROM checkpoint_writes;

@@ -108,6 +108,23 @@ TABLES: tuple[CopyTable, ...] = (
         "trace_id span_id",
     ),
     _table("trace_counters", "name:text value:int", "name"),
+    _table(
+        "checkpoints",
+        "thread_id:text checkpoint_ns:text checkpoint_id:text parent_checkpoint_id:text run_id:text "
+        "type:text checkpoint:bytes metadata:json channel_versions:json created_at:ts",
+        "thread_id checkpoint_ns checkpoint_id",
+    ),
+    _table(
+        "checkpoint_blobs",
+        "thread_id:text checkpoint_ns:text channel:text version:text type:text blob:bytes",
+        "thread_id checkpoint_ns channel version",
+    ),
+    _table(
+        "checkpoint_writes",
+        "thread_id:text checkpoint_ns:text checkpoint_id:text task_id:text idx:int channel:text type:text "
+        "blob:bytes task_path:text",
+        "thread_id checkpoint_ns checkpoint_id task_id idx",
+    ),
 )
 _BY_NAME = {t.name: t for t in TABLES}
 

@@ -29,6 +29,7 @@ from ..base import DatabaseFiles, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.info import SqlInfo
 from ..sql.migrations import Migration, load_migrations, pending
@@ -102,7 +103,16 @@ class SqliteTx(Tx):
 
 
 class SqliteBackend(
-    SqliteSchema, SqlInfo, SqlSessions, SqlCopy, SqlTasks, SqlWorkflows, SqlAudit, SqlApprovals, SqlTraces
+    SqliteSchema,
+    SqlInfo,
+    SqlSessions,
+    SqlCopy,
+    SqlTasks,
+    SqlWorkflows,
+    SqlAudit,
+    SqlApprovals,
+    SqlTraces,
+    SqlCheckpoints,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 

@@ -1,0 +1,53 @@
+"""``statekeel ui``: a read-only web page over a store (see :mod:`statekeel.ui`; needs ``statekeel[ui]``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+from ..errors import StatekeelError
+from . import main, redact_url
+
+
+@main.command()
+@click.option("--db", "url", default=None, help="Store URL (default: the group's --db, $STATEKEEL_URL).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0: any free port."
+)
+@click.option(
+    "--token",
+    envvar="STATEKEEL_UI_TOKEN",
+    default=None,
+    help="Every request must carry it (Authorization: Bearer T, or ?token=T); required with a --host "
+    "other than the loopback interface. Also read from $STATEKEEL_UI_TOKEN.",
+)
+@click.pass_context
+def ui(ctx: click.Context, url: str | None, host: str, port: int, token: str | None) -> None:
+    """Serve a read-only page of the store: sessions and transcripts, tasks, workflows, approvals, the
+    audit log and the recovery report. The store is opened with migrate=False and never written."""
+    try:
+        from ..ui import serve
+    except ImportError as exc:
+        click.echo(f"statekeel ui needs the ui extra: pip install 'statekeel[ui]' ({exc})", err=True)
+        ctx.exit(1)
+    url = url or ctx.obj["url"]
+
+    def ready(address: str) -> None:
+        click.echo(f"statekeel ui: {redact_url(url)} at {address}" + (" (token required)" if token else ""))
+
+    # uvicorn stops gracefully on SIGTERM, then raises the signal again: make that a KeyboardInterrupt, as
+    # for Ctrl-C, so that the store is closed and the command exits 0.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        asyncio.run(serve(url, host=host, port=port, token=token, on_ready=ready))
+    except (StatekeelError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        click.echo(f"statekeel ui: cannot serve {redact_url(url)}: {type(exc).__name__}: {message}", err=True)
+        ctx.exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,31 @@
+"""Framework adapters: adopt statekeel in one line from the framework you already use.
+
+- LangGraph: :class:`statekeel.integrations.langgraph.StatekeelSaver`, a ``BaseCheckpointSaver`` whose
+  checkpoints live in a statekeel store (``pip install 'statekeel[langgraph]'``)::
+
+      from statekeel.integrations.langgraph import StatekeelSaver
+
+      async with StatekeelSaver.from_url("sqlite:///agent.db") as saver:
+          graph = builder.compile(checkpointer=saver)
+
+Each adapter lives in its own module and imports its framework only when that module is imported:
+``import statekeel`` (and ``import statekeel.integrations``) never imports a framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Name -> module, imported on first access so that a missing optional framework costs nothing until used.
+_LAZY = {"StatekeelSaver": "statekeel.integrations.langgraph"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'statekeel.integrations' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,87 @@
+"""``statekeel ui``: bad input fails with one line and a non-zero exit before anything listens; a real
+server process answers over HTTP, with its token when it has one, and leaves the database as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import Prepared, ui_process
+from statekeel.cli import main
+
+TOKEN = "a-token-of-enough-length"
+
+
+def run_ui(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["ui", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("name", ["missing.db", "sub/dir/missing.db"])
+def test_a_store_that_does_not_exist_is_one_line_and_exit_1_and_no_file_is_made(
+    tmp_path: Path, name: str
+) -> None:
+    db = tmp_path / name
+    code, output = run_ui("--db", f"sqlite:///{db}", "--port", "0")
+    assert code == 1
+    assert output.count("\n") == 1 and f"no store at {db}" in output
+    assert not db.exists()
+
+
+def test_a_file_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "notes.db"
+    db.write_text("just some notes\n")
+    code, output = run_ui("--db", f"sqlite:///{db}", "--port", "0")
+    assert code == 1 and output.count("\n") == 1 and "StorageCorrupt" in output
+    assert db.read_text() == "just some notes\n"
+
+
+def test_an_unknown_url_scheme_is_refused(tmp_path: Path) -> None:
+    code, output = run_ui("--db", "mysql://localhost/x", "--port", "0")
+    assert code == 1 and output.count("\n") == 1 and "unknown store URL scheme" in output
+
+
+def test_listening_beyond_loopback_without_a_token_is_refused(prepared: Prepared) -> None:
+    code, output = run_ui("--db", prepared.url, "--host", "0.0.0.0", "--port", "0")
+    assert code == 1 and output.count("\n") == 1 and "pass --token" in output
+
+
+def test_a_port_already_taken_is_one_line_and_exit_1(prepared: Prepared) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, output = run_ui("--db", prepared.url, "--port", str(port))
+    assert code == 1 and output.count("\n") == 1 and "OSError" in output
+
+
+def status_of(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=20) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_server_answers_and_stops_cleanly_leaving_the_database_unchanged(prepared: Prepared) -> None:
+    before = hashlib.sha256(prepared.path.read_bytes()).hexdigest()
+    with ui_process("--db", prepared.url) as base:
+        assert base.startswith("http://127.0.0.1:")
+        assert status_of(base) == 200
+        assert status_of(base + "session?key=chat-openai") == 200
+        assert status_of(base + "session?key=nobody") == 404
+    assert hashlib.sha256(prepared.path.read_bytes()).hexdigest() == before
+
+
+def test_a_server_with_a_token_refuses_requests_without_it(prepared: Prepared) -> None:
+    with ui_process("--db", prepared.url, "--host", "0.0.0.0", "--token", TOKEN) as base:
+        local = base.replace("0.0.0.0", "127.0.0.1")
+        assert status_of(local) == 401
+        assert status_of(local + "?token=" + TOKEN) == 200
+        assert status_of(local + "tasks", {"Authorization": f"Bearer {TOKEN}"}) == 200

@@ -1,0 +1,262 @@
+"""The UI in a real browser: headless Chromium loads each page from a ``statekeel ui`` process over the
+prepared store; the tests assert on the DOM Chromium built (``--dump-dom``) and take screenshots.
+
+Outside CI, a machine without Chromium skips these tests with the reason; with ``CI=true`` they must run
+(``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html.parser
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from helpers import Prepared, ui_process
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> str:
+    if CHROMIUM is None:
+        if IN_CI:
+            pytest.fail(
+                "CI=true requires Chromium for the browser tests (.ci/run installs Debian's chromium)"
+            )
+        pytest.skip("Chromium is not installed (apt-get install chromium); the browser tests need it")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def site(prepared: Prepared, browser: str) -> Iterator[str]:
+    with ui_process("--db", prepared.url) as base:
+        yield base
+
+
+class Node:
+    """An element of the DOM Chromium dumped: tag, attributes, children (elements and text)."""
+
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag = tag
+        self.attrs = attrs
+        self.children: list[Node | str] = []
+
+    @property
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+    def text(self) -> str:
+        return " ".join(
+            " ".join(c.split()) if isinstance(c, str) else c.text() for c in self.children
+        ).strip()
+
+    def iter(self) -> Iterator[Node]:
+        yield self
+        for child in self.children:
+            if isinstance(child, Node):
+                yield from child.iter()
+
+    def find_all(self, tag: str | None = None, cls: str | None = None) -> list[Node]:
+        return [n for n in self.iter() if (tag is None or n.tag == tag) and (cls is None or cls in n.classes)]
+
+
+VOID = {"meta", "link", "br", "img", "input", "hr", "source", "col", "wbr", "area", "base", "embed"}
+
+
+class _Builder(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Node("#document", {})
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
+        self.stack[-1].children.append(node)
+        if tag not in VOID:
+            self.stack.append(node)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self.stack) - 1, 0, -1):
+            if self.stack[i].tag == tag:
+                del self.stack[i:]
+                return
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].children.append(data)
+
+
+def load(browser: str, url: str, profile: Path) -> Node:
+    """The DOM of ``url`` after Chromium loaded it, parsed."""
+    done = subprocess.run(
+        [browser, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    builder = _Builder()
+    builder.feed(done.stdout)
+    return builder.root
+
+
+def screenshot(
+    browser: str, url: str, target: Path, profile: Path, size: str = "1280,860"
+) -> tuple[int, int]:
+    """Save a PNG of ``url``; its width and height."""
+    done = subprocess.run(
+        [
+            browser,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={size}",
+            f"--screenshot={target}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and target.exists(), done.stderr[-2000:]
+    head = target.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def title(dom: Node) -> str:
+    return dom.find_all("title")[0].text()
+
+
+def test_transcript_shows_each_tool_result_under_its_call(site: str, browser: str, tmp_path: Path) -> None:
+    dom = load(browser, site + "session?key=chat-openai", tmp_path)
+    calls = dom.find_all("div", "call")
+    assert len(calls) == 2
+    answered, dangling = calls
+    assert "run_tests" in answered.text() and "dangling" not in answered.classes
+    results = answered.find_all("div", "result")
+    assert len(results) == 1 and "3 passed, 1 failed: test_parse" in results[0].text()
+    assert "dangling" in dangling.classes and "read_file" in dangling.text()
+    assert "no result yet" in dangling.find_all("div", "no-result")[0].text()
+
+
+@pytest.mark.parametrize(
+    ("key", "tool", "result"),
+    [("responses-items", "get_weather", "18°C, light rain"), ("anthropic-blocks", "list_dir", "README.md")],
+)
+def test_responses_and_anthropic_results_sit_under_their_calls(
+    site: str, browser: str, tmp_path: Path, key: str, tool: str, result: str
+) -> None:
+    dom = load(browser, site + "session?key=" + key, tmp_path)
+    (call,) = dom.find_all("div", "call")
+    assert tool in call.text() and result in call.find_all("div", "result")[0].text()
+
+
+def test_script_in_a_message_renders_as_text_and_never_runs(
+    site: str, browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    dom = load(browser, site + "session?key=" + quote(prepared.evil_key, safe=""), tmp_path)
+    # The payload sets document.title when it runs: the title is still the page's own.
+    assert title(dom) == f"Session {prepared.evil_key} · statekeel"
+    assert dom.find_all("script") == [] and dom.find_all("img") == []
+    user = next(m for m in dom.find_all("article", "msg") if "role-user" in m.classes)
+    assert prepared.xss in user.text()
+
+
+def test_the_tampered_audit_entry_is_flagged(
+    site: str, browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    dom = load(browser, site + "audit", tmp_path)
+    banner = dom.find_all("p", "verified")[0]
+    assert "bad" in banner.classes and f"breaks at entry {prepared.tampered_seq}" in banner.text()
+    flagged = [row for row in dom.find_all("tr") if "audit-bad" in row.classes]
+    assert [row.attrs["id"] for row in flagged] == [f"e{prepared.tampered_seq}"]
+    assert "tampered" in flagged[0].text() and "mallory" in flagged[0].text()
+
+
+def test_trace_waterfall_nests_spans_and_links_each_bar_to_its_attributes(
+    site: str, browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    dom = load(browser, site + f"trace?id={prepared.trace_id}#span-1", tmp_path)
+    bars = dom.find_all("a", "bar")
+    assert len(bars) == 6
+    names = [b.find_all("text", "span-name")[0] for b in bars]
+    indent = {n.text(): float(n.attrs["x"]) for n in names}
+    assert indent["agent turn"] < indent["chat gpt-x"] == indent["run_tests"] < indent["pytest -q"]
+    rects = {n.text(): b.find_all("rect")[0] for n, b in zip(names, bars, strict=True)}
+    root, tool = rects["agent turn"], rects["run_tests"]
+    assert (
+        float(root.attrs["x"]) < float(tool.attrs["x"]) < float(root.attrs["x"]) + float(root.attrs["width"])
+    )
+    hover = bars[1].find_all("title")[0].text()
+    assert "gpt-x" in hover and "812" in hover
+    panels = {p.attrs["id"]: p for p in dom.find_all("section", "span-detail")}
+    target = panels[bars[1].attrs["href"].lstrip("#")]
+    assert "chat gpt-x" in target.text() and '"tokens": 812' in target.text()
+
+
+def test_every_page_loads_in_the_browser_and_leaves_the_database_unchanged(
+    site: str, browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    before = hashlib.sha256(prepared.path.read_bytes()).hexdigest()
+    pages = {
+        "": "Overview",
+        "sessions": "Sessions",
+        "session?key=compressed": "Session compressed",
+        "tasks": "Tasks",
+        f"task?id={prepared.task_with_steps}": "Task fix the parser",
+        "workflows": "Workflows",
+        f"workflow?id={prepared.workflow_id}": "Workflow release",
+        "approvals": "Pending approvals",
+        "traces": "Traces",
+        "recovery": "Recovery report",
+        "session?key=nobody": "Session not found",
+    }
+    for path, heading in pages.items():
+        dom = load(browser, site + path, tmp_path)
+        assert dom.find_all("h1")[0].text().startswith(heading), path
+        assert dom.find_all("link")[0].attrs["href"] == "/static/style.css"
+    wf = load(browser, site + f"workflow?id={prepared.workflow_id}", tmp_path)
+    nodes = wf.find_all("a", "node")
+    assert sorted(n.find_all("text", "name")[0].text() for n in nodes) == [
+        "build",
+        "lint",
+        "publish",
+        "unit-tests",
+    ]
+    assert hashlib.sha256(prepared.path.read_bytes()).hexdigest() == before
+
+
+def test_screenshots_of_the_transcript_and_the_task_board(
+    browser: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    # STATEKEEL_UI_SCREENSHOTS=docs keeps them (that is how docs/ui-*.png are made). The server runs in
+    # the store's directory with a relative URL, so the pictures show no path of this machine.
+    target = Path(os.environ.get("STATEKEEL_UI_SCREENSHOTS") or tmp_path).resolve()
+    with ui_process("--db", f"sqlite:///{prepared.path.name}", cwd=prepared.path.parent) as site:
+        for name, path in (("ui-transcript.png", "session?key=chat-openai"), ("ui-tasks.png", "tasks")):
+            width, height = screenshot(browser, site + path, target / name, tmp_path / "profile")
+            assert (width, height) == (1280, 860)
+            assert 10_000 < (target / name).stat().st_size < 400_000

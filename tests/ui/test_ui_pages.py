@@ -1,0 +1,225 @@
+"""Each page of the UI over the prepared store, through Starlette's TestClient: what it shows, its 404
+and 400 pages, and cursor paging of the session list."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import markupsafe
+import pytest
+from starlette.testclient import TestClient
+
+import statekeel
+from helpers import Prepared, sqlite_url
+from statekeel.ui import LOOPBACK_NAMES, create_app
+
+BASE = "http://127.0.0.1:8765"
+
+
+@pytest.fixture(scope="module")
+def client(prepared: Prepared) -> Iterator[TestClient]:
+    with TestClient(create_app(prepared.url, allowed_hosts=LOOPBACK_NAMES), base_url=BASE) as c:
+        yield c
+
+
+def text(page: str) -> str:
+    """The page's visible text, roughly: tags dropped, entities decoded, spaces collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+@pytest.mark.postgres
+def test_every_page_renders_on_postgresql(prepared_pg: Prepared) -> None:
+    with TestClient(create_app(prepared_pg.url), base_url=BASE) as c:
+        for url in prepared_pg.pages():
+            response = c.get(url)
+            assert response.status_code == (404 if "missing" in url else 200), url
+        audit = c.get("/audit").text
+        assert re.findall(r'<tr class="audit-bad" id="e(\d+)"', audit) == [str(prepared_pg.tampered_seq)]
+        transcript = c.get("/session", params={"key": "anthropic-blocks"}).text
+        assert '<div class="result">' in transcript and "dangling" not in transcript
+
+
+def test_overview_counts_every_kind_of_state(client: TestClient) -> None:
+    page = text(client.get("/").text)
+    assert "sqlite store, schema version" in page
+    assert re.search(r"Sessions 8 active 6 expired 1 archived 1", page), page
+    assert "Approvals pending 2" in page and "Audit entries 6" in page
+
+
+def test_session_list_is_newest_first_and_filters_by_status(client: TestClient) -> None:
+    page = client.get("/sessions").text
+    keys = re.findall(r'href="/session\?key=([^"]+)"', page)
+    assert keys[:2] == ["old-archived", "old-expired"]  # the last sessions changed
+    assert len(keys) == 8
+    only = client.get("/sessions", params={"status": "archived"}).text
+    assert re.findall(r'href="/session\?key=([^"]+)"', only) == ["old-archived"]
+
+
+def test_session_list_pages_with_a_cursor_not_an_offset(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "many.db")
+
+    async def fill() -> None:
+        async with statekeel.open_store(url) as store:
+            for i in range(120):
+                await store.backend.create_session(f"s-{i:03d}")
+
+    asyncio.run(fill())
+    seen: list[str] = []
+    with TestClient(create_app(url), base_url=BASE) as c:
+        path = "/sessions"
+        while True:
+            page = c.get(path).text
+            seen += re.findall(r'href="/session\?key=([^"]+)"', page)
+            older = re.search(r'href="(/sessions\?cursor=[^"]+)">older', page)
+            if older is None:
+                break
+            assert "offset" not in older.group(1)
+            path = html.unescape(older.group(1))
+    assert seen == [f"s-{i:03d}" for i in reversed(range(120))]
+
+
+def test_transcript_shows_each_tool_result_under_its_call(client: TestClient) -> None:
+    page = client.get("/session", params={"key": "chat-openai"}).text
+    call = page[page.index('<div class="call">') :]
+    call = call[: call.index('<div class="call dangling">')]
+    assert "run_tests" in call and "3 passed, 1 failed: test_parse" in call
+    assert "no result yet: the last turn's call" in html.unescape(page)
+    moved_on = client.get("/session", params={"key": "moved-on"}).text
+    assert '<div class="call dangling">' in moved_on and "the transcript moved on without it" in moved_on
+    assert '"agent": "coder"' in html.unescape(page)
+
+
+@pytest.mark.parametrize(
+    ("key", "call", "result"),
+    [("responses-items", "get_weather", "18°C, light rain"), ("anthropic-blocks", "list_dir", "README.md")],
+)
+def test_transcript_pairs_responses_items_and_anthropic_blocks(
+    client: TestClient, key: str, call: str, result: str
+) -> None:
+    page = client.get("/session", params={"key": key}).text
+    start = page.index('<div class="call">')
+    message = page[start : page.index("</article>", start)]  # the message that made the call
+    assert call in message and result in message
+    assert '<div class="result">' in message and "dangling" not in page
+
+
+def test_compressed_messages_are_folded_behind_their_summary(client: TestClient) -> None:
+    page = client.get("/session", params={"key": "compressed"}).text
+    fold = page[page.index('<details class="fold">') : page.index("</details>")]
+    assert "the user and the agent counted to three" in fold
+    assert all(f"turn {i}" in fold for i in range(4)) and "turn 4" not in fold
+    assert "turn 4" in page and "turn 5" in page
+
+
+def test_untrusted_text_is_escaped_everywhere(client: TestClient, prepared: Prepared) -> None:
+    pages = [
+        client.get("/session", params={"key": prepared.evil_key}).text,
+        client.get("/sessions").text,
+        client.get("/approvals").text,
+        client.get("/audit", params={"after": 0}).text,
+        client.get("/tasks", params={"status": "failed"}).text,
+    ]
+    for page in pages:
+        assert "<script>" not in page and "<img" not in page
+    assert str(markupsafe.escape(prepared.xss)) in pages[0]
+
+
+def test_tasks_board_shows_each_status_with_lease_holder_and_expiry(client: TestClient) -> None:
+    page = text(client.get("/tasks").text)
+    for status, count in [("pending", 3), ("queued", 2), ("running", 2), ("interrupted", 1), ("failed", 1)]:
+        assert f"{status} {count}" in page
+    assert "index the repo" in page and "worker-2" in page and "lease until" in page
+    assert "worker-dead" in page and "lease expired" in page
+
+
+def test_task_page_shows_its_step_journal_recorded_and_in_doubt(
+    client: TestClient, prepared: Prepared
+) -> None:
+    page = text(client.get("/task", params={"id": prepared.task_with_steps}).text)
+    assert "read-parser recorded" in page and "write-patch recorded" in page
+    assert "push-branch in doubt" in page
+
+
+def test_workflow_page_draws_its_steps_as_a_dag(client: TestClient, prepared: Prepared) -> None:
+    page = client.get("/workflow", params={"id": prepared.workflow_id}).text
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert svg.count("<rect") == 4 and svg.count('class="edge') == 4
+    assert 'class="node st-success"' in svg and "publish" in svg
+
+
+def test_audit_page_flags_the_first_tampered_entry(client: TestClient, prepared: Prepared) -> None:
+    page = client.get("/audit").text
+    assert f"the chain breaks at entry {prepared.tampered_seq}" in page
+    bad_rows = re.findall(r'<tr class="audit-bad" id="e(\d+)"', page)
+    assert bad_rows == [str(prepared.tampered_seq)]
+    assert 'class="audit-after" id="e4"' in page and 'class="audit-ok" id="e2"' in page
+
+
+def test_trace_page_draws_a_waterfall_with_attributes_on_hover_and_click(
+    client: TestClient, prepared: Prepared
+) -> None:
+    listed = client.get("/traces").text
+    assert listed.count(f'href="/trace?id={prepared.trace_id}"') == 6
+    assert re.findall(
+        r'href="/trace\?id=([^"]+)"', client.get("/traces", params={"status": "error"}).text
+    ) == [prepared.trace_id]
+    page = client.get("/trace", params={"id": prepared.trace_id}).text
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    bars = re.findall(r'<a href="#(span-\d+)" class="bar ([^"]+)">\s*<title>([^<]*)</title>', svg)
+    assert len(bars) == 6
+    assert [t.split(" (")[0] for _, _, t in bars] == [
+        "agent turn",
+        "chat gpt-x",
+        "run_tests",
+        "pytest -q",
+        "write summary",
+        "orphan span",
+    ]
+    classes = {t.split(" (")[0]: c for _, c, t in bars}
+    assert classes["run_tests"] == "st-error" and classes["write summary"] == "st-unset open"
+    hover = dict((t.split(" (")[0], t) for _, _, t in bars)
+    assert "model: &#34;gpt-x&#34;" in hover["chat gpt-x"] and "tokens: 812" in hover["chat gpt-x"]
+    assert "parent gone not recorded" in hover["orphan span"]
+    for anchor, _, _ in bars:  # each bar links to the panel of its attributes
+        assert f'<section class="span-detail" id="{anchor}">' in page
+    # Attributes are shown as JSON (quotes escaped with a backslash), then HTML-escaped.
+    assert "<script>" not in page and "&lt;script&gt;document.title=" in page
+
+
+def test_pending_approvals_and_recovery_report(client: TestClient) -> None:
+    approvals = text(client.get("/approvals").text)
+    assert "deploy" in approvals and "shell" in approvals and "merge" not in approvals
+    report = text(client.get("/recovery").text)
+    assert "The store needs attention" in report and "changes nothing" in report
+    assert "Tool calls without a result 2" in report and "call_read" in report and "call_lost" in report
+    assert "Running tasks whose lease expired 1" in report and "long build" in report
+    assert "Steps in doubt 1" in report and "push-branch" in report
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status", "phrase"),
+    [
+        ("/session", {"key": "no-such-session"}, 404, "There is no session with the key 'no-such-session'"),
+        ("/task", {"id": "no-such-task"}, 404, "There is no task with the id 'no-such-task'"),
+        ("/workflow", {"id": "nope"}, 404, "There is no workflow with the id 'nope'"),
+        ("/trace", {"id": "nope"}, 404, "There is no span of a trace 'nope'"),
+        ("/traces", {"status": "fine"}, 400, "status must be one of unset, ok, error"),
+        ("/no/such/page", {}, 404, "There is no page at /no/such/page"),
+        ("/session", {}, 400, "This page needs the session key"),
+        ("/sessions", {"status": "sleeping"}, 400, "status must be one of active, expired, archived"),
+        ("/sessions", {"cursor": "garbage"}, 400, "cursor"),
+        ("/audit", {"after": "-1"}, 400, "after must be 0 or more"),
+        ("/session", {"key": "x" * 600}, 400, "InvalidKey"),
+    ],
+)
+def test_bad_input_gets_an_error_page_not_a_traceback(
+    client: TestClient, path: str, params: dict[str, str], status: int, phrase: str
+) -> None:
+    response = client.get(path, params=params)
+    assert response.status_code == status
+    assert "text/html" in response.headers["content-type"]
+    assert phrase in html.unescape(response.text) and "Traceback" not in response.text
