@@ -54,6 +54,13 @@ class ConflictError(StatekeelError):
     hint = "Another writer changed it first: reload, re-apply your change and retry."
 
 
+class LockTimeout(ConflictError):
+    """Waiting for a lock or lease held by someone else took longer than the timeout. Nothing changed;
+    it is a ``ConflictError`` so that one ``except`` covers "someone else has it"."""
+
+    hint = "Another holder still has it: retry later, or wait longer (a larger timeout)."
+
+
 class InvalidTransition(StatekeelError):
     """A state machine was asked for a transition it does not allow."""
 
@@ -132,7 +139,7 @@ class MigrationError(StatekeelError):
 class BackendUnavailable(StatekeelError):
     """The storage backend cannot be reached or cannot write right now."""
 
-    hint = "Check that the database is reachable and writable, then call again."
+    hint = "Check that the database is reachable and writable, then retry."
 
 
 class StorageCorrupt(StatekeelError):
@@ -186,6 +193,7 @@ __all__ = [
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
+    "LockTimeout",
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -158,6 +158,16 @@ class LifecycleBackend(abc.ABC):
         """True when the calling task is inside this backend's ``atomic()`` block."""
 
     @abc.abstractmethod
+    def on_block_end(self, callback: Callable[[bool], None]) -> bool:
+        """Inside an ``atomic()`` block of the current task: call ``callback(committed)`` once the
+        outermost block has ended, ``committed`` being True only when its COMMIT succeeded, and return
+        True. Outside one, return False: a write that returned there is committed already.
+
+        Callbacks run in registration order after a commit, in reverse order after a rollback (undo
+        first what was done last); they must not block nor raise.
+        """
+
+    @abc.abstractmethod
     async def schema_version(self) -> int:
         """The highest applied migration version."""
 
@@ -261,11 +271,13 @@ class SessionBackend(abc.ABC):
         status: str | None = None,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        expected_version: int | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 
-        ``ConflictError`` with ``current`` = the actual head when another writer appended first, or when
-        ``expected_created_at`` is given and the session was deleted and created again since;
+        ``ConflictError`` with ``current`` = the actual head when another writer appended first, when
+        ``expected_created_at`` is given and the session was deleted and created again since, or when
+        ``expected_version`` is given and the session's version differs (another writer changed it);
         ``NotFound`` when the session does not exist and ``create`` is false.
         """
 
@@ -287,10 +299,12 @@ class SessionBackend(abc.ABC):
         summary: str,
         expected_consolidated: int,
         lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
     ) -> SessionRecord:
         """Move live messages ``[last_consolidated, upto_seq)`` into the archive under ``compression_id``
-        and set ``last_consolidated = upto_seq``, in one transaction (``ConflictError`` if
-        ``last_consolidated`` is not ``expected_consolidated``)."""
+        and set ``last_consolidated = upto_seq``, in one transaction, with the session's row locked
+        (``ConflictError`` if ``last_consolidated`` is not ``expected_consolidated``, or if
+        ``expected_created_at`` is given and the session was deleted and created again since)."""
 
     @abc.abstractmethod
     async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:

@@ -409,21 +409,24 @@ class PostgresBackend(
             except BaseException as exc:
                 failure = exc
                 raise translate(exc, self.target) from None
-            token = self._current.set(PgTx(conn, self.codec))
-            try:
-                yield
-            except BaseException as exc:
+            with self._outermost_block() as outcome:
+                token = self._current.set(PgTx(conn, self.codec))
+                try:
+                    yield
+                except BaseException as exc:
+                    self._current.reset(token)
+                    failure = exc.__context__ if isinstance(exc, StatekeelError) else exc
+                    await _rollback(tx)
+                    raise
                 self._current.reset(token)
-                failure = exc.__context__ if isinstance(exc, StatekeelError) else exc
-                await _rollback(tx)
-                raise
-            self._current.reset(token)
-            try:
-                await tx.commit()
-            except CONNECTION_ERRORS as exc:
-                failure = exc
-                raise unknown_outcome(exc, self.target) from None
-            except BaseException as exc:
-                raise translate(exc, self.target) from None
+                try:
+                    await tx.commit()
+                except CONNECTION_ERRORS as exc:
+                    # Unknown outcome: taken as not committed, so nothing is assumed written.
+                    failure = exc
+                    raise unknown_outcome(exc, self.target) from None
+                except BaseException as exc:
+                    raise translate(exc, self.target) from None
+                outcome.committed = True
         finally:
             await self._release(pool, conn, failure)

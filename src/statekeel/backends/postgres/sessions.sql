@@ -5,6 +5,10 @@
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
 FROM sessions WHERE key = $1;
 
+-- name: session_get_for_update
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+FROM sessions WHERE key = $1 FOR UPDATE;
+
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO NOTHING
@@ -46,6 +50,7 @@ UPDATE sessions
 SET head_seq = head_seq + $1, metadata = COALESCE($2::jsonb, metadata),
     status = COALESCE($6::text, status), version = version + 1, updated_at = $3
 WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7)
+  AND ($8::bigint IS NULL OR version = $8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at;
 
 -- name: session_set_consolidated

@@ -419,16 +419,18 @@ class SqliteBackend(
         start = Job(ATOMIC, None, loop, inner=block)
         writer.submit(start)
         end = Job(STOP, None, loop)
-        token = self._current.set(block)
-        try:
-            await start.future
-            yield
-        except BaseException:
+        with self._outermost_block() as outcome:
+            token = self._current.set(block)
+            try:
+                await start.future
+                yield
+            except BaseException:
+                self._current.reset(token)
+                block.put(end)
+                await asyncio.shield(end.future)
+                raise
             self._current.reset(token)
+            end.fn = commit_marker
             block.put(end)
-            await asyncio.shield(end.future)
-            raise
-        self._current.reset(token)
-        end.fn = commit_marker
-        block.put(end)
-        await end.future
+            await end.future
+            outcome.committed = True

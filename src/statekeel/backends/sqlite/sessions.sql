@@ -5,6 +5,11 @@
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
 FROM sessions WHERE key = ?1;
 
+-- name: session_get_for_update
+-- The writer holds the database's write lock for the whole transaction: the row cannot change under it.
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+FROM sessions WHERE key = ?1;
+
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (key) DO NOTHING
@@ -45,7 +50,7 @@ DELETE FROM sessions WHERE key = ?1;
 UPDATE sessions
 SET head_seq = head_seq + ?1, metadata = COALESCE(?2, metadata),
     status = COALESCE(?6, status), version = version + 1, updated_at = ?3
-WHERE key = ?4 AND head_seq = ?5 AND (?7 IS NULL OR created_at = ?7)
+WHERE key = ?4 AND head_seq = ?5 AND (?7 IS NULL OR created_at = ?7) AND (?8 IS NULL OR version = ?8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at;
 
 -- name: session_set_consolidated
