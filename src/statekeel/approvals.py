@@ -8,24 +8,34 @@
 
 The binding is the SHA-256 of the canonical encoding of ``args`` (sorted keys), compared exactly. Every
 request, decision and consumption appends its audit entry (``approval.requested``, ``approval.granted``
-or ``approval.denied``, ``approval.consumed``) in the same transaction as the change itself.
+or ``approval.denied``, ``approval.consumed``) in the same transaction as the change itself; the entry
+holds ``row_hash``, the digest of the approval row as that change left it. Before an approval is honoured
+(:meth:`ApprovalLog.check`, :meth:`ApprovalLog.consume`) the row is checked against its latest entry, so
+a grant re-pointed at other arguments, or forged, behind the database's triggers raises ``AuditTampered``
+instead of authorizing anything (see :mod:`statekeel.audit` for what each audit mode proves).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-import hashlib
 import uuid
 from typing import Any, NoReturn
 
-from .audit import AuditLog
+from .audit import AuditLog, binding_problem
 from .backends.base import ApprovalRecord, StorageBackend
-from .codec import Codec, canonical
-from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
+from .chain import approval_digest, args_digest
+from .codec import Codec
+from .errors import AuditTampered, ConflictError, InvalidArgument, InvalidTransition, NotFound
 from .validation import check_aware, check_int, check_key, check_text
 
 Approval = ApprovalRecord
 """An approval as stored: see :class:`statekeel.backends.base.ApprovalRecord`."""
+
+
+# Reads of an approval and of its latest entry are two snapshots: a change committed between them is
+# looked at again, a mismatch that stays is tampering.
+_CHECK_TRIES = 3
 
 
 def _utcnow() -> dt.datetime:
@@ -47,7 +57,7 @@ class ApprovalLog:
     def _encode_args(self, args: Any) -> tuple[bytes, str]:
         # encode() names the path of a bad value and enforces the size limit; canonical() fixes key order.
         raw = self.codec.encode(args, where="args")
-        return raw, hashlib.sha256(canonical(args)).hexdigest()
+        return raw, args_digest(args)
 
     async def request(
         self,
@@ -67,14 +77,6 @@ class ApprovalLog:
                 raise InvalidArgument(f"expires_at {expires_at.isoformat()} is already past")
         raw, digest = self._encode_args(args)
         approval_id = str(uuid.uuid4())
-        data = self.audit.encode_data(
-            {
-                "approval_id": approval_id,
-                "action": action,
-                "args_hash": digest,
-                "expires_at": None if expires_at is None else expires_at.isoformat(),
-            }
-        )
         async with self.backend.atomic():
             record = await self.backend.create_approval(
                 approval_id,
@@ -85,6 +87,7 @@ class ApprovalLog:
                 requested_by=requested_by,
                 expires_at=expires_at,
             )
+            data = self._entry_data(record, expires_at=None if expires_at is None else expires_at.isoformat())
             await self.backend.append_audit("approval.requested", requested_by, subject, data)
         return record
 
@@ -106,24 +109,32 @@ class ApprovalLog:
             )
             if record is None:
                 await self._refuse(approval_id, "decided", now)
-            data = self.audit.encode_data(
-                {
-                    "approval_id": approval_id,
-                    "action": record.action,
-                    "args_hash": record.args_hash,
-                    "reason": reason,
-                }
-            )
+            data = self._entry_data(record, reason=reason)
             kind = "approval.granted" if granted else "approval.denied"
             await self.backend.append_audit(kind, decided_by, record.subject, data)
         return record
 
     async def check(self, subject: str, action: str, args: Any) -> Approval | None:
-        """A granted, unexpired, unconsumed approval for exactly these ``args``, or None."""
+        """A granted, unexpired, unconsumed approval for exactly these ``args``, or None.
+
+        ``AuditTampered`` if the approval found does not match its audit entries (changed or forged
+        outside statekeel): it is never returned."""
         check_key(subject, "subject")
         check_key(action, "action")
         digest = self.args_hash(args)
-        return await self.backend.find_approval(subject, action, digest, _utcnow())
+        tries = 0
+        while True:
+            found = await self.backend.find_approval(subject, action, digest, _utcnow())
+            if found is None:
+                return None
+            problem = await self._binding_problem(found)
+            if problem is None:
+                return found
+            again = await self.backend.get_approval(found.id)
+            tries += 1
+            if again is None or again.version == found.version or tries == _CHECK_TRIES:
+                raise self._tampered(found, problem)
+            # It changed between the two reads (consumed by another caller, say): look again.
 
     async def consume(self, approval_id: str, by: str) -> Approval:
         """Use a granted approval once: a second use raises ``ConflictError``; a pending, denied or
@@ -135,11 +146,41 @@ class ApprovalLog:
             record = await self.backend.consume_approval(approval_id, by, now)
             if record is None:
                 await self._refuse(approval_id, "consumed", now)
-            data = self.audit.encode_data(
-                {"approval_id": approval_id, "action": record.action, "args_hash": record.args_hash}
+            # The row is ours until commit: judge the grant it was, against its latest entry. A forged or
+            # re-pointed grant raises, and the block rolls the consumption back.
+            granted = dataclasses.replace(
+                record, consumed_by=None, consumed_at=None, version=record.version - 1
             )
+            problem = await self._binding_problem(granted)
+            if problem is not None:
+                raise self._tampered(granted, problem)
+            data = self._entry_data(record)
             await self.backend.append_audit("approval.consumed", by, record.subject, data)
         return record
+
+    def _entry_data(self, record: ApprovalRecord, **extra: Any) -> str:
+        """The data of an approval's audit entry: its binding and the digest of the row as it now is."""
+        return self.audit.encode_data(
+            {
+                "approval_id": record.id,
+                "action": record.action,
+                "args_hash": record.args_hash,
+                "row_hash": approval_digest(record),
+                **extra,
+            }
+        )
+
+    async def _binding_problem(self, record: ApprovalRecord) -> str | None:
+        """Why the approval does not match its latest audit entry, or None."""
+        entry = await self.backend.latest_approval_entry(record.id)
+        return binding_problem(record, entry, self.backend.audit_key)
+
+    def _tampered(self, record: ApprovalRecord, problem: str) -> AuditTampered:
+        return AuditTampered(
+            f"approval {record.id!r} ({record.action} on {record.subject!r}) is not honoured: {problem}",
+            approval_id=record.id,
+            reason=problem,
+        )
 
     async def get(self, approval_id: str) -> Approval | None:
         """The approval, or None if it does not exist."""

@@ -2,56 +2,57 @@
 
 Each entry's ``hash`` covers a canonical encoding of its fields (seq, kind, actor, subject, data,
 created_at in microseconds UTC) and the previous entry's hash. The database refuses UPDATE and DELETE on
-entries (triggers); :meth:`AuditLog.verify` re-walks the chain to catch changes made around them.
+entries (triggers); :meth:`AuditLog.verify` re-walks the chain to catch changes made around them, and checks
+every approval against the digest its latest audit entry recorded (a grant re-pointed at other arguments,
+or forged, with the triggers dropped, no longer matches).
 
     entry = await store.audit.append("tool.call", "agent-7", "task:42", {"tool": "rm", "path": "a.txt"})
     report = await store.audit.verify()
     assert report.ok, report.first_bad_seq
 
-What the chain cannot show on its own: removing the *latest* entries leaves a shorter chain that still
-verifies. Keep ``count`` and the last ``hash`` somewhere else (a log line, another system) to catch that.
+What each mode proves:
+
+- **Without a key** (the default) the chain proves that no entry was changed, removed or inserted *by
+  someone who did not recompute the hashes after it*. The chain has no secret: whoever can write the
+  database can rewrite it whole, consistently, and approvals with it.
+- **With** ``open_store(url, audit_key=...)`` each entry also carries an HMAC of its hash under that key.
+  A rewrite without the key is found: the MACs no longer match, and an entry without one after the first
+  keyed entry is reported. Since each hash covers every entry before it, one valid MAC vouches for the
+  whole chain up to its entry — so when a key is added to a store that already has entries, the first
+  entry appended under the key vouches for the entries before it (until then ``verify()`` reports them as
+  not authenticated). An approval is honoured under a key only if its latest entry carries a valid MAC.
+
+In neither mode can the chain show that its *latest* entries were removed: a shorter chain still verifies.
+Keep ``count`` and the last ``hash`` somewhere else (a log line, another system) to catch that.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .backends.base import AuditRecord, StorageBackend
-from .backends.sql import to_micros
+import orjson
+
+from .backends.base import ApprovalRecord, AuditRecord, StorageBackend
+from .chain import (
+    GENESIS_HASH,
+    approval_digest,
+    approval_entry_kind,
+    args_digest,
+    chain_hash,
+    mac_ok,
+)
 from .codec import Codec, canonical
-from .errors import AuditTampered
+from .errors import AuditTampered, SerializationError
 from .validation import check_aware, check_int, check_key
 
-GENESIS_HASH = "0" * 64
 _VERIFY_PAGE = 1000
-
-
-def chain_hash(
-    seq: int, kind: str, actor: str, subject: str, data: str, created_at: dt.datetime, prev_hash: str
-) -> str:
-    """The hash of one entry: SHA-256 over the canonical JSON of its fields and its predecessor's hash.
-
-    ``data`` is the stored canonical JSON text and ``created_at`` counts in whole microseconds, so the hash
-    is recomputed exactly from what the database holds.
-    """
-    body = {
-        "seq": seq,
-        "kind": kind,
-        "actor": actor,
-        "subject": subject,
-        "data": data,
-        "created_at": to_micros(created_at),
-        "prev_hash": prev_hash,
-    }
-    return hashlib.sha256(canonical(body)).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
-    """One audit entry, its ``data`` decoded."""
+    """One audit entry, its ``data`` decoded; ``mac`` is set when it was appended under an audit key."""
 
     seq: int
     kind: str
@@ -61,16 +62,25 @@ class AuditEntry:
     created_at: dt.datetime
     prev_hash: str
     hash: str
+    mac: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AuditVerification:
-    """The result of :meth:`AuditLog.verify`: ``first_bad_seq`` is None when ``ok``."""
+    """The result of :meth:`AuditLog.verify`: ``first_bad_seq`` is None when ``ok``.
+
+    ``approvals`` counts the approvals checked against their latest entry; ``bad_approvals`` names those
+    that do not match it (changed, forged, or deleted behind the triggers). ``authenticated`` counts the
+    entries whose MAC verified under the store's audit key (0 without a key).
+    """
 
     ok: bool
     count: int
     first_bad_seq: int | None = None
     reason: str | None = None
+    approvals: int = field(default=0, compare=False)
+    bad_approvals: tuple[str, ...] = field(default=(), compare=False)
+    authenticated: int = field(default=0, compare=False)
 
     def raise_if_tampered(self) -> None:
         """Raise :class:`~statekeel.errors.AuditTampered` (with ``first_bad_seq``) unless the chain verified.
@@ -78,11 +88,87 @@ class AuditVerification:
         (await store.audit.verify()).raise_if_tampered()
         """
         if not self.ok:
+            where = (
+                f"the audit chain breaks at seq {self.first_bad_seq}"
+                if self.first_bad_seq is not None
+                else "the audit log does not verify"
+            )
             raise AuditTampered(
-                f"the audit chain breaks at seq {self.first_bad_seq}: {self.reason}",
+                f"{where}: {self.reason}",
                 first_bad_seq=self.first_bad_seq,
                 reason=self.reason,
+                bad_approvals=self.bad_approvals,
             )
+
+
+def entry_problem(record: AuditRecord, key: bytes | None) -> str | None:
+    """Why one entry does not verify on its own (its hash, and its MAC under ``key``), or None."""
+    digest = chain_hash(
+        record.seq,
+        record.kind,
+        record.actor,
+        record.subject,
+        record.data,
+        record.created_at,
+        record.prev_hash,
+    )
+    if digest != record.hash:
+        return f"entry {record.seq} was changed after it was written (its hash does not match its fields)"
+    if key is not None and record.mac is not None and not mac_ok(key, record.hash, record.mac):
+        return (
+            f"entry {record.seq}'s MAC does not verify under the audit key: the entry was rewritten, or "
+            "written under another key"
+        )
+    return None
+
+
+def binding_problem(approval: ApprovalRecord, entry: AuditRecord | None, key: bytes | None) -> str | None:
+    """Why ``approval`` does not match ``entry`` (its latest audit entry), or None when it does.
+
+    Entries written before approvals were bound (no ``row_hash`` in their data) are checked for their kind
+    only; under an audit key the entry must carry a valid MAC.
+    """
+    try:
+        if args_digest(approval.args) != approval.args_hash:
+            return "its arguments do not match their recorded hash"
+    except SerializationError:
+        return "its arguments cannot be encoded"
+    if entry is None:
+        return "it has no audit entry (it was written outside statekeel)"
+    problem = entry_problem(entry, key)
+    if problem is not None:
+        return problem
+    if key is not None and entry.mac is None:
+        return (
+            f"its latest audit entry ({entry.seq}) carries no MAC under the audit key (written without the "
+            "key, or forged); request the approval again"
+        )
+    expected = approval_entry_kind(approval)
+    if entry.kind != expected:
+        return f"it is {_state(approval)} but its latest audit entry ({entry.seq}) is {entry.kind}"
+    row_hash = _row_hash(entry)
+    if row_hash is not None and row_hash != approval_digest(approval):
+        return f"its row differs from the one its audit entry {entry.seq} recorded"
+    return None
+
+
+def _state(approval: ApprovalRecord) -> str:
+    return "consumed" if approval.consumed_at is not None else approval.status
+
+
+def _row_hash(entry: AuditRecord) -> str | None:
+    data = _entry_data(entry)
+    value = data.get("row_hash")
+    return value if isinstance(value, str) else None
+
+
+def _entry_data(entry: AuditRecord) -> dict[str, Any]:
+    # Approval entries hold plain JSON objects (canonical text): no codec tags to restore.
+    try:
+        data = orjson.loads(entry.data)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 class AuditLog:
@@ -102,6 +188,7 @@ class AuditLog:
             created_at=record.created_at,
             prev_hash=record.prev_hash,
             hash=record.hash,
+            mac=record.mac,
         )
 
     def encode_data(self, data: Any) -> str:
@@ -145,19 +232,78 @@ class AuditLog:
 
     async def verify(self) -> AuditVerification:
         """Walk the whole chain: dense seqs from 1, each ``prev_hash`` the previous ``hash``, each ``hash``
-        recomputed from the stored fields. Reports the first seq where that fails."""
+        recomputed from the stored fields (and, with an audit key, each MAC); then check every approval
+        against its latest entry. Reports the first seq where the chain fails, or the approvals that do
+        not match."""
+        key = self.backend.audit_key
         expected_seq, prev_hash, count = 1, GENESIS_HASH, 0
+        authenticated, first_keyed = 0, None
+        latest: dict[str, AuditRecord] = {}
         while True:
             page = await self.backend.read_audit(after_seq=expected_seq - 1, limit=_VERIFY_PAGE)
             for record in page:
-                problem = _check(record, expected_seq, prev_hash)
+                problem = _check(record, expected_seq, prev_hash) or entry_problem(record, key)
+                if problem is None and key is not None:
+                    if record.mac is not None:
+                        authenticated += 1
+                        first_keyed = first_keyed or record.seq
+                    elif first_keyed is not None:
+                        problem = (
+                            f"entry {record.seq} carries no MAC although entry {first_keyed} does: it was "
+                            "appended without the audit key, or its MAC was removed"
+                        )
                 if problem is not None:
-                    return AuditVerification(False, count, expected_seq, problem)
+                    return AuditVerification(False, count, expected_seq, problem, authenticated=authenticated)
+                if record.kind.startswith("approval."):
+                    approval_id = _entry_data(record).get("approval_id")
+                    if isinstance(approval_id, str):
+                        latest[approval_id] = record
                 count += 1
                 expected_seq += 1
                 prev_hash = record.hash
             if len(page) < _VERIFY_PAGE:
-                return AuditVerification(True, count)
+                break
+        if key is not None and count and first_keyed is None:
+            return AuditVerification(
+                False,
+                count,
+                1,
+                "no entry carries a MAC under the audit key: the log was written without it, or its MACs "
+                "were removed. If you trust it as it is, append an entry under the key to vouch for it",
+            )
+        checked, bad = await self._check_approvals(latest, key)
+        if bad:
+            return AuditVerification(
+                False,
+                count,
+                None,
+                f"{len(bad)} approval(s) do not match their audit entries: " + "; ".join(bad.values()),
+                approvals=checked,
+                bad_approvals=tuple(bad),
+                authenticated=authenticated,
+            )
+        return AuditVerification(True, count, approvals=checked, authenticated=authenticated)
+
+    async def _check_approvals(
+        self, latest: dict[str, AuditRecord], key: bytes | None
+    ) -> tuple[int, dict[str, str]]:
+        """Compare every approval row with its latest entry; ``(checked, {approval_id: problem})``."""
+        bad: dict[str, str] = {}
+        seen: set[str] = set()
+        after = ""
+        while True:
+            page = await self.backend.list_approvals(after_id=after, limit=_VERIFY_PAGE)
+            for approval in page:
+                seen.add(approval.id)
+                problem = binding_problem(approval, latest.get(approval.id), key)
+                if problem is not None:
+                    bad[approval.id] = f"approval {approval.id!r}: {problem}"
+            if len(page) < _VERIFY_PAGE:
+                break
+            after = page[-1].id
+        for approval_id in sorted(set(latest) - seen):
+            bad[approval_id] = f"approval {approval_id!r} has audit entries but no longer exists (deleted)"
+        return len(seen), bad
 
 
 def _check(record: AuditRecord, expected_seq: int, prev_hash: str) -> str | None:
@@ -165,15 +311,15 @@ def _check(record: AuditRecord, expected_seq: int, prev_hash: str) -> str | None
         return f"entry {expected_seq} is missing (next stored entry is {record.seq})"
     if record.prev_hash != prev_hash:
         return f"entry {record.seq} does not point to the hash of entry {record.seq - 1}"
-    digest = chain_hash(
-        record.seq,
-        record.kind,
-        record.actor,
-        record.subject,
-        record.data,
-        record.created_at,
-        record.prev_hash,
-    )
-    if digest != record.hash:
-        return f"entry {record.seq} was changed after it was written (its hash does not match its fields)"
     return None
+
+
+__all__ = [
+    "GENESIS_HASH",
+    "AuditEntry",
+    "AuditLog",
+    "AuditVerification",
+    "binding_problem",
+    "chain_hash",
+    "entry_problem",
+]

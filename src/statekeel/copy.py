@@ -76,7 +76,8 @@ async def copy_store(
     ``resume=True`` continues an interrupted copy into the same destination; ``overwrite=True`` empties a
     non-empty destination first. ``on_batch(table, rows_copied_so_far)`` is called after each committed
     batch. Raises ``ConflictError`` for a non-empty destination (neither flag given) and when the counts
-    differ at the end; stores given as URLs are opened (and migrated) and closed again.
+    differ at the end (each message says what to do; no other writer is involved); stores given as URLs
+    are opened (and migrated) and closed again.
     """
     if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
         raise InvalidArgument(f"batch_size must be an int in [1, 100000], got {batch_size!r}")
@@ -148,6 +149,7 @@ async def _compare(
                     "with overwrite=True",
                     table=info.name,
                     row=seen + 1,
+                    hint="",
                 )
             seen += 1
         if not src_page.rows:
@@ -215,6 +217,7 @@ async def _prepare_destination(
             "continue an interrupted copy, or overwrite=True to replace its contents",
             table=first,
             rows=filled[first],
+            hint="",
         )
     if overwrite and filled:
         kept = [info.name for info in infos if info.append_only and info.name in filled]
@@ -225,6 +228,7 @@ async def _prepare_destination(
                 "instead",
                 table=kept[0],
                 rows=filled[kept[0]],
+                hint="",
             )
         async with dst_b.atomic():
             for table in reversed(tables):
@@ -271,5 +275,6 @@ async def _verify_count(src_b: StorageBackend, dst_b: StorageBackend, item: Tabl
             table=item.table,
             source_rows=src_n,
             destination_rows=dst_n,
+            hint="",
         )
     return TableCopy(item.table, item.copied, src_n, dst_n, item.resumed_after)

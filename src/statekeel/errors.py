@@ -18,15 +18,27 @@ from typing import Any
 
 
 class StatekeelError(Exception):
-    """Base class of every statekeel error."""
+    """Base class of every statekeel error.
+
+    The text is the message followed by the class's ``hint`` (what to do), said once: a raise site whose
+    message already says what to do passes its own ``hint`` (``""`` for none). ``message`` is the text
+    without the hint, for an error that quotes another as its cause.
+    """
 
     hint: str = ""
 
     def __init__(self, message: str, **fields: Any) -> None:
+        # ``hint=`` is taken from the keywords (not a named parameter) so that callers passing their
+        # fields as **mapping type-check whatever the mapping holds.
+        hint: str | None = fields.pop("hint", None)
+        self.message = message  # without the hint: for a caller that quotes this error in its own
         self.fields = fields
         for name, value in fields.items():
             setattr(self, name, value)
-        full = f"{message}. {self.hint}" if self.hint and not message.endswith(self.hint) else message
+        if hint is not None:
+            self.hint = hint
+        advice = self.hint
+        full = f"{message}. {advice}" if advice and advice.lower() not in message.lower() else message
         super().__init__(full)
 
 
@@ -42,6 +54,13 @@ class ConflictError(StatekeelError):
     hint = "Another writer changed it first: reload, re-apply your change and retry."
 
 
+class LockTimeout(ConflictError):
+    """Waiting for a lock or lease held by someone else took longer than the timeout. Nothing changed;
+    it is a ``ConflictError`` so that one ``except`` covers "someone else has it"."""
+
+    hint = "Another holder still has it: retry later, or wait longer (a larger timeout)."
+
+
 class InvalidTransition(StatekeelError):
     """A state machine was asked for a transition it does not allow."""
 
@@ -51,7 +70,7 @@ class InvalidTransition(StatekeelError):
 class LeaseLost(StatekeelError):
     """The caller's lease was taken over or expired (a zombie holder)."""
 
-    hint = "Stop working on it: another worker owns it now."
+    hint = "Stop working on it: this worker no longer holds it (another may take it over)."
 
 
 class StepInDoubt(StatekeelError):
@@ -116,19 +135,19 @@ class SchemaTooNew(StatekeelError):
 class MigrationError(StatekeelError):
     """A migration failed or an applied migration differs from the shipped file."""
 
-    hint = "The database was left as it was before the migration; see the cause and the backup."
+    hint = "The database was left as it was; see the cause above."
 
 
 class BackendUnavailable(StatekeelError):
     """The storage backend cannot be reached or cannot write right now."""
 
-    hint = "Check that the database is reachable and writable; acknowledged data is safe."
+    hint = "Check that the database is reachable and writable, then retry."
 
 
 class StorageCorrupt(StatekeelError):
-    """The storage is not a statekeel database or is damaged. It was not modified."""
+    """The storage is not a statekeel database, or it is damaged."""
 
-    hint = "It was not modified. Point statekeel at another path, or restore the file from a backup."
+    hint = "Restore the database from a backup, or point statekeel at another path."
 
 
 class AuditTampered(StatekeelError):
@@ -176,6 +195,7 @@ __all__ = [
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
+    "LockTimeout",
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",

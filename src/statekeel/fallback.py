@@ -6,6 +6,12 @@ messages follow, metadata, status …), then one codec-encoded message per line.
 temporary file, flushed, fsynced, moved over the old one with ``os.replace`` and the directory fsynced, so a
 crash leaves either the old file or the new one, never a torn one. Files are 0600 in a 0700 directory.
 
+Each write puts a fresh random ``write_id`` in the header: a file's *signature*. Writers replace, delete
+or quarantine a file only if it is still the one whose signature they hold (compare-and-swap), checked
+and done under an exclusive ``flock`` of the directory, so that no process ever replaces or deletes a file
+another process wrote in between without reading it. Readers take no lock: a read returns the snapshot
+and the signature of the very file it read.
+
 File names are an injective encoding of the key (``k-`` + lower-case letters, digits and ``-`` kept, every
 other UTF-8 byte as ``_xx``), so ``a:b``, ``a_b`` and ``a/b`` get different files that never leave the
 directory and do not collide on case-insensitive file systems either. A key whose encoding would be too
@@ -20,7 +26,9 @@ extends), so a failed save there raises.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import logging
 import os
@@ -32,9 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from .backends.base import SESSION_STATUSES
 from .codec import Codec
-from .errors import SerializationError, StorageCorrupt
+from .errors import ConflictError, SerializationError, StorageCorrupt
 from .transcripts import role_of
 
 log = logging.getLogger("statekeel.fallback")
@@ -46,6 +56,7 @@ _QUARANTINE_MARK = ".corrupt-"
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-")
 # Linux and macOS allow 255 bytes per name; leave room for the temp and quarantine decorations.
 _MAX_ENCODED = 180
+_PATH_CACHE = 10_000
 # A temp file older than this was left by a crashed writer, not one writing now.
 _STALE_TMP_SECONDS = 600
 
@@ -78,6 +89,16 @@ def default_dir(url: str) -> str | None:
 
 class FallbackCorrupt(StorageCorrupt):
     """A fallback file cannot be read back (a torn or edited line); it gets quarantined."""
+
+
+class FallbackChanged(ConflictError):
+    """The key's fallback file is no longer the one the caller read or wrote: another writer changed it.
+
+    ``current`` is the signature of the file there now (None: there is none)."""
+
+
+# ``FallbackDir.write(snap, replacing=ANY)``: replace whatever file is there (tools and tests only).
+ANY: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +144,16 @@ class FallbackDir:
     def __init__(self, path: str | os.PathLike[str], codec: Codec) -> None:
         self.path = os.fspath(path)
         self.codec = codec
+        # Every load and save checks for its key's file: the path is computed once per key.
+        self._paths: dict[str, str] = {}
 
     def file_for(self, key: str) -> str:
-        return os.path.join(self.path, file_stem(key) + SUFFIX)
+        path = self._paths.get(key)
+        if path is None:
+            if len(self._paths) >= _PATH_CACHE:
+                self._paths.clear()
+            path = self._paths[key] = os.path.join(self.path, file_stem(key) + SUFFIX)
+        return path
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self.file_for(key))
@@ -136,9 +164,10 @@ class FallbackDir:
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.chmod(self.path, 0o700)
 
-    def encode(self, snap: FallbackSnapshot) -> bytes:
+    def encode(self, snap: FallbackSnapshot, write_id: str | None = None) -> bytes:
         header = {
             "statekeel_fallback": FORMAT,
+            "write_id": write_id or secrets.token_hex(16),
             "key": snap.key,
             "base_head": snap.base_head,
             "count": len(snap.messages),
@@ -158,11 +187,31 @@ class FallbackDir:
         ]
         return b"\n".join(lines) + b"\n"
 
-    def write(self, snap: FallbackSnapshot) -> str:
-        """Atomically replace the key's file with ``snap``; the old file survives any failure."""
-        data = self.encode(snap)
+    def write(self, snap: FallbackSnapshot, *, replacing: str | None = ANY) -> str:
+        """Atomically replace the key's file with ``snap``; the old file survives any failure. Returns the
+        path. With ``replacing`` (a signature, or None for "no file"), only if the file there is that one:
+        ``FallbackChanged`` otherwise."""
+        return self.write_signed(snap, replacing=replacing)[0]
+
+    def write_signed(self, snap: FallbackSnapshot, *, replacing: str | None = ANY) -> tuple[str, str]:
+        """:meth:`write`, returning the path and the new file's signature."""
+        write_id = secrets.token_hex(16)
+        data = self.encode(snap, write_id)
         self._ensure_dir()
         target = self.file_for(snap.key)
+        with self._locked():
+            if replacing is not ANY:
+                current = self._signature_at(target)
+                if current != replacing:
+                    raise FallbackChanged(
+                        f"the fallback file of session {snap.key!r} was changed by another writer",
+                        key=snap.key,
+                        current=current,
+                    )
+            self._replace(target, data)
+        return target, write_id
+
+    def _replace(self, target: str, data: bytes) -> None:
         tmp = os.path.join(self.path, f"{_TMP_PREFIX}{secrets.token_hex(6)}-{os.path.basename(target)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -182,7 +231,16 @@ class FallbackDir:
                 pass
             raise
         self._fsync_dir()
-        return target
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the directory's exclusive lock: one compare-and-swap at a time, across processes."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _fsync_dir(self) -> None:
         dfd = os.open(self.path, os.O_RDONLY)
@@ -193,18 +251,28 @@ class FallbackDir:
 
     def read(self, key: str) -> FallbackSnapshot | None:
         """The key's snapshot, or None if it has no file. ``FallbackCorrupt`` if it cannot be read back."""
+        found = self.read_signed(key)
+        return None if found is None else found[0]
+
+    def read_signed(self, key: str) -> tuple[FallbackSnapshot, str] | None:
+        """The key's snapshot and the signature of the file it was read from, or None if it has none."""
         path = self.file_for(key)
         try:
-            snap = self.read_path(path)
+            snap, signature = self.read_path_signed(path)
         except FileNotFoundError:
             return None
         if snap.key != key:
             raise FallbackCorrupt(f"fallback file {path} holds session {snap.key!r}, not {key!r}", path=path)
-        return snap
+        return snap, signature
 
     def read_path(self, path: str) -> FallbackSnapshot:
+        return self.read_path_signed(path)[0]
+
+    def read_path_signed(self, path: str) -> tuple[FallbackSnapshot, str]:
         with open(path, "rb") as fh:
-            return self.parse(path, fh.read())
+            st = os.fstat(fh.fileno())
+            data = fh.read()
+        return self.parse(path, data), _signature(data.split(b"\n", 1)[0], st)
 
     def parse(self, path: str, data: bytes) -> FallbackSnapshot:
         lines = data.split(b"\n")
@@ -258,31 +326,42 @@ class FallbackDir:
             )
         return snap
 
-    def signature(self, key: str) -> tuple[int, int, int] | None:
-        """Identity of the key's current file (inode, size, mtime), to delete only what was read."""
+    def signature(self, key: str) -> str | None:
+        """The signature of the key's current file (None when it has none)."""
+        return self._signature_at(self.file_for(key))
+
+    @staticmethod
+    def _signature_at(path: str) -> str | None:
         try:
-            st = os.stat(self.file_for(key))
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                header = fh.readline()
         except FileNotFoundError:
             return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return _signature(header, st)
 
-    def delete(self, key: str, signature: tuple[int, int, int] | None = None) -> bool:
+    def delete(self, key: str, signature: str | None = None) -> bool:
         """Remove the key's file — only if it is still the one with ``signature``, when given."""
         path = self.file_for(key)
-        if signature is not None and self.signature(key) != signature:
-            return False
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            with self._locked():
+                if signature is not None and self._signature_at(path) != signature:
+                    return False
+                os.unlink(path)
+        except FileNotFoundError:  # no file, or not even the directory
             return False
         self._fsync_dir()
         return True
 
-    def quarantine(self, path: str, reason: str) -> str:
-        """Rename a bad file aside (kept for a human, never read again) and log why."""
+    def quarantine(self, path: str, reason: str, signature: str | None = None) -> str | None:
+        """Rename a bad file aside (kept for a human, never read again) and log why; with ``signature``,
+        only if it is still that file. The new path, or None when it was not renamed."""
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
         target = f"{path}{_QUARANTINE_MARK}{stamp}"
-        os.replace(path, target)
+        with self._locked():
+            if signature is not None and self._signature_at(path) != signature:
+                return None
+            os.replace(path, target)
         self._fsync_dir()
         log.warning("fallback file %s quarantined as %s: %s", path, target, reason)
         return target
@@ -307,4 +386,26 @@ class FallbackDir:
                 yield entry.path
 
 
-__all__ = ["FallbackCorrupt", "FallbackDir", "FallbackSnapshot", "ReplayReport", "default_dir", "file_stem"]
+def _signature(header: bytes, st: os.stat_result) -> str:
+    """A file's signature: the ``write_id`` of its header; for a file without one (written by an older
+    statekeel, or unreadable) its inode, size and modification time."""
+    try:
+        fields = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        fields = None
+    write_id = fields.get("write_id") if isinstance(fields, dict) else None
+    if isinstance(write_id, str) and write_id:
+        return write_id
+    return f"stat:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+__all__ = [
+    "ANY",
+    "FallbackChanged",
+    "FallbackCorrupt",
+    "FallbackDir",
+    "FallbackSnapshot",
+    "ReplayReport",
+    "default_dir",
+    "file_stem",
+]

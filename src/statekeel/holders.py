@@ -1,11 +1,12 @@
 """Who holds a lease, and whether that process is known to be dead.
 
 A lease owner id names the host, the PID namespace, the PID and the process's start time (plus a random
-part, unique per manager). When a lease's holder ran on this host, in this PID namespace, and no process
-with that PID and start time exists any more, the holder is dead for certain and its lease can be taken
-over at once instead of after its expiry (a restarted agent then resumes its sessions immediately). On any
-other host, or when this cannot be read (not Linux, another container), nothing is assumed: the lease
-expires as usual.
+part, unique per manager). When a lease's holder ran on this host, in this PID namespace, and its death is
+proven — the kernel has no process with that PID, or the process with that PID started at another time
+(the PID was reused) — its lease can be taken over at once instead of after its expiry (a restarted agent
+then resumes its sessions immediately). Anything unproven counts as alive: another host, another
+container, or a process whose start time cannot be read (``/proc`` mounted with ``hidepid`` hides other
+users' processes); such a lease expires as usual.
 """
 
 from __future__ import annotations
@@ -52,8 +53,19 @@ def new_owner_id() -> str:
     return _SEP.join((host, ns, str(pid), start, secrets.token_hex(4)))
 
 
+def _no_such_process(pid: int) -> bool:
+    """True only when the kernel says no process has ``pid`` (signal 0 checks, and sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: it exists, as another user's process
+        return False
+    return False
+
+
 def holder_is_dead(owner: str | None) -> bool:
-    """True only when ``owner`` is a process of this host and PID namespace that no longer runs."""
+    """True only when ``owner`` is a process of this host and PID namespace whose death is proven."""
     if not owner:
         return False
     parts = owner.split(_SEP)
@@ -63,5 +75,11 @@ def holder_is_dead(owner: str | None) -> bool:
     here_host, here_ns, _, _ = _this_process()
     if host != here_host or not ns or ns != here_ns or not pid_text.isdigit() or not start:
         return False
-    current = _start_time(int(pid_text))
-    return current is None or current != start
+    pid = int(pid_text)
+    if pid <= 0:
+        return False
+    if _no_such_process(pid):
+        return True
+    current = _start_time(pid)
+    # Unreadable (hidepid, a race with its exit): not proven, so alive. Another start time: PID reused.
+    return current is not None and current != start

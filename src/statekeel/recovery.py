@@ -2,7 +2,12 @@
 
 One pass, idempotent (a second run finds nothing to repair):
 
-1. schema version and the storage engine's integrity check; the audit chain is verified;
+1. schema version and the storage engine's integrity check. When the check finds damaged pages (SQLite),
+   the damage is assessed table by table — which rows no longer read, by key — and reported with what to
+   do; a damaged index is rebuilt from its rows (nothing is lost). The rest of recovery goes on with
+   what reads; a step that meets a damaged page is listed in ``skipped``. Incidents statekeel recorded
+   about its storage (a WAL file deleted before its commits were checkpointed) are reported until
+   acknowledged. The audit chain and the approvals bound to it are verified;
 2. fallback files written while the backend was down are replayed into it;
 3. sessions whose tool calls have no result get an explicit interrupted result per call, in the
    transcript's own format (OpenAI chat, OpenAI Responses, Anthropic), so the next LLM call is valid —
@@ -15,7 +20,8 @@ One pass, idempotent (a second run finds nothing to repair):
    open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
 6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
 
-With ``repair=False`` nothing is written; the report says what a repair would do.
+With ``repair=False`` nothing is written; the report says what a repair would do. Arguments are checked
+before anything is read or written. ``recover()`` raises only when the store cannot be read at all.
 
     report = await store.recover()
     for step in report.steps_in_doubt:
@@ -26,24 +32,30 @@ With ``repair=False`` nothing is written; the report says what a repair would do
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import InvalidArgument, StorageCorrupt
 from .transcripts import INTERRUPTED_TEXT
+from .validation import check_aware
 
 if TYPE_CHECKING:
     from .approvals import Approval
     from .audit import AuditVerification
-    from .backends.base import Contradiction, Drift, SessionStepRecord, StepRecord
+    from .backends.base import Contradiction, Damage, Drift, Incident, SessionStepRecord, StepRecord
     from .fallback import ReplayReport
     from .store import Store
     from .tasks import Task
     from .workflows import Workflow
 
 log = logging.getLogger("statekeel.recovery")
+
+T = TypeVar("T")
 
 INTERRUPTED_CONTENT = INTERRUPTED_TEXT
 _PAGE = 500
@@ -75,12 +87,26 @@ class RecoveryReport:
     drifted_files: list[Drift] = field(default_factory=list)  # only when recover() was given files_root
     traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
     repaired: bool = True
+    # Tables with damaged pages: which rows no longer read (SQLite); damaged indexes rebuilt by this run.
+    damage: list[Damage] = field(default_factory=list)
+    indexes_rebuilt: list[str] = field(default_factory=list)
+    # A copy of the database with every index rebuilt, when they could not be rebuilt in place.
+    rebuilt_copy: str | None = None
+    # Damage statekeel recorded about its storage and nobody acknowledged (e.g. a deleted WAL file).
+    incidents: list[Incident] = field(default_factory=list)
+    # Recovery steps that met a damaged page, with the error; the others ran on what reads.
+    skipped: dict[str, str] = field(default_factory=dict)
+    # What to do about what was found, one sentence per problem.
+    advice: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """The store is whole: nothing corrupt, tampered or left in the fallback directory."""
+        """The store is whole: nothing damaged, lost, tampered or left in the fallback directory."""
         return (
             not self.integrity_problems
+            and not self.damage
+            and not self.incidents
+            and not self.skipped
             and not self.sessions_failed
             and (self.audit is None or self.audit.ok)
             and (self.fallback is None or self.fallback.ok)
@@ -107,6 +133,11 @@ class RecoveryReport:
             "open_contradictions": len(self.open_contradictions),
             "drifted_files": len(self.drifted_files),
             "traces_dropped": self.traces_dropped,
+            "damaged_tables": len(self.damage),
+            "unreadable_rows": sum(len(d.unreadable) for d in self.damage),
+            "indexes_rebuilt": len(self.indexes_rebuilt),
+            "incidents": len(self.incidents),
+            "skipped": len(self.skipped),
         }
 
 
@@ -131,6 +162,72 @@ async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
         cursor = page.next_cursor
 
 
+async def _guarded(report: RecoveryReport, step: str, run: Callable[[], Awaitable[T]], default: T) -> T:
+    """Run one recovery step; a damaged page it meets is reported in ``skipped`` and the others go on."""
+    try:
+        return await run()
+    except StorageCorrupt as exc:
+        log.warning("recovery step %s met damaged storage: %s", step, exc)
+        report.skipped[step] = exc.message
+        return default
+
+
+async def _assess_damage(store: Store, report: RecoveryReport, repair: bool) -> None:
+    """Name what the integrity check's problems cost, and rebuild damaged indexes (no data is lost)."""
+    backend = store.backend
+    report.damage = await backend.scan_damage()
+    indexes = [d.table for d in report.damage if d.index_only]
+    if repair and indexes and not any(not d.index_only for d in report.damage):
+        copy = await backend.rebuild_indexes(indexes)
+        if copy is not None:
+            report.rebuilt_copy = copy
+            return
+        report.indexes_rebuilt = indexes
+        report.integrity_problems = await backend.integrity_check()
+        report.damage = [d for d in report.damage if not d.index_only]
+
+
+def _advice(store: Store, report: RecoveryReport) -> list[str]:
+    advice: list[str] = []
+    path = getattr(store.backend, "path", None) or store.url
+    lost = [d for d in report.damage if not d.index_only]
+    if lost or (report.integrity_problems and not report.damage) or report.skipped:
+        rows = sum(len(d.unreadable) for d in lost)
+        where = ", ".join(d.table for d in lost) or "the database"
+        count = f"{rows} row(s)" + ("" if all(d.complete for d in lost) else " or more")
+        advice.append(
+            f"{count} of {where} cannot be read (listed in report.damage). Stop the agents using "
+            f"{path}, then restore it from a backup (statekeel backup), or rebuild it into a new file with "
+            f"sqlite3 (sqlite3 {path} .recover | sqlite3 new.db) and open that; the unreadable rows are "
+            "lost unless the backup holds them"
+        )
+    indexes = [d.table for d in report.damage if d.index_only]
+    if report.rebuilt_copy is not None:
+        advice.append(
+            f"indexes of {', '.join(indexes)} are damaged but every row reads; their pages could not be "
+            f"replaced in place, so a copy with every index rebuilt was written to {report.rebuilt_copy}: "
+            f"stop the agents, then move it over {path} (keep the old file until you have checked)"
+        )
+    elif indexes:
+        advice.append(
+            f"indexes of {', '.join(indexes)} are damaged but every row reads: recover() (repair=True) "
+            "rebuilds them, losing nothing"
+            + ("" if not lost else ", once the unreadable rows are dealt with")
+        )
+    for incident in report.incidents:
+        todo = incident.detail.get("what_to_do", "") if isinstance(incident.detail, dict) else ""
+        advice.append(
+            f"incident {incident.id} ({incident.kind}, {incident.detected_at.isoformat()}): {todo} "
+            f"Then call store.acknowledge_incident({incident.id}, by=...)".strip()
+        )
+    if report.audit is not None and not report.audit.ok:
+        advice.append(
+            f"the audit log does not verify ({report.audit.reason}): treat its entries and approvals as "
+            "untrusted and investigate who changed the database"
+        )
+    return advice
+
+
 async def recover(
     store: Store,
     *,
@@ -139,25 +236,40 @@ async def recover(
     files_root: str | os.PathLike[str] | None = None,
 ) -> RecoveryReport:
     """See the module docstring. Raises only when the backend cannot be read at all."""
-    when = dt.datetime.now(dt.UTC) if now is None else now
+    if type(repair) is not bool:
+        raise InvalidArgument(f"repair must be True or False, got {repair!r}")
+    when = dt.datetime.now(dt.UTC) if now is None else check_aware(now, "now")
+    if files_root is not None:
+        root = os.fspath(files_root) if isinstance(files_root, os.PathLike) else files_root
+        if type(root) is not str or not await asyncio.to_thread(os.path.isdir, root):
+            raise InvalidArgument(f"files_root must name an existing directory, got {files_root!r}")
     report = RecoveryReport(repaired=repair)
-    report.schema_version = await store.backend.schema_version()
-    report.integrity_problems = await store.backend.integrity_check()
-    report.audit = await store.audit.verify()
+    backend = store.backend
+    report.schema_version = await backend.schema_version()
+    report.integrity_problems = await backend.integrity_check()
+    if report.integrity_problems:
+        await _guarded(report, "damage", lambda: _assess_damage(store, report, repair), None)
+    report.incidents = await _guarded(report, "incidents", backend.list_incidents, [])
+    report.audit = await _guarded(report, "audit", store.audit.verify, None)
     if repair:
-        report.fallback = await store.sessions.replay_fallback()
-    await _repair_sessions(store, report, repair, when)
+        report.fallback = await _guarded(report, "fallback", store.sessions.replay_fallback, None)
+    await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
     if repair:
-        report.interrupted_tasks = await store.tasks.expire_leases(now=when)
+        report.interrupted_tasks = await _guarded(
+            report, "tasks", lambda: store.tasks.expire_leases(now=when), []
+        )
     else:
-        report.interrupted_tasks = await _expired_leases(store, when)
-    report.steps_in_doubt = await store.tasks.steps_in_doubt(now=when)
-    report.pending_approvals = await store.approvals.pending(limit=1000)
-    report.unfinished_workflows = await store.workflows.unfinished()
-    report.open_contradictions = await store.memory.open_contradictions()
+        report.interrupted_tasks = await _guarded(report, "tasks", lambda: _expired_leases(store, when), [])
+    report.steps_in_doubt = await _guarded(report, "steps", lambda: store.tasks.steps_in_doubt(now=when), [])
+    report.pending_approvals = await _guarded(
+        report, "approvals", lambda: store.approvals.pending(limit=1000), []
+    )
+    report.unfinished_workflows = await _guarded(report, "workflows", store.workflows.unfinished, [])
+    report.traces_dropped = await _guarded(report, "traces", store.traces.total_dropped, 0)
+    report.open_contradictions = await _guarded(report, "memory", store.memory.open_contradictions, [])
     if files_root is not None:
         report.drifted_files = await store.files.check(files_root)
-    report.traces_dropped = await store.traces.total_dropped()
+    report.advice = _advice(store, report)
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())
     return report

@@ -20,9 +20,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .approvals import ApprovalLog
 from .audit import AuditLog
-from .backends.base import DatabaseFiles, MigrationInfo, StateCounts, StorageBackend
+from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
-from .errors import InvalidArgument, StorageCorrupt
+from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
 from .memory import MemoryStore
@@ -30,7 +31,7 @@ from .recovery import RecoveryReport, recover
 from .sessions import SessionManager
 from .tasks import TaskManager
 from .traces import TraceLog
-from .validation import check_int
+from .validation import check_int, check_key
 from .workflows import WorkflowEngine
 
 
@@ -45,6 +46,7 @@ class StoreOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     encryption_key: bytes | None = None
     migrate: bool = True
+    audit_key: bytes | None = None
 
     def __post_init__(self) -> None:
         check_int(self.cache_size, "cache_size", minimum=1)
@@ -60,6 +62,14 @@ class StoreOptions:
             raise InvalidArgument(
                 "encryption_key is not supported by this version of statekeel; open the store without it"
             )
+        if self.audit_key is not None and (
+            type(self.audit_key) is not bytes or len(self.audit_key) < MIN_AUDIT_KEY_BYTES
+        ):
+            raise InvalidArgument(
+                f"audit_key must be bytes of at least {MIN_AUDIT_KEY_BYTES} (e.g. os.urandom(32)), got "
+                f"{type(self.audit_key).__name__}"
+                + (f" of {len(self.audit_key)} bytes" if isinstance(self.audit_key, bytes) else "")
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +81,9 @@ class StoreInfo:
     not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
     ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
     ``fallback_files`` counts session fallback files waiting to be replayed. ``integrity`` lists the
-    problems the storage engine's check found (empty when healthy; None when not checked).
+    problems the storage engine's check found (empty when healthy; None when not checked). ``incidents``
+    lists damage statekeel noticed in its own storage and nobody has acknowledged yet (e.g. a WAL file
+    deleted before its commits were checkpointed: writes were lost).
     """
 
     url: str
@@ -84,11 +96,18 @@ class StoreInfo:
     fallback_dir: str | None
     fallback_files: int
     integrity: tuple[str, ...] | None
+    incidents: tuple[Incident, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """The integrity check ran and found nothing, no migration is pending and no fallback file waits."""
-        return self.integrity == () and not self.pending_migrations and self.fallback_files == 0
+        """The integrity check ran and found nothing, no migration is pending, no fallback file waits and
+        no incident is unacknowledged."""
+        return (
+            self.integrity == ()
+            and not self.pending_migrations
+            and self.fallback_files == 0
+            and not self.incidents
+        )
 
 
 def redact_url(url: str) -> str:
@@ -135,6 +154,12 @@ def sqlite_path(url: str) -> str | None:
 
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
     """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
+    backend = _backend_for(url, options, codec)
+    backend.audit_key = options.audit_key
+    return backend
+
+
+def _backend_for(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
     if not isinstance(url, str):
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
     scheme = urlsplit(url).scheme
@@ -203,6 +228,31 @@ class Store:
         """
         return await recover(self, repair=repair, now=now, files_root=files_root)
 
+    async def incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
+        """Damage statekeel noticed in its own storage (oldest first): those nobody acknowledged yet, or all.
+
+        for incident in await store.incidents():
+            print(incident.kind, incident.detail["what_to_do"])
+        """
+        if type(include_acknowledged) is not bool:
+            raise InvalidArgument(f"include_acknowledged must be True or False, got {include_acknowledged!r}")
+        return await self.backend.list_incidents(include_acknowledged=include_acknowledged)
+
+    async def acknowledge_incident(self, incident_id: int, by: str) -> Incident:
+        """Record that ``by`` has dealt with an incident: ``recover()`` and ``info()`` stop reporting it.
+
+        ``NotFound`` when there is no such unacknowledged incident."""
+        check_int(incident_id, "incident_id", minimum=1)
+        check_key(by, "by")
+        done = await self.backend.acknowledge_incident(incident_id, by)
+        if done is None:
+            raise NotFound(
+                f"there is no unacknowledged incident {incident_id}; list them with store.incidents()",
+                incident_id=incident_id,
+                hint="",
+            )
+        return done
+
     async def info(self, *, check_integrity: bool = True) -> StoreInfo:
         """Schema and health facts: schema version and migrations, counts per state kind, file sizes,
         fallback files waiting, and the integrity check (skipped with ``check_integrity=False``: on SQLite
@@ -238,6 +288,7 @@ class Store:
             fallback_dir=None if fallback is None else fallback.path,
             fallback_files=waiting,
             integrity=problems,
+            incidents=tuple(await backend.list_incidents()),
         )
 
     async def close(self) -> None:
@@ -292,6 +343,7 @@ def open_store(
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     encryption_key: bytes | None = None,
     migrate: bool = True,
+    audit_key: bytes | None = None,
 ) -> _Opener:
     """Open (creating and migrating if needed) the store at ``url``.
 
@@ -301,6 +353,11 @@ def open_store(
 
     ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
     and is left as it was (for tools that inspect a store shared with agents of another version).
+
+    ``audit_key`` (bytes, at least 16; keep it outside the database) authenticates the audit log: every
+    entry appended gets an HMAC of its hash, and ``audit.verify()`` / ``recover()`` then detect a rewrite
+    of the whole chain too. Every process writing the store must use the same key. See
+    :mod:`statekeel.audit` for what each mode proves.
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,
@@ -310,6 +367,7 @@ def open_store(
         max_record_bytes=max_record_bytes,
         encryption_key=encryption_key,
         migrate=migrate,
+        audit_key=audit_key,
     )
     if not isinstance(url, str):  # here, not at the await: a bad call fails where it is made
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")

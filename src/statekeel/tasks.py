@@ -254,7 +254,8 @@ class TaskManager:
         conditional UPDATE (``ConflictError`` if it changed meanwhile, or is not at ``expected_version``).
 
         A worker passes its ``lease_epoch`` (and ``worker_id``) from :meth:`claim`: if the task was taken
-        over or its lease expired since, the transition is refused with ``LeaseLost`` (fencing).
+        over or its lease expired since (by this process's clock, whether or not :meth:`expire_leases` ran),
+        the transition is refused with ``LeaseLost`` (fencing).
         Moving a task to running here (not by :meth:`claim`) starts a new ``lease_epoch`` with no owner, so
         whoever held it before is fenced out; the returned task carries the new epoch.
         """
@@ -269,9 +270,11 @@ class TaskManager:
         result_raw = None if result is None else self.codec.encode(result, where="result")
         error_raw = None if error is None else self.codec.encode(error, where="error")
         tries = 1 if expected_version is not None else _TRANSITION_TRIES
+        fenced = worker_id is not None or lease_epoch is not None
         for _ in range(tries):
             current = await self._require(task_id)
-            _check_fence(current, worker_id, lease_epoch)
+            now = _utcnow()
+            _check_fence(current, worker_id, lease_epoch, now)
             if expected_version is not None and current.version != expected_version:
                 raise ConflictError(
                     f"task {task_id!r} is at version {current.version}, not the expected {expected_version}",
@@ -279,14 +282,18 @@ class TaskManager:
                     expected=expected_version,
                     current=current.version,
                 )
-            change = plan_transition(current, new_status, result=result_raw, error=error_raw)
+            change = plan_transition(current, new_status, result=result_raw, error=error_raw, now=now)
             updated = await self.backend.update_task(
-                task_id, expected_status=current.status, expected_version=current.version, change=change
+                task_id,
+                expected_status=current.status,
+                expected_version=current.version,
+                change=change,
+                lease_valid_at=now if fenced else None,
             )
             if updated is not None:
                 return updated
         latest = await self._require(task_id)
-        _check_fence(latest, worker_id, lease_epoch)
+        _check_fence(latest, worker_id, lease_epoch, _utcnow())
         raise ConflictError(
             f"task {task_id!r} changed while moving it to {new_status} (now {latest.status}, version "
             f"{latest.version})",
@@ -312,17 +319,21 @@ class TaskManager:
     async def heartbeat(
         self, task_id: str, worker_id: str, lease_epoch: int, *, lease_seconds: float = 30
     ) -> Task:
-        """Extend the lease by ``lease_seconds`` from now, only for the worker and epoch that hold it:
-        ``LeaseLost`` otherwise (the task was taken over, expired to interrupted, or finished)."""
+        """Extend the lease by ``lease_seconds`` from now, only for the worker and epoch that hold it and
+        only while it lasts: ``LeaseLost`` otherwise (the task was taken over, finished, or its lease
+        expired — by this process's clock, whether or not :meth:`expire_leases` ran)."""
         check_key(task_id, "task_id")
         check_key(worker_id, "worker_id")
         check_int(lease_epoch, "lease_epoch", minimum=1)
         seconds = check_lease_seconds(lease_seconds)
-        expires = _utcnow() + dt.timedelta(seconds=seconds)
-        task = await self.backend.heartbeat_task(task_id, worker_id, lease_epoch, lease_expires_at=expires)
+        now = _utcnow()
+        expires = now + dt.timedelta(seconds=seconds)
+        task = await self.backend.heartbeat_task(
+            task_id, worker_id, lease_epoch, lease_expires_at=expires, now=now
+        )
         if task is None:
             current = await self._require(task_id)
-            _check_fence(current, worker_id, lease_epoch)
+            _check_fence(current, worker_id, lease_epoch, now)
             raise LeaseLost(f"task {task_id!r}: the lease of {worker_id!r} at epoch {lease_epoch} is gone")
         return task
 
@@ -349,8 +360,9 @@ class TaskManager:
         (the process died in between) is re-run if ``idempotent``; else ``StepInDoubt`` is raised, carrying
         the record, until :meth:`resolve_step` settles it. The result is returned as stored (decoded).
 
-        A worker passes its ``lease_epoch`` from :meth:`claim`: once its lease was taken over or expired,
-        ``LeaseLost`` is raised before anything is recorded or run (even for a step that already succeeded).
+        A worker passes its ``lease_epoch`` from :meth:`claim`: once its lease was taken over or expired (by
+        this process's clock, whether or not :meth:`expire_leases` ran), ``LeaseLost`` is raised before
+        anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
         """
@@ -433,7 +445,11 @@ class _TaskStep:
 
     async def begin(self) -> tuple[StepRecord, bool]:
         return await self.backend.begin_step(
-            self.task_id, self.step_key, rerun_started=self.idempotent, lease_epoch=self.lease_epoch
+            self.task_id,
+            self.step_key,
+            rerun_started=self.idempotent,
+            lease_epoch=self.lease_epoch,
+            now=_utcnow(),
         )
 
     def recorded(self, record: StepRecord) -> Any:
@@ -480,7 +496,9 @@ class _TaskStep:
         return self.codec.decode(raw)
 
 
-def _check_fence(current: TaskRecord, worker_id: str | None, lease_epoch: int | None) -> None:
+def _check_fence(
+    current: TaskRecord, worker_id: str | None, lease_epoch: int | None, now: dt.datetime
+) -> None:
     if worker_id is None and lease_epoch is None:
         return
     if (
@@ -488,7 +506,18 @@ def _check_fence(current: TaskRecord, worker_id: str | None, lease_epoch: int | 
         and (lease_epoch is None or current.lease_epoch == lease_epoch)
         and (worker_id is None or current.lease_owner == worker_id)
     ):
-        return
+        expires = current.lease_expires_at
+        if expires is None or expires > now:
+            return
+        raise LeaseLost(
+            f"task {current.id!r}: the lease of {current.lease_owner!r} at epoch {current.lease_epoch} "
+            f"expired at {expires.isoformat()}",
+            task_id=current.id,
+            owner=current.lease_owner,
+            lease_epoch=current.lease_epoch,
+            status=current.status,
+            expired_at=expires,
+        )
     raise LeaseLost(
         f"task {current.id!r} is {current.status} under {current.lease_owner!r} at lease epoch "
         f"{current.lease_epoch}; the caller ({worker_id!r}, epoch {lease_epoch}) no longer holds it",

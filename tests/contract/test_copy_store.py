@@ -50,14 +50,9 @@ async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5
     for n in range(5):
         await audit.append("tool_call", "agent-1", f"task-{n % 2}", {"n": n, "args": [1, 2.5, "x"]})
     now = dt.datetime.now(dt.UTC)
-    await b.create_approval(
-        "ap-1",
-        subject="deploy",
-        action="push",
-        args=store.codec.encode({"branch": "main"}),
-        args_hash="h1",
-        requested_by="agent-1",
-        expires_at=now + dt.timedelta(hours=1),
+    # Through the manager: an approval is bound to its audit entry, which the copy must carry along.
+    await store.approvals.request(
+        "deploy", "push", {"branch": "main"}, "agent-1", expires_at=now + dt.timedelta(hours=1)
     )
     start = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
     store.traces.record("trace-é", {"span_id": "root", "name": "agent", "kind": "agent", "started_at": start})
@@ -115,7 +110,7 @@ async def _assert_same(src: statekeel.Store, dst: statekeel.Store) -> None:
     child = await dst.backend.get_task("a-child")
     assert child is not None and child.parent_task_id == "z-parent"
     verification = await AuditLog(dst.backend, dst.codec).verify()
-    assert verification.ok and verification.count == 5
+    assert verification.ok and verification.count == 6 and verification.approvals == 1
     spans = await dst.backend.read_trace("trace-é")
     assert len(spans) == 7 and spans == await src.backend.read_trace("trace-é")
     assert await dst.backend.spans_dropped() == 3
@@ -376,8 +371,9 @@ async def test_copy_between_two_distinct_sqlite_files_is_verified(tmp_path: Path
 
 # Tables that copy_store deliberately leaves out: the schema record (the destination has its own), session
 # leases and the heartbeats of processes with waiting tool calls (held by live processes of the source,
-# meaningless in another store).
-NOT_COPIED = {"schema_migrations", "session_leases", "owner_heartbeats"}
+# meaningless in another store). Incidents describe the physical store they happened to (a SQLite WAL file
+# lost): they stay with it.
+NOT_COPIED = {"schema_migrations", "session_leases", "owner_heartbeats", "store_incidents"}
 
 
 def _sqlite_tables(path: str) -> set[str]:

@@ -8,6 +8,8 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import statekeel
 from statekeel.recovery import INTERRUPTED_CONTENT
 
@@ -152,3 +154,26 @@ async def test_recover_lists_open_contradictions_and_files_that_drifted(
     assert report.ok  # both need a decision, neither is damage
     without_root = await store.recover(repair=False)
     assert without_root.drifted_files == [] and len(without_root.open_contradictions) == 1
+
+
+async def test_recover_checks_every_argument_before_writing_anything(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    await store.tasks.create("build", status="queued")
+    claimed = await store.tasks.claim("w1", lease_seconds=1)
+    assert claimed is not None
+    bad_arguments: list[dict[str, object]] = [
+        {"now": "2026-01-01T00:00:00Z"},
+        {"now": dt.datetime(2099, 1, 1)},  # naive: whose clock?
+        {"now": 1767225600},
+        {"repair": "yes"},
+        {"repair": None},
+    ]
+    for bad in bad_arguments:
+        with pytest.raises(statekeel.InvalidArgument):
+            await store.recover(**bad)  # type: ignore[arg-type]
+    # Nothing was repaired: the orphaned call is unanswered, the expired task still running.
+    assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]
+    assert (await store.tasks.get(claimed.id)).status == "running"  # type: ignore[union-attr]
+    report = await store.recover(now=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+    assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
+    assert [t.id for t in report.interrupted_tasks] == [claimed.id]

@@ -269,3 +269,45 @@ async def test_a_nan_lock_timeout_is_refused_and_the_lock_stays_free(store: stat
     assert not lock.locked()
     async with store.sessions.open("k", timeout=1) as s:  # still usable
         s.add_message("user", "x")
+
+
+async def test_a_lock_taken_inside_an_atomic_block_keeps_renewing_its_lease_after_the_block(
+    store: statekeel.Store,
+) -> None:
+    mine = store.sessions
+    mine.lease_seconds = 0.3
+    lock = mine.lock("s")
+    async with store.backend.atomic():
+        await lock.acquire()  # the lease is written in the caller's transaction; its renewals are not
+    try:
+        first = await store.backend.read_session_lease("s")
+        assert first is not None and first.owner == mine.owner_id
+        async with asyncio.timeout(10):  # renewed well past the first expiry, by its own transactions
+            while True:
+                now = await store.backend.read_session_lease("s")
+                assert now is not None and now.token == first.token
+                if (now.expires_at - first.expires_at).total_seconds() >= 0.6:
+                    break
+                await asyncio.sleep(0.05)
+        with pytest.raises(statekeel.ConflictError):
+            await second_manager(store).lock("s").acquire(timeout=0.1)
+    finally:
+        await lock.release()
+
+
+async def test_a_lock_wait_that_times_out_says_the_session_is_busy_not_that_it_changed(
+    store: statekeel.Store,
+) -> None:
+    mine = store.sessions
+    theirs = second_manager(store)
+    async with mine.lock("s"):
+        with pytest.raises(statekeel.ConflictError) as across:  # still caught as a ConflictError
+            await theirs.lock("s").acquire(timeout=0.05)
+        with pytest.raises(statekeel.ConflictError) as within:  # another task of this process
+            await asyncio.create_task(mine.lock("s").acquire(timeout=0.05))
+    for info in (across, within):
+        assert isinstance(info.value, statekeel.LockTimeout)
+        assert info.value.key == "s"
+        text = str(info.value)
+        assert "changed it first" not in text and "reload" not in text
+        assert "timeout" in text

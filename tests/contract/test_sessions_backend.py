@@ -341,3 +341,55 @@ async def test_concurrent_operations_inside_an_atomic_block_that_fails_all_roll_
             raise Boom
     for i in range(8):
         assert await b.load_session(f"s{i}") is None
+
+
+@pytest.mark.postgres
+async def test_postgres_archive_locks_the_session_row_it_checked(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncpg
+
+    from statekeel.backends.postgres.backend import PgTx
+
+    async with statekeel.open_store(pg_migrated) as store:
+        b = store.backend
+        await _fill(store, "s", 4)
+        checked, resume = asyncio.Event(), asyncio.Event()
+        fetchone = PgTx.fetchone
+
+        async def pause_after_the_first_row_read(self: PgTx, name: str, *args: Any) -> Any:
+            row = await fetchone(self, name, *args)
+            if not checked.is_set():
+                checked.set()  # the archive has read (and checked) the session row
+                await resume.wait()
+            return row
+
+        monkeypatch.setattr(PgTx, "fetchone", pause_after_the_first_row_read)
+        archive = asyncio.create_task(
+            b.archive_messages("s", compression_id="c1", upto_seq=3, summary="old", expected_consolidated=0)
+        )
+        await checked.wait()
+        monkeypatch.undo()
+
+        async def delete_and_create_again() -> None:
+            await b.delete_session("s")
+            await b.append_messages("s", 0, [message(store, f"new-{i}") for i in range(4)], create=True)
+
+        recreate = asyncio.create_task(delete_and_create_again())
+        watcher = await asyncpg.connect(pg_migrated)
+        try:
+            async with asyncio.timeout(10):  # until it is done, or waits for the row the archive locked
+                while not recreate.done() and not await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                ):
+                    await asyncio.sleep(0.01)
+        finally:
+            await watcher.close()
+        resume.set()
+        await archive  # the old session's compression, applied to the old session
+        await recreate
+        record = await b.load_session("s")
+        assert record is not None and (record.head_seq, record.last_consolidated) == (4, 0)
+        assert _contents(await b.read_messages("s")) == [f"new-{i}" for i in range(4)]
+        assert await b.read_archive("s") == []

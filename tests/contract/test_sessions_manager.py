@@ -3,9 +3,11 @@ the cache, sessions deleted and created again under one key, and bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -588,3 +590,150 @@ async def test_a_compression_summary_every_backend_cannot_store_is_refused_befor
     assert await sm.archived("k") == []
     await sm.compress("k", 2, "")  # an empty summary is still allowed; the store is usable
     assert await stored_contents(store, "k") == ["a", "b", "c"]
+
+
+# --- other writers and atomic() blocks: no acknowledged write lost -----------------------------------------
+
+
+async def changed_elsewhere(store: statekeel.Store, key: str, change: Callable[[Session], Any]) -> None:
+    """Another writer (its own manager, as another process would have) loads the session, changes it and
+    saves it."""
+    other = SessionManager(store.backend, store.codec)
+    theirs = await other.load(key)
+    assert theirs is not None
+    change(theirs)
+    await other.save(theirs)
+
+
+async def test_compress_after_another_writer_appended_never_drops_an_unsaved_message(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 5)
+    s.add_message("user", "unsaved")
+    await changed_elsewhere(store, "s", lambda t: [t.add_message("user", f"t-{i}") for i in range(2)])
+    await sm.compress("s", 7, "seven messages")
+    assert [m["content"] for m in s.unsaved()] == ["unsaved"]  # still there, still unsaved
+    with pytest.raises(statekeel.ConflictError):
+        await sm.save(s)  # another writer moved the head: a conflict, never a silent no-op
+    again = await sm.load("s")
+    assert again is not None and again is not s and again.last_consolidated == 7
+    again.add_message("user", "unsaved")
+    await sm.save(again)
+    assert await stored_contents(store, "s") == [f"s-{i}" for i in range(5)] + ["t-0", "t-1", "unsaved"]
+
+
+async def test_a_save_inside_a_rolled_back_atomic_block_leaves_its_messages_unsaved(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 1)
+    with pytest.raises(RuntimeError):
+        async with store.backend.atomic():
+            async with store.backend.atomic():  # a nested block settles with the outermost one
+                s.add_message("user", "in the block")
+                await sm.save(s)
+            assert s.unsaved() == []  # saved, as far as the rest of the block can tell
+            s.metadata["topic"] = "rolled back"
+            await sm.save(s)
+            raise RuntimeError("the block fails after the saves")
+    assert [m["content"] for m in s.unsaved()] == ["in the block"] and s.saved_head == 1
+    assert s.is_dirty() and s.metadata == {"topic": "rolled back"}
+    assert await stored_contents(store, "s") == ["s-0"]
+    await sm.save(s)  # the next save writes what the block's rollback took back
+    assert await stored_contents(store, "s") == ["s-0", "in the block"]
+    record = await store.backend.load_session("s")
+    assert record is not None and record.metadata == {"topic": "rolled back"}
+    # A session created inside a rolled-back block is created by the next save.
+    fresh = await sm.get_or_create("new")
+    with pytest.raises(RuntimeError):
+        async with store.backend.atomic():
+            fresh.add_message("user", "first")
+            await sm.save(fresh)
+            raise RuntimeError("rolled back")
+    assert await store.backend.load_session("new") is None
+    await sm.save(fresh)
+    assert await stored_contents(store, "new") == ["first"]
+    # A block that commits settles its saves.
+    async with store.backend.atomic():
+        s.add_message("user", "committed")
+        await sm.save(s)
+    assert s.unsaved() == [] and s.saved_head == 3
+
+
+@pytest.mark.parametrize("ours", ["save", "compress", "expire"])
+async def test_another_writers_metadata_change_is_seen_after_our_next_write_and_never_overwritten(
+    store: statekeel.Store, ours: str
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 2)
+    await changed_elsewhere(store, "s", lambda t: t.metadata.update(topic="theirs"))
+    if ours == "save":
+        s.add_message("user", "mine")
+        await sm.save(s)
+    elif ours == "compress":
+        await sm.compress("s", 1, "first")
+    else:
+        await sm.expire("s")
+    mine = await sm.load("s")
+    assert mine is not None and mine.metadata == {"topic": "theirs"}
+    mine.metadata["mine"] = True
+    await sm.save(mine)
+    record = await store.backend.load_session("s")
+    assert record is not None and record.metadata == {"topic": "theirs", "mine": True}
+
+
+async def test_a_session_archived_by_another_writer_stays_archived_after_our_saves(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    other = SessionManager(store.backend, store.codec)
+    s = await saved(store, "s", 1)
+    await other.archive("s")
+    s.add_message("assistant", "late reply")
+    await sm.save(s)  # messages only: no conflict
+    assert s.status == "archived"
+    mine = await sm.load("s")
+    assert mine is s and mine.status == "archived" and not mine.is_dirty()
+    mine.metadata["note"] = "kept"
+    await sm.save(mine)
+    record = await store.backend.load_session("s")
+    assert record is not None and record.status == "archived" and record.metadata == {"note": "kept"}
+    assert await stored_contents(store, "s") == ["s-0", "late reply"]
+
+
+async def test_concurrent_metadata_or_status_edits_at_one_head_conflict_like_messages(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    mine = await saved(store, "s", 1)
+    await changed_elsewhere(store, "s", lambda t: t.metadata.update(owner="them"))
+    mine.metadata["owner"] = "me"
+    with pytest.raises(statekeel.ConflictError) as info:
+        await sm.save(mine)
+    assert "metadata or status" in str(info.value)
+    record = await store.backend.load_session("s")
+    assert record is not None and record.metadata == {"owner": "them"}
+    # Reloading gives the stored version; re-applying the change then saves it.
+    again = await sm.load("s")
+    assert again is not None and again is not mine and again.metadata == {"owner": "them"}
+    again.metadata["owner"] = "me"
+    await sm.save(again)
+    # Status follows the same rule.
+    again.status = "archived"
+    await changed_elsewhere(store, "s", lambda t: setattr(t, "status", "expired"))
+    with pytest.raises(statekeel.ConflictError):
+        await sm.save(again)
+    record = await store.backend.load_session("s")
+    assert record is not None and record.status == "expired" and record.metadata == {"owner": "me"}
+
+
+async def test_concurrent_loads_of_a_stale_cached_session_both_return_the_stored_version(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    await saved(store, "s", 1)
+    await changed_elsewhere(store, "s", lambda t: t.add_message("assistant", "new"))
+    first, second = await asyncio.gather(sm.load("s"), sm.load("s"))
+    for loaded in (first, second):
+        assert loaded is not None and [m["content"] for m in loaded.messages] == ["s-0", "new"]

@@ -85,3 +85,32 @@ def test_statekeel_info_does_not_create_a_schema_in_an_empty_postgres_database(p
     assert result.exit_code == 1
     assert "migrate" in result.output
     assert not asyncio.run(_has_sessions_table(pg_database))
+
+
+async def test_an_empty_sqlite_file_opened_without_migrate_is_refused_and_stays_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    with pytest.raises(statekeel.MigrationError) as info:
+        await statekeel.open_store(f"sqlite:///{path}", migrate=False)
+    assert info.value.version == 0
+    assert "migrate=True" in str(info.value)
+    assert path.stat().st_size == 0
+    assert _names(tmp_path) == ["empty.db"]  # no WAL, no shared-memory file, no backup
+
+
+async def test_a_missing_sqlite_file_opened_without_migrate_is_not_created(tmp_path: Path) -> None:
+    path = tmp_path / "absent.db"
+    with pytest.raises(statekeel.BackendUnavailable) as info:
+        await statekeel.open_store(f"sqlite:///{path}", migrate=False)
+    assert "no SQLite database" in str(info.value)
+    assert _names(tmp_path) == []
+
+
+def test_statekeel_info_on_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{path}", "info"])
+    assert result.exit_code == 1
+    assert "empty file" in result.output and "nothing was changed" in result.output
+    assert path.stat().st_size == 0
+    assert _names(tmp_path) == ["empty.db"]

@@ -13,6 +13,7 @@ import pytest
 import statekeel
 from helpers import RawDb
 from statekeel.backends.sql import to_micros
+from statekeel.chain import GENESIS_HASH, approval_digest, chain_hash
 
 
 @contextlib.asynccontextmanager
@@ -79,3 +80,131 @@ async def test_rewriting_an_entry_with_a_fresh_hash_breaks_the_link_to_the_next(
     )
     report = await verify(shared_url)
     assert (report.ok, report.first_bad_seq) == (False, 4)
+
+
+# With an audit key (open_store(audit_key=...)) every entry carries an HMAC of its hash: what the chain
+# alone cannot show — a consistent rewrite by someone who can write the database — is found too.
+
+KEY = b"k" * 32
+
+
+async def rewrite_chain(url: str, entries: list[statekeel.AuditEntry], seq: int, data: str) -> None:
+    """Change entry ``seq``'s data and recompute every hash from it on, as an attacker without the key
+    can: the chain is consistent again (MACs, which need the key, are left as they were)."""
+    prev_hash = entries[seq - 2].hash if seq > 1 else GENESIS_HASH
+    raw = RawDb(url)
+    for entry in entries[seq - 1 :]:
+        text = data if entry.seq == seq else statekeel.codec.canonical(entry.data).decode()
+        digest = chain_hash(
+            entry.seq, entry.kind, entry.actor, entry.subject, text, entry.created_at, prev_hash
+        )
+        await raw.execute(
+            f"UPDATE audit_log SET data = ?, prev_hash = '{prev_hash}', hash = '{digest}' "
+            f"WHERE seq = {entry.seq}",
+            text,
+            unguarded="audit_log",
+        )
+        prev_hash = digest
+
+
+async def keyed_chain(url: str) -> list[statekeel.AuditEntry]:
+    async with statekeel.open_store(url, audit_key=KEY) as store:
+        return [await store.audit.append("tool.call", "agent", "task:1", {"n": i}) for i in range(1, 6)]
+
+
+async def verify_with(url: str, key: bytes | None) -> statekeel.AuditVerification:
+    async with statekeel.open_store(url, audit_key=key) as store:
+        return await store.audit.verify()
+
+
+async def test_a_consistent_rewrite_passes_without_a_key_and_is_found_with_one(shared_url: str) -> None:
+    entries = await keyed_chain(shared_url)
+    assert all(e.mac is not None for e in entries)
+    assert (await verify_with(shared_url, KEY)).authenticated == 5
+    await rewrite_chain(shared_url, entries, 3, '{"n":99}')
+    # The chain alone proves nothing against someone who can write the database...
+    assert (await verify_with(shared_url, None)).ok
+    # ...its MACs do: entry 3's no longer matches its hash.
+    report = await verify_with(shared_url, KEY)
+    assert (report.ok, report.first_bad_seq) == (False, 3)
+    assert report.reason is not None and "MAC" in report.reason
+
+
+async def test_removing_the_macs_is_found_with_the_key(shared_url: str) -> None:
+    await keyed_chain(shared_url)
+    raw = RawDb(shared_url)
+    await raw.execute("UPDATE audit_log SET mac = NULL WHERE seq >= 4", unguarded="audit_log")
+    report = await verify_with(shared_url, KEY)
+    assert (report.ok, report.first_bad_seq) == (False, 4)
+    await raw.execute("UPDATE audit_log SET mac = NULL", unguarded="audit_log")
+    report = await verify_with(shared_url, KEY)
+    assert not report.ok and report.reason is not None and "no entry carries a MAC" in report.reason
+
+
+async def test_another_key_does_not_verify(shared_url: str) -> None:
+    await keyed_chain(shared_url)
+    report = await verify_with(shared_url, b"x" * 32)
+    assert (report.ok, report.first_bad_seq) == (False, 1)
+
+
+async def test_an_entry_appended_without_the_key_after_keyed_ones_is_found(shared_url: str) -> None:
+    await keyed_chain(shared_url)
+    async with statekeel.open_store(shared_url) as keyless:
+        await keyless.audit.append("tool.call", "intruder", "task:1", {"n": 6})
+    report = await verify_with(shared_url, KEY)
+    assert (report.ok, report.first_bad_seq) == (False, 6)
+
+
+async def test_the_first_keyed_entry_vouches_for_the_entries_written_before_the_key(shared_url: str) -> None:
+    async with chain_of_five(shared_url):
+        pass
+    report = await verify_with(shared_url, KEY)
+    assert not report.ok and report.reason is not None and "append an entry under the key" in report.reason
+    async with statekeel.open_store(shared_url, audit_key=KEY) as store:
+        await store.audit.append("audit.key_added", "operator", "store", None)
+        report = await store.audit.verify()
+    assert report.ok and report.count == 6 and report.authenticated == 1
+
+
+async def test_a_forged_approval_with_a_consistent_forged_entry_is_refused_under_a_key(
+    shared_url: str,
+) -> None:
+    async with statekeel.open_store(shared_url, audit_key=KEY) as store:
+        pending = await store.approvals.request("task:1", "deploy", {"env": "prod"}, "agent")
+        head = (await store.audit.query(limit=10))[-1]
+    raw = RawDb(shared_url)
+    await raw.execute(
+        "UPDATE approvals SET status = 'granted', decided_by = 'mallory', decided_at = requested_at "
+        f"WHERE id = '{pending.id}'",
+        unguarded="approvals",
+    )
+    async with statekeel.open_store(shared_url) as store:
+        forged = await store.approvals.get(pending.id)
+        assert forged is not None
+        data = statekeel.codec.canonical(
+            {
+                "approval_id": forged.id,
+                "action": forged.action,
+                "args_hash": forged.args_hash,
+                "row_hash": approval_digest(forged),
+                "reason": None,
+            }
+        ).decode()
+        # Appended like statekeel would, but without the key: a consistent chain entry with no MAC.
+        await store.audit.append(
+            "approval.granted", "mallory", forged.subject, statekeel.codec.decode(data.encode())
+        )
+        # Without a key nothing can tell this entry from a real one: the approval is honoured.
+        assert await store.approvals.check("task:1", "deploy", {"env": "prod"}) == forged
+    async with statekeel.open_store(shared_url, audit_key=KEY) as store:
+        with pytest.raises(statekeel.AuditTampered) as info:
+            await store.approvals.check("task:1", "deploy", {"env": "prod"})
+        assert "MAC" in str(info.value)
+        report = await store.audit.verify()
+        assert (report.ok, report.first_bad_seq) == (False, head.seq + 1)
+
+
+def test_an_audit_key_must_be_bytes_of_at_least_16() -> None:
+    for bad in (b"short", "a string key of enough length", bytearray(32), 123):
+        with pytest.raises(statekeel.InvalidArgument):
+            statekeel.open_store("memory://", audit_key=bad)  # type: ignore[arg-type]

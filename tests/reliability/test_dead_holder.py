@@ -16,6 +16,7 @@ import time
 import pytest
 
 import statekeel
+from statekeel import holders
 from statekeel.holders import holder_is_dead, new_owner_id
 
 HOLDER = textwrap.dedent(
@@ -101,3 +102,36 @@ def test_only_a_gone_process_of_this_host_counts_as_dead() -> None:
     assert not holder_is_dead("|".join((host, "", str(_dead_pid()), start, rand)))  # namespace unknown
     assert holder_is_dead("|".join((host, ns, str(_dead_pid()), start, rand)))
     assert holder_is_dead("|".join((host, ns, pid, str(int(start) + 1), rand)))  # pid reused by another
+
+
+async def test_a_live_holder_whose_process_cannot_be_inspected_keeps_its_lease(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = _start_holder(shared_url)
+    try:
+        # /proc mounted with hidepid: another user's /proc/PID/stat cannot be read, though it runs.
+        real = holders._start_time
+        monkeypatch.setattr(holders, "_start_time", lambda pid: real(pid) if pid == os.getpid() else None)
+        async with statekeel.open_store(shared_url) as store:
+            with pytest.raises(statekeel.ConflictError):
+                async with store.sessions.open("agent", timeout=0.3):
+                    pass
+            lease = await store.backend.read_session_lease("agent")
+            assert lease is not None and lease.owner != store.sessions.owner_id
+    finally:
+        _stop(proc)
+    # Once it is gone, that is proven without reading its start time: taken over at once.
+    async with statekeel.open_store(shared_url) as store, store.sessions.open("agent", timeout=5) as session:
+        assert session.messages[0]["content"] == "run the tests"
+
+
+def test_a_holder_is_dead_only_when_that_is_proven(monkeypatch: pytest.MonkeyPatch) -> None:
+    host, ns, _, start, rand = new_owner_id().split("|")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(holders, "_start_time", lambda pid: None)  # nothing readable in /proc
+        assert not holder_is_dead("|".join((host, ns, str(live.pid), start, rand)))  # unknown: alive
+        assert holder_is_dead("|".join((host, ns, str(_dead_pid()), start, rand)))  # no such process
+    finally:
+        live.kill()
+        live.wait()

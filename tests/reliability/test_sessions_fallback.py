@@ -6,12 +6,14 @@ header would write bad values, or whose session was deleted and created again, i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import stat
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,17 @@ async def write_fallbacks(url: str, db: Path, fb: Path, contents_by_key: dict[st
                 s.add_message("user", content)
                 await store.sessions.save(s)
     assert len(os.listdir(fb)) == len(contents_by_key)
+
+
+@contextlib.asynccontextmanager
+async def two_processes(url: str, fb: Path) -> AsyncIterator[tuple[statekeel.Store, statekeel.Store]]:
+    """Two stores on one SQLite file and fallback directory, standing for two processes (their own
+    connections, caches, locks and lease owners); a write blocked by the database lock falls back fast."""
+    async with (
+        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as one,
+        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as two,
+    ):
+        yield one, two
 
 
 async def save_then_fall_back(
@@ -221,6 +234,8 @@ async def test_save_raises_only_when_both_the_backend_and_the_fallback_fail(tmp_
             with pytest.raises(statekeel.BackendUnavailable) as info:
                 await store.sessions.save(s)
             assert "fallback" in str(info.value)
+            # It says this save was not written, and claims nothing it cannot know.
+            assert "was not saved" in str(info.value) and "acknowledged" not in str(info.value)
         assert await contents(store, "s") == ["saved"]
         await store.sessions.save(s)  # the unsaved message is still in the session: saved now
         assert await contents(store, "s") == ["saved", "nowhere to go"]
@@ -435,10 +450,7 @@ async def test_replay_leaves_alone_a_session_another_process_holds_and_its_holde
 ) -> None:
     url, db, fb = paths
     # Two processes on one SQLite file share its fallback directory (two stores stand for them).
-    async with (
-        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as holder,
-        statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as restarted,
-    ):
+    async with two_processes(url, fb) as (holder, restarted):
         async with holder.sessions.open("s") as s:
             s.add_message("user", "before")
             await holder.sessions.save(s)
@@ -456,3 +468,274 @@ async def test_replay_leaves_alone_a_session_another_process_holds_and_its_holde
         assert os.listdir(fb) == []
         report = await restarted.sessions.replay_fallback()
         assert report.ok and report.replayed == {}
+
+
+# --- fallback files, the cache, atomic() and other writers: no acknowledged write lost ---------------------
+
+HOLDER_FALLING_BACK = """
+import asyncio, sys
+import statekeel
+
+async def main(url: str, fallback_dir: str) -> None:
+    async with statekeel.open_store(url, fallback_dir=fallback_dir, busy_timeout_ms=50) as store:
+        lock = store.sessions.lock("k")
+        await lock.acquire()
+        session = await store.sessions.get_or_create("k")
+        print("locked", flush=True)
+        sys.stdin.readline()  # the database is write-locked now
+        session.add_message("assistant", "from the killed holder")
+        await store.sessions.save(session)  # acknowledged: in its fallback file
+        print("saved", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def run_holder_until_killed(url: str, db: Path, fb: Path) -> None:
+    """Another process takes session "k", saves one message to its fallback file while the database is
+    write-locked, and is killed (``kill -9``) holding the session."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_FALLING_BACK, url, os.fspath(fb)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "locked"
+        with database_write_locked(db):
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "saved"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("our_save", ["fallback", "database"])
+async def test_a_cached_session_taken_over_from_a_killed_holder_gets_its_fallback_file(
+    paths: tuple[str, Path, Path], our_save: str
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        sm = store.sessions
+        s = await sm.get_or_create("k")
+        s.add_message("user", "base")
+        await sm.save(s)  # cached here from now on
+        await asyncio.to_thread(run_holder_until_killed, url, db, fb)
+        lock = sm.lock("k")
+        await lock.acquire(timeout=5)  # its holder is dead: taken over at once
+        try:
+            again = await sm.get_or_create("k")
+            assert [m["content"] for m in again.messages] == ["base", "from the killed holder"]
+            again.add_message("user", "after the takeover")
+            if our_save == "fallback":
+                with database_write_locked(db):
+                    await sm.save(again)
+                snap = FallbackDir(fb, store.codec).read("k")
+                assert snap is not None  # the file grew; it was not replaced by ours alone
+                written = [m["content"] for m in snap.messages]
+                assert written == ["from the killed holder", "after the takeover"]
+            await sm.save(again)
+        finally:
+            await lock.release()
+        assert await contents(store, "k") == ["base", "from the killed holder", "after the takeover"]
+        assert os.listdir(fb) == []  # merged and written, not quarantined
+        assert (await sm.replay_fallback()).ok
+
+
+async def pause_before(
+    monkeypatch: pytest.MonkeyPatch, target: Any, name: str
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make ``target.name`` wait, on its first call, until the second event is set; the first event
+    tells that it is waiting."""
+    reached, resume = asyncio.Event(), asyncio.Event()
+    method = getattr(target, name)
+
+    async def paused(*args: Any, **kwargs: Any) -> Any:
+        if not reached.is_set():
+            reached.set()
+            await resume.wait()
+        return await method(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, paused)
+    return reached, resume
+
+
+async def test_replay_writes_the_file_as_it_is_once_it_holds_the_session_not_as_first_read(
+    paths: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, db, fb = paths
+    async with two_processes(url, fb) as (writer, replayer):
+        s = await save_then_fall_back(writer, db, "k", "base", "a")
+        waiting, resume = await pause_before(monkeypatch, replayer.backend, "acquire_session_lease")
+        replay = asyncio.create_task(replayer.sessions.replay_fallback())
+        await waiting.wait()  # it has read the file ([a]) and waits for the session's lease
+        with database_write_locked(db):
+            s.add_message("user", "b")
+            await writer.sessions.save(s)  # the file is now [a, b]
+        resume.set()
+        await replay
+        await replayer.sessions.replay_fallback()
+        assert await contents(writer, "k") == ["base", "a", "b"]
+        assert os.listdir(fb) == []
+
+
+async def test_replay_never_creates_again_a_session_deleted_while_it_waited(
+    paths: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, db, fb = paths
+    await write_fallbacks(url, db, fb, {"k": "written during the outage"})
+    async with two_processes(url, fb) as (deleter, replayer):
+        waiting, resume = await pause_before(monkeypatch, replayer.backend, "acquire_session_lease")
+        replay = asyncio.create_task(replayer.sessions.replay_fallback())
+        await waiting.wait()
+        assert await deleter.sessions.delete("k")  # deletes its fallback file: the only copy
+        resume.set()
+        report = await replay
+        assert report.replayed == {}
+        assert await replayer.backend.load_session("k") is None
+        assert os.listdir(fb) == []
+
+
+async def test_load_never_deletes_a_fallback_file_written_while_it_read_the_backend(
+    paths: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, db, fb = paths
+    name = file_stem("k") + ".jsonl"
+    async with two_processes(url, fb) as (store, other):
+        s = await save_then_fall_back(store, db, "k", "a", "b")
+        kept = (fb / name).read_bytes()
+        await store.sessions.save(s)  # in the database now; the file is deleted
+        theirs = await other.sessions.load("k")
+        assert theirs is not None
+        (fb / name).write_bytes(kept)  # a copy left by a process killed before it deleted it
+        restarted = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)
+        waiting, resume = await pause_before(monkeypatch, store.backend, "read_messages")
+        load = asyncio.create_task(restarted.load("k"))
+        await waiting.wait()  # the load checks whether the backend has the old file's messages
+        with database_write_locked(db):
+            theirs.add_message("user", "c")
+            await other.sessions.save(theirs)  # a new file, acknowledged
+        resume.set()
+        loaded = await load
+        assert loaded is not None and [m["content"] for m in loaded.messages][:2] == ["a", "b"]
+        assert os.listdir(fb) == [name]  # the new file is still there ...
+        await store.sessions.replay_fallback()
+        assert await contents(store, "k") == ["a", "b", "c"]  # ... and its message reaches the database
+        assert os.listdir(fb) == []
+
+
+async def test_a_second_writer_at_the_same_head_never_replaces_the_first_ones_fallback_file(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    async with two_processes(url, fb) as (first, second):
+        a = await first.sessions.get_or_create("k")
+        a.add_message("user", "base")
+        await first.sessions.save(a)
+        b = await second.sessions.load("k")
+        assert b is not None
+        with database_write_locked(db):
+            a.add_message("user", "from the first")
+            await first.sessions.save(a)  # acknowledged: in the fallback file
+            b.add_message("user", "from the second")
+            with pytest.raises(statekeel.ConflictError):
+                await second.sessions.save(b)  # another writer saved at this head first
+        with pytest.raises(statekeel.ConflictError):
+            await second.sessions.save(b)  # nor once the database is back
+        await first.sessions.save(a)
+        assert await contents(first, "k") == ["base", "from the first"]
+        assert os.listdir(fb) == []
+        again = await second.sessions.load("k")
+        assert again is not None and [m["content"] for m in again.messages] == ["base", "from the first"]
+
+
+async def test_a_save_inside_a_rolled_back_atomic_block_keeps_the_fallback_file(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        s = await save_then_fall_back(store, db, "k", "saved", "in the file")
+        with pytest.raises(RuntimeError):
+            async with store.backend.atomic():
+                await store.sessions.save(s)
+                raise RuntimeError("the block fails")
+        assert os.listdir(fb) == [file_stem("k") + ".jsonl"]
+        assert [m["content"] for m in s.unsaved()] == ["in the file"]
+        async with statekeel.open_store(url, fallback_dir=os.fspath(fb)) as restarted:
+            loaded = await restarted.sessions.load("k")  # what a crash now would leave
+            assert loaded is not None and [m["content"] for m in loaded.messages] == ["saved", "in the file"]
+        await store.sessions.save(s)
+        assert await contents(store, "k") == ["saved", "in the file"]
+        assert os.listdir(fb) == []
+
+
+async def test_a_replay_racing_the_sessions_own_save_neither_conflicts_nor_writes_twice(
+    paths: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        sm = store.sessions
+        s = await save_then_fall_back(store, db, "k", "saved", "in the file")
+        s.add_message("user", "added after")
+        append = store.backend.append_messages
+        replay_writing, second_issued, first_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        calls = 0
+
+        async def in_order(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # the replay writes the cached session
+                replay_writing.set()
+                # Unless saves of one session are serialized, the session's own save reaches the
+                # backend now, at the same head; the bound only ends the wait where it cannot.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(second_issued.wait(), 0.5)
+                try:
+                    return await append(*args, **kwargs)
+                finally:
+                    first_done.set()
+            second_issued.set()
+            await first_done.wait()
+            return await append(*args, **kwargs)
+
+        monkeypatch.setattr(store.backend, "append_messages", in_order)
+        replay = asyncio.create_task(sm.replay_fallback())
+        await replay_writing.wait()
+        await sm.save(s)  # must not raise: the replay wrote these very messages
+        await replay
+        assert await contents(store, "k") == ["saved", "in the file", "added after"]
+        assert s.unsaved() == [] and os.listdir(fb) == []
+        await sm.save(s)
+        assert await contents(store, "k") == ["saved", "in the file", "added after"]
+
+
+async def test_a_replay_started_inside_an_atomic_block_runs_in_its_own_transactions(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sm = store.sessions
+    down = await sm.get_or_create("down")
+    down.add_message("user", "during the outage")
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("the database is down (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.backend, "append_messages", unavailable)
+        await sm.save(down)  # to its fallback file
+    up = await sm.get_or_create("up")
+    up.add_message("user", "in a block that fails")
+    with pytest.raises(RuntimeError):
+        async with store.backend.atomic():
+            await sm.save(up)  # the backend works again: "down" is replayed in the background
+            raise RuntimeError("the caller's block fails")
+    async with asyncio.timeout(10):
+        while os.listdir(tmp_path / "fallback"):
+            await asyncio.sleep(0.01)
+    assert await contents(store, "down") == ["during the outage"]
+    assert await store.backend.load_session("up") is None
+    assert (await sm.replay_fallback()).ok  # later replays do not wait on the ended block

@@ -1,4 +1,5 @@
-"""Fallback files: names, atomic writes, permissions, exact round trip, corruption detection."""
+"""Fallback files: names, atomic writes, permissions, exact round trip, corruption detection, and
+replacing or deleting only the file whose signature the caller holds."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from statekeel import fallback as fb
 from statekeel.codec import Codec
-from statekeel.fallback import FallbackCorrupt, FallbackDir, FallbackSnapshot, default_dir, file_stem
+from statekeel.fallback import (
+    FallbackChanged,
+    FallbackCorrupt,
+    FallbackDir,
+    FallbackSnapshot,
+    default_dir,
+    file_stem,
+)
 
 NASTY_KEYS = ["a:b", "a_b", "a/b", "../x", "é", "A", "a", "a-b", "a.b", "..", "k" * 500, "k" * 499 + "é"]
 
@@ -149,3 +158,34 @@ def test_default_directories() -> None:
     assert default_dir("sqlite:////var/lib/agent.db") == "/var/lib/agent.db.fallback"
     pg = default_dir("postgresql://u:secret@db.example:5433/agents")
     assert pg is not None and "secret" not in pg and pg.endswith(file_stem("db.example_5433_agents"))
+
+
+def test_a_write_replaces_only_the_file_whose_signature_it_was_given(tmp_path: Path) -> None:
+    d = FallbackDir(tmp_path, Codec())
+    with pytest.raises(FallbackChanged):
+        d.write_signed(snapshot("a", [{"role": "user", "content": 1}]), replacing="some-file")  # none there
+    _, first = d.write_signed(snapshot("a", [{"role": "user", "content": 1}]), replacing=None)
+    assert d.read_signed("a") == (d.read("a"), first)
+    _, second = d.write_signed(snapshot("a", [{"role": "user", "content": 2}]), replacing=first)
+    assert second != first and d.signature("a") == second
+    with pytest.raises(FallbackChanged) as info:  # another writer's file: never replaced blindly
+        d.write_signed(snapshot("a", [{"role": "user", "content": 3}]), replacing=first)
+    assert info.value.current == second
+    with pytest.raises(FallbackChanged):
+        d.write_signed(snapshot("a", [{"role": "user", "content": 3}]), replacing=None)
+    snap = d.read("a")
+    assert snap is not None and snap.messages == [{"role": "user", "content": 2}]
+    assert d.quarantine(d.file_for("a"), "stale", first) is None  # not the file that was judged
+    assert d.read("a") is not None and d.delete("a", second) and d.read("a") is None
+
+
+def test_a_file_without_a_write_id_is_signed_by_its_inode_size_and_time(tmp_path: Path) -> None:
+    d = FallbackDir(tmp_path, Codec())
+    path = Path(d.write(snapshot("a", [{"role": "user", "content": 1}])))
+    header, rest = path.read_bytes().split(b"\n", 1)
+    fields = orjson.loads(header)
+    del fields["write_id"]  # as an earlier statekeel wrote it
+    path.write_bytes(orjson.dumps(fields) + b"\n" + rest)
+    found = d.read_signed("a")
+    assert found is not None and found[1].startswith("stat:") and found[1] == d.signature("a")
+    assert d.delete("a", found[1])

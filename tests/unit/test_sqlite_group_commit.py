@@ -141,3 +141,56 @@ async def test_a_closed_connection_fails_the_write_with_a_typed_error(tmp_path: 
         # The dead connection was dropped; the next write reconnects.
         rec = await backend.append_messages("s", 0, [message(store, "a")], create=True)
         assert rec.head_seq == 1
+
+
+async def _disk_full_after(store: statekeel.Store, pages: int) -> None:
+    """Let the writer's database grow by at most ``pages`` more pages: SQLite then fails with "database
+    or disk is full", an error that rolls back the whole transaction, not only the statement."""
+    backend = store.backend
+    assert isinstance(backend, SqliteBackend) and backend._writer is not None
+
+    def limit(conn: sqlite3.Connection) -> None:
+        count = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {count + pages}")
+
+    await backend._call(backend._writer, limit)
+
+
+async def test_an_error_that_rolls_back_the_whole_atomic_block_fails_it_with_that_error(
+    store: statekeel.Store,
+) -> None:
+    b = store.backend
+    await _disk_full_after(store, 4)
+    async with asyncio.timeout(10):  # every call settles: nothing waits forever
+        with pytest.raises(statekeel.BackendUnavailable, match="full"):
+            async with b.atomic():
+                await b.append_messages("small", 0, [message(store, "x")], create=True)
+                with pytest.raises(statekeel.BackendUnavailable, match="full"):
+                    await b.append_messages("big", 0, [message(store, "y" * 200_000)], create=True)
+                # The transaction is gone: a later write must not run (and commit) outside it.
+                with pytest.raises(statekeel.BackendUnavailable, match="full"):
+                    await b.append_messages("after", 0, [message(store, "z")], create=True)
+        await _disk_full_after(store, 10_000)
+        for key in ("small", "big", "after"):
+            assert await b.load_session(key) is None
+        assert (await b.append_messages("after", 0, [message(store, "z")], create=True)).head_seq == 1
+
+
+async def test_an_error_that_rolls_back_a_whole_group_fails_each_write_with_that_error(
+    store: statekeel.Store,
+) -> None:
+    b = store.backend
+    await _disk_full_after(store, 4)
+    release, holder = await _hold_writer(store)
+    writes = [
+        asyncio.create_task(b.append_messages(f"s{i}", 0, [message(store, "x" * (i * 100_000))], create=True))
+        for i in range(4)
+    ]
+    await asyncio.sleep(0)
+    release.set()
+    await holder
+    async with asyncio.timeout(10):
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+    assert all(isinstance(o, statekeel.BackendUnavailable) and "full" in str(o) for o in outcomes), outcomes
+    await _disk_full_after(store, 10_000)
+    assert (await b.append_messages("s0", 0, [message(store, "x")], create=True)).head_seq == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -35,10 +35,12 @@ from statekeel.backends.records import (
     CheckpointWrite,
     Contradiction,
     CopyTableInfo,
+    Damage,
     DatabaseFiles,
     Drift,
     Episode,
     FileRecord,
+    Incident,
     LoadedSession,
     Memory,
     MemoryAccess,
@@ -92,11 +94,14 @@ __all__ = [
     "Contradiction",
     "CopyBackend",
     "CopyTableInfo",
+    "Damage",
     "DatabaseFiles",
     "Drift",
     "Episode",
     "FileBackend",
     "FileRecord",
+    "Incident",
+    "IncidentBackend",
     "LifecycleBackend",
     "LoadedSession",
     "Memory",
@@ -160,6 +165,16 @@ class LifecycleBackend(abc.ABC):
         """True when the calling task is inside this backend's ``atomic()`` block."""
 
     @abc.abstractmethod
+    def on_block_end(self, callback: Callable[[bool], None]) -> bool:
+        """Inside an ``atomic()`` block of the current task: call ``callback(committed)`` once the
+        outermost block has ended, ``committed`` being True only when its COMMIT succeeded, and return
+        True. Outside one, return False: a write that returned there is committed already.
+
+        Callbacks run in registration order after a commit, in reverse order after a rollback (undo
+        first what was done last); they must not block nor raise.
+        """
+
+    @abc.abstractmethod
     async def schema_version(self) -> int:
         """The highest applied migration version."""
 
@@ -178,6 +193,17 @@ class LifecycleBackend(abc.ABC):
     @abc.abstractmethod
     async def count_state(self) -> StateCounts:
         """Rows per state kind and status, on one snapshot, from COUNTs over indexed columns."""
+
+    async def scan_damage(self) -> list[Damage]:
+        """The tables whose pages are damaged, with the keys of the rows that no longer read (run when the
+        integrity check found problems; reads only). Empty where the engine checks its own pages."""
+        return []
+
+    async def rebuild_indexes(self, tables: Sequence[str]) -> str | None:
+        """Rebuild the indexes of ``tables`` from their rows (a damaged index loses no data). Returns None
+        when rebuilt in place; the path of a rebuilt copy of the database when the damaged pages could
+        not be replaced in place (a person swaps it in with the agents stopped)."""
+        return None
 
     async def database_files(self) -> DatabaseFiles | None:
         """The sizes of the files the store lives in; None when it has none of its own (in memory, or
@@ -252,6 +278,7 @@ class SessionBackend(abc.ABC):
         status: str | None = None,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        expected_version: int | None = None,
         open_calls: int | None = None,
         calls_owner: str | None = None,
     ) -> SessionRecord:
@@ -262,8 +289,9 @@ class SessionBackend(abc.ABC):
         not count them (None) marks the count unknown (-1) when it appends messages, and keeps it as it is
         otherwise.
 
-        ``ConflictError`` with ``current`` = the actual head when another writer appended first, or when
-        ``expected_created_at`` is given and the session was deleted and created again since;
+        ``ConflictError`` with ``current`` = the actual head when another writer appended first, when
+        ``expected_created_at`` is given and the session was deleted and created again since, or when
+        ``expected_version`` is given and the session's version differs (another writer changed it);
         ``NotFound`` when the session does not exist and ``create`` is false.
         """
 
@@ -285,10 +313,12 @@ class SessionBackend(abc.ABC):
         summary: str,
         expected_consolidated: int,
         lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
     ) -> SessionRecord:
         """Move live messages ``[last_consolidated, upto_seq)`` into the archive under ``compression_id``
-        and set ``last_consolidated = upto_seq``, in one transaction (``ConflictError`` if
-        ``last_consolidated`` is not ``expected_consolidated``)."""
+        and set ``last_consolidated = upto_seq``, in one transaction, with the session's row locked
+        (``ConflictError`` if ``last_consolidated`` is not ``expected_consolidated``, or if
+        ``expected_created_at`` is given and the session was deleted and created again since)."""
 
     @abc.abstractmethod
     async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:
@@ -445,10 +475,19 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def update_task(
-        self, task_id: str, *, expected_status: str, expected_version: int, change: TaskChange
+        self,
+        task_id: str,
+        *,
+        expected_status: str,
+        expected_version: int,
+        change: TaskChange,
+        lease_valid_at: dt.datetime | None = None,
     ) -> TaskRecord | None:
         """Apply ``change`` with one conditional UPDATE (status and version as expected), bumping the
-        version. None when the condition did not hold (or the task does not exist)."""
+        version. None when the condition did not hold (or the task does not exist).
+
+        With ``lease_valid_at`` (a fenced caller's clock), also None when the task's lease had expired by
+        then: checked in the same statement, whether or not :meth:`expire_task_leases` ran."""
 
     @abc.abstractmethod
     async def claim_task(
@@ -459,9 +498,16 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def heartbeat_task(
-        self, task_id: str, worker_id: str, lease_epoch: int, *, lease_expires_at: dt.datetime
+        self,
+        task_id: str,
+        worker_id: str,
+        lease_epoch: int,
+        *,
+        lease_expires_at: dt.datetime,
+        now: dt.datetime | None = None,
     ) -> TaskRecord | None:
-        """Extend the lease if ``worker_id`` at ``lease_epoch`` still holds the running task; else None."""
+        """Extend the lease if ``worker_id`` at ``lease_epoch`` still holds the running task and its lease
+        has not expired at ``now`` (the caller's clock); else None."""
 
     @abc.abstractmethod
     async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
@@ -469,12 +515,19 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def begin_step(
-        self, task_id: str, step_key: str, *, rerun_started: bool, lease_epoch: int | None = None
+        self,
+        task_id: str,
+        step_key: str,
+        *,
+        rerun_started: bool,
+        lease_epoch: int | None = None,
+        now: dt.datetime | None = None,
     ) -> tuple[StepRecord, bool]:
         """Record that a step starts, in its own transaction. Returns ``(record, run)``.
 
-        With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch (checked in the
-        same transaction, so a worker whose lease was taken over records nothing).
+        With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch under a lease that has
+        not expired at ``now`` (the caller's clock), checked in the same transaction: a worker whose lease
+        was taken over or ran out records nothing.
 
         New step, or one that failed before: recorded *started*, ``run`` is True. Already succeeded:
         ``run`` is False. Found *started* (never finished): restarted (``attempt + 1``) if
@@ -541,10 +594,18 @@ class WorkflowBackend(abc.ABC):
 class AuditBackend(abc.ABC):
     """The append-only, hash-chained audit log."""
 
+    # Set by the store (``open_store(audit_key=...)``): every entry appended gets the MAC of its hash.
+    audit_key: bytes | None = None
+
     @abc.abstractmethod
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
         """Append an entry after the current head (serialized: the chain never forks). ``data`` is
-        canonical JSON text; seq, prev_hash, created_at and hash are assigned in the transaction."""
+        canonical JSON text; seq, prev_hash, created_at, hash (and with :attr:`audit_key`, mac) are
+        assigned in the transaction."""
+
+    @abc.abstractmethod
+    async def latest_approval_entry(self, approval_id: str) -> AuditRecord | None:
+        """The newest ``approval.*`` entry whose data names ``approval_id``, or None."""
 
     @abc.abstractmethod
     async def read_audit(
@@ -597,6 +658,10 @@ class ApprovalBackend(abc.ABC):
     @abc.abstractmethod
     async def pending_approvals(self, now: dt.datetime, limit: int = 100) -> list[ApprovalRecord]:
         """Undecided, unexpired approvals, oldest first."""
+
+    @abc.abstractmethod
+    async def list_approvals(self, *, after_id: str = "", limit: int = 1000) -> list[ApprovalRecord]:
+        """Every approval with an id after ``after_id``, in id order (bytewise), for verification."""
 
 
 class MemoryBackend(abc.ABC):
@@ -903,8 +968,25 @@ class CheckpointBackend(abc.ABC):
         their writes and the blobs no remaining checkpoint uses; returns checkpoints deleted."""
 
 
+class IncidentBackend(abc.ABC):
+    """Damage statekeel found in its own storage (see :class:`Incident`)."""
+
+    @abc.abstractmethod
+    async def record_incident(self, kind: str, detail: bytes) -> Incident:
+        """Record an incident (``detail``: codec-encoded JSON object)."""
+
+    @abc.abstractmethod
+    async def list_incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
+        """Incidents oldest first: those not acknowledged yet, or all of them."""
+
+    @abc.abstractmethod
+    async def acknowledge_incident(self, incident_id: int, by: str) -> Incident | None:
+        """Mark an incident acknowledged by ``by``; None when there is no such unacknowledged incident."""
+
+
 class StorageBackend(
     LifecycleBackend,
+    IncidentBackend,
     SessionBackend,
     ToolCallBackend,
     TaskBackend,

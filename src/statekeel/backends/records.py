@@ -258,7 +258,8 @@ class WorkflowRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """An audit row as stored. ``data`` is the canonical JSON text the hash was computed over."""
+    """An audit row as stored. ``data`` is the canonical JSON text the hash was computed over; ``mac`` is
+    the HMAC of ``hash`` under the store's audit key (None when appended without a key)."""
 
     seq: int
     kind: str
@@ -268,6 +269,7 @@ class AuditRecord:
     created_at: dt.datetime
     prev_hash: str
     hash: str
+    mac: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +506,41 @@ class DatabaseFiles:
     path: str
     database_bytes: int
     wal_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Damage statekeel found in its own storage, kept until someone acknowledges it.
+
+    ``kind`` is e.g. ``"wal_lost"`` (a SQLite WAL file was deleted before its commits reached the database
+    file: acknowledged writes are gone); ``detail`` says what was found and what to do.
+    """
+
+    id: int
+    kind: str
+    detected_at: dt.datetime
+    detail: dict[str, Any]
+    acknowledged_at: dt.datetime | None = None
+    acknowledged_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """What a damaged table still holds (SQLite: pages the integrity check found damaged).
+
+    ``index_only``: every row reads, only an index is damaged (rebuilding it loses nothing). Otherwise
+    ``unreadable`` lists the primary keys of rows that cannot be read (a message as ``(session_key, seq)``,
+    a task as ``(id,)``; a group whose rows cannot be told apart as its first key column alone), and
+    ``complete`` is False when some unreadable rows could not be named. ``readable`` counts the rows that
+    still read; ``detail`` is what the integrity check said.
+    """
+
+    table: str
+    index_only: bool
+    unreadable: tuple[tuple[Any, ...], ...]
+    readable: int
+    complete: bool
+    detail: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

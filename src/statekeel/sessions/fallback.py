@@ -1,26 +1,55 @@
-"""Fallback files of sessions: written when the backend cannot take a save, merged back on load, and
+"""Fallback files of sessions: written when the backend cannot take a save, merged into every load, and
 replayed into the backend once it works again.
 
-The file format (:class:`statekeel.fallback.FallbackDir`) knows nothing of sessions'
-semantics; this module decides when a file is written, what a file means next to the backend's state
-(it continues it, the backend has it already, or another writer moved on), and when it may be deleted.
+The file format (:class:`statekeel.fallback.FallbackDir`) knows nothing of sessions' semantics; this
+module decides when a file is written, what a file means next to the backend's state, and when it may be
+deleted. The rules that keep an acknowledged write from being lost:
+
+- A file is replaced, deleted or quarantined only if it is still the file this process read or wrote
+  (compare-and-swap on its signature): never one another process wrote in between.
+- What a file means is judged from the backend's row and the file's content, never its message count:
+  it *continues* the backend (the backend holds none, or only the first of its messages, at their
+  sequence numbers: the rest are unsaved), is *covered* (the backend holds all of them: delete it), or
+  is *overtaken* (the backend holds other messages there, or another incarnation: quarantine it).
+- Every load merges the file, cached session or not. A save finds a file it does not hold that still
+  continues the backend: another writer saved there first, and the save raises ``ConflictError``.
+- A file is deleted only once the commit that covers it is known (after the outermost ``atomic()``
+  block commits), and replay reads the file again once it holds the session's lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendUnavailable, ConflictError, StatekeelError
-from ..fallback import FallbackCorrupt, FallbackDir, FallbackSnapshot, ReplayReport
+from ..backends.base import SessionRecord
+from ..errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
+from ..fallback import FallbackChanged, FallbackCorrupt, FallbackDir, FallbackSnapshot, ReplayReport
 from .session import Changes, Session, message_batch
 
 if TYPE_CHECKING:
     from .manager import SessionManager
 
 log = logging.getLogger("statekeel.sessions")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a fallback file means next to the backend's state of its session."""
+
+    kind: str  # "continues", "covered" or "overtaken"
+    covered: int = 0  # how many of its first messages the backend holds already
+    reason: str = ""  # why it was overtaken
+
+
+def background(coro: Any, name: str) -> asyncio.Task[Any]:
+    """Start ``coro`` as a task in a fresh context: never inside the caller's ``atomic()`` block (its
+    writes would join, or wait forever for, a transaction that is not theirs)."""
+    return asyncio.create_task(coro, name=name, context=contextvars.Context())
 
 
 class SessionFallback:
@@ -32,94 +61,164 @@ class SessionFallback:
         self.pending: set[str] = set()  # keys this manager wrote fallback files for
         self._quarantined: dict[str, str] = {}  # reported by the next replay
         self._replaying = asyncio.Lock()
-        self.background: set[asyncio.Task[Any]] = set()
+        self._replay_task: asyncio.Task[Any] | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()  # background work, cancelled by close()
 
-    # --- reading and quarantine -----------------------------------------------------------------------
+    # --- reading, judging, quarantine -----------------------------------------------------------------
 
-    async def read(self, key: str) -> FallbackSnapshot | None:
-        """The key's fallback file, or None; a file that cannot be read back is quarantined."""
+    async def read(self, key: str) -> tuple[FallbackSnapshot, str] | None:
+        """The key's fallback file and its signature, or None; one that cannot be read is quarantined."""
         files = self.files
         if files is None or not files.exists(key):
             return None
         try:
-            return await asyncio.to_thread(files.read, key)
+            return await asyncio.to_thread(files.read_signed, key)
         except FallbackCorrupt as exc:
             await self.quarantine_key(key, str(exc))
             return None
 
-    async def quarantine_key(self, key: str, reason: str) -> None:
+    async def quarantine_key(self, key: str, reason: str, signature: str | None = None) -> None:
+        """Rename the key's file aside (only if it is still the one with ``signature``, when given)."""
         assert self.files is not None
         path = self.files.file_for(key)
         try:
-            target = await asyncio.to_thread(self.files.quarantine, path, reason)
+            target = await asyncio.to_thread(self.files.quarantine, path, reason, signature)
         except FileNotFoundError:
             return
-        self._quarantined[target] = reason
-        self.pending.discard(key)
+        if target is not None:
+            self._quarantined[target] = reason
+            self.pending.discard(key)
 
-    async def backend_has(self, snap: FallbackSnapshot) -> bool:
-        """Whether the backend holds exactly the snapshot's messages at their sequence numbers."""
+    async def delete(self, key: str, signature: str) -> bool:
+        """Delete the key's file if it is still the one with ``signature``."""
+        assert self.files is not None
+        deleted = await asyncio.to_thread(self.files.delete, key, signature)
+        if deleted:
+            self.pending.discard(key)
+        return deleted
+
+    async def judge(self, snap: FallbackSnapshot, record: SessionRecord | None) -> Verdict:
+        """What ``snap`` means next to the backend's row ``record`` of its session (None: no row)."""
+        if record is None:
+            if snap.in_backend:
+                return Verdict(
+                    "overtaken", reason="the session was deleted from the backend after this file was written"
+                )
+            return Verdict("continues")  # the file creates the session
+        if snap.in_backend and record.created_at != snap.created_at:
+            return Verdict(
+                "overtaken",
+                reason="the session was deleted and created again in the backend after this file was "
+                "written; its messages were kept in the quarantined file",
+            )
+        head = record.head_seq
+        if head == snap.base_head:
+            return Verdict("continues")
+        covered = min(head, snap.head) - snap.base_head
+        if covered > 0 and await self._backend_holds(snap, record, covered):
+            if covered == len(snap.messages):
+                return Verdict("covered", covered)
+            return Verdict("continues", covered)
+        return Verdict(
+            "overtaken",
+            covered,
+            f"it follows head {snap.base_head} but the backend moved to {head} through another writer; "
+            "its messages were kept in the quarantined file",
+        )
+
+    async def _backend_holds(self, snap: FallbackSnapshot, record: SessionRecord, n: int) -> bool:
+        """Whether the backend holds the snapshot's first ``n`` messages, exactly, at their seqs."""
         backend = self._manager.backend
-        record = await backend.load_session(snap.key)
-        if record is None or record.head_seq < snap.head:
-            return False
+        start, end = snap.base_head, snap.base_head + n
         stored: dict[int, Any] = {}
-        if snap.base_head < record.last_consolidated:
+        if start < record.last_consolidated:
             for a in await backend.read_archive(snap.key):
-                if snap.base_head <= a.seq < snap.head:
+                if start <= a.seq < end:
                     stored[a.seq] = a.payload
-        start = max(snap.base_head, record.last_consolidated)
-        for r in await backend.read_messages(snap.key, start=start, end=snap.head):
+        for r in await backend.read_messages(snap.key, start=max(start, record.last_consolidated), end=end):
             stored[r.seq] = r.payload
-        return [stored.get(snap.base_head + i) for i in range(len(snap.messages))] == snap.messages
+        return [stored.get(start + i) for i in range(n)] == snap.messages[:n]
+
+    async def _settle(self, key: str, snap: FallbackSnapshot, signature: str, verdict: Verdict) -> bool:
+        """Delete a covered file, quarantine an overtaken one; True when the file continues the backend."""
+        if verdict.kind == "covered":
+            await self.delete(key, signature)
+        elif verdict.kind == "overtaken":
+            await self.quarantine_key(key, verdict.reason, signature)
+        return verdict.kind == "continues"
 
     # --- load: merge the file into what the backend holds ---------------------------------------------
 
-    async def merge(self, key: str, session: Session | None) -> Session | None:
-        """The session as loaded from the backend (``session``) merged with its fallback file, if any.
+    async def merge(self, key: str, session: Session | None, record: SessionRecord | None) -> Session | None:
+        """``session`` (built from the backend's row ``record``, or None) merged with the key's file.
 
-        A file that continues the backend's head becomes the session's unsaved part; one the backend
-        already holds is deleted; one that another writer overtook is quarantined (kept for a human).
+        ``ConflictError`` when ``session`` holds unsaved messages that the file, written by another
+        writer, does not continue (the caller drops that session and loads again).
         """
-        snap = await self.read(key)
-        if snap is None:
+        found = await self.read(key)
+        if found is None:
+            return session
+        snap, signature = found
+        if session is not None and session._fallback_sig == signature:
+            return session  # it holds this very file already
+        verdict = await self.judge(snap, record)
+        if not await self._settle(key, snap, signature, verdict):
             return session
         if session is None:
-            if snap.in_backend:
-                await self.quarantine_key(
-                    key, "the session was deleted from the backend after this file was written"
-                )
-                return None
             session = self._manager._new(key, None)
-            session._from_fallback(snap)
+            session._from_fallback(snap, signature)
             return session
-        if snap.in_backend and snap.created_at != session.created_at:
-            await self.quarantine_key(
-                key,
-                "the session was deleted and created again in the backend after this file was written; "
-                "its messages were kept in the quarantined file",
+        missing = snap.messages[verdict.covered :]
+        unsaved = session.unsaved()
+        if missing[: len(unsaved)] != unsaved:
+            raise ConflictError(
+                f"session {key!r} has unsaved messages, and another writer's fallback file holds others "
+                "at the same place",
+                key=key,
             )
-            return session
-        if session.saved_head == snap.base_head:
-            # The fallback continues the backend: its messages are unsaved, written by the next save.
-            session._continued_by(snap)
-            return session
-        if session.saved_head >= snap.head and await self.backend_has(snap):
-            # Replayed already, but the process died before deleting the file.
-            assert self.files is not None
-            await asyncio.to_thread(self.files.delete, key)
-            return session
-        await self.quarantine_key(
-            key,
-            f"it follows head {snap.base_head} but the backend moved to {session.saved_head} through "
-            "another writer; its messages were kept in the quarantined file",
-        )
+        session._continued_by(snap, missing[len(unsaved) :], signature)
         return session
 
-    # --- save: write the file when the backend cannot take the save -----------------------------------
+    # --- save: before the backend, and when it cannot take the save -----------------------------------
+
+    def may_exist(self, key: str) -> bool:
+        """Whether the key may have a fallback file (one stat; False without a fallback directory)."""
+        return self.files is not None and self.files.exists(key)
+
+    async def check_before_save(self, session: Session) -> None:
+        """Refuse a save that would fork from a fallback file another writer saved first.
+
+        A file this session does not hold that still continues the backend holds acknowledged messages
+        the backend does not have yet: saving past it would lose or fork them, so ``ConflictError``. A
+        covered file is deleted, an overtaken one quarantined. (The caller checks :meth:`may_exist`
+        first: one stat when there is no file.)
+        """
+        files = self.files
+        if files is None:
+            return
+        held = session._fallback_sig
+        if held is not None and await asyncio.to_thread(files.signature, session.key) == held:
+            return  # its own file (only the header is read)
+        found = await self.read(session.key)
+        if found is None or found[1] == held:
+            return
+        snap, signature = found
+        try:
+            record = await self._manager.backend.load_session(session.key)
+            verdict = await self.judge(snap, record)
+        except BackendUnavailable:
+            return  # cannot tell now; a save that falls back finds the file changed and conflicts
+        if await self._settle(session.key, snap, signature, verdict):
+            raise ConflictError(
+                f"another writer saved session {session.key!r} first, to its fallback file (while the "
+                "backend was unavailable): load the session again, which merges that file, then re-apply "
+                "your change",
+                key=session.key,
+            )
 
     async def write(self, session: Session, changes: Changes, cause: BackendUnavailable) -> None:
-        """Write the session's unsaved part to its fallback file; ``BackendUnavailable`` if that fails."""
+        """Write the session's unsaved part to its fallback file, replacing only the file this session
+        holds. ``BackendUnavailable`` if that fails, ``ConflictError`` if another writer changed the file."""
         files = self.files
         if files is None:
             raise BackendUnavailable(
@@ -140,7 +239,16 @@ class SessionFallback:
             messages=list(changes.messages),
         )
         try:
-            path = await asyncio.to_thread(files.write, snap)
+            path, signature = await asyncio.to_thread(
+                files.write_signed, snap, replacing=session._fallback_sig
+            )
+        except FallbackChanged:
+            raise ConflictError(
+                f"{cause}; and another writer changed the fallback file of session {session.key!r} since "
+                "this session read it, so it was not saved: load it again, which merges that file, then "
+                "re-apply your change",
+                key=session.key,
+            ) from cause
         except (OSError, StatekeelError) as exc:
             raise BackendUnavailable(
                 f"{cause}; and writing the fallback file for session {session.key!r} in {files.path} "
@@ -148,7 +256,7 @@ class SessionFallback:
                 key=session.key,
                 fallback_error=str(exc),
             ) from cause
-        session._fell_back()
+        session._fell_back(signature)
         self.pending.add(session.key)
         log.warning(
             "backend unavailable (%s): session %r (%d unsaved messages) written to fallback file %s",
@@ -158,23 +266,11 @@ class SessionFallback:
             path,
         )
 
-    async def drop_covered(self, key: str, base: int, head: int) -> None:
-        """Delete the key's fallback file if the write that just committed covers it."""
-        files = self.files
-        if files is None:
-            return
-        try:
-            signature = await asyncio.to_thread(files.signature, key)
-            snap = await asyncio.to_thread(files.read, key)
-        except FallbackCorrupt as exc:
-            await self.quarantine_key(key, str(exc))
-            return
-        except OSError as exc:
-            log.warning("could not read the fallback file of session %r after saving it: %s", key, exc)
-            return
-        if snap is not None and snap.base_head == base and snap.head <= head:
-            await asyncio.to_thread(files.delete, key, signature)
-        self.pending.discard(key)
+    async def drop_covered(self, key: str, signature: str) -> None:
+        """A commit covers the file with ``signature`` (the one the saved session held): delete it, unless
+        another writer replaced it meanwhile."""
+        if self.files is not None:
+            await self.delete(key, signature)
 
     def after_save(self, key: str) -> None:
         """A save of ``key`` reached the backend: replay the other keys' files in the background."""
@@ -183,12 +279,17 @@ class SessionFallback:
 
     # --- replay ---------------------------------------------------------------------------------------
 
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background, outside any ``atomic()`` block; ``close()`` cancels it."""
+        task = background(coro, name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
     def schedule_replay(self) -> None:
-        if self._replaying.locked() or any(not t.done() for t in self.background):
+        if self._replaying.locked() or (self._replay_task is not None and not self._replay_task.done()):
             return
-        task = asyncio.create_task(self._background_replay(), name="statekeel-fallback-replay")
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self._replay_task = self.spawn(self._background_replay(), "statekeel-fallback-replay")
 
     async def _background_replay(self) -> None:
         try:
@@ -201,6 +302,11 @@ class SessionFallback:
 
     async def replay(self) -> ReplayReport:
         """See ``SessionManager.replay_fallback``."""
+        if self._manager.backend.in_atomic():
+            raise InvalidArgument(
+                "replay_fallback() commits each file on its own and deletes it after: call it outside "
+                "an atomic() block"
+            )
         async with self._replaying:
             return await self._replay_all()
 
@@ -213,7 +319,7 @@ class SessionFallback:
         for path in paths:
             snap = await self._read_for_replay(files, path, report)
             if snap is not None:
-                await self._replay_held(snap, report)
+                await self._replay_held(snap.key, report)
         report.quarantined.update(self._quarantined)
         self._quarantined.clear()
         return report
@@ -231,15 +337,15 @@ class SessionFallback:
                 target = await asyncio.to_thread(files.quarantine, path, str(exc))
             except FileNotFoundError:
                 return None
-            report.quarantined[target] = str(exc)
+            if target is not None:
+                report.quarantined[target] = str(exc)
         except OSError as exc:
             report.failed[path] = f"cannot read: {exc}"
         return None
 
-    async def _replay_held(self, snap: FallbackSnapshot, report: ReplayReport) -> None:
-        """Replay one file as a holder of its session's lock."""
+    async def _replay_held(self, key: str, report: ReplayReport) -> None:
+        """Replay one key's file as a holder of the session's lock."""
         manager = self._manager
-        key = snap.key
         if key in manager._held:
             report.skipped.append(key)
             return
@@ -255,7 +361,7 @@ class SessionFallback:
             report.failed[key] = str(exc)
             return
         try:
-            await self._replay_one(snap, report)
+            await self._replay_one(key, report)
         except StatekeelError as exc:
             # Any error of one file (the backend is down, a message over a since-lowered
             # max_record_bytes, the session deleted meanwhile) leaves it on disk and reported.
@@ -263,60 +369,57 @@ class SessionFallback:
         finally:
             await lock.release()
 
-    async def _replay_one(self, snap: FallbackSnapshot, report: ReplayReport) -> None:
-        assert self.files is not None
+    async def _replay_one(self, key: str, report: ReplayReport) -> None:
+        # Read again now that the session is held: the file may have changed while the lease was awaited.
+        found = await self.read(key)
+        if found is None:
+            return
+        snap, signature = found
         manager = self._manager
-        key = snap.key
         cached = manager._cache.get(key)
-        if cached is not None and cached._fallback and cached.saved_head == snap.base_head:
-            # The cached session holds the file's messages (and maybe more): saving it writes them all.
+        if cached is not None and cached._fallback_sig == signature:
+            # The cached session holds the file's messages (and maybe more): saving it writes them all,
+            # after any save of it already under way.
             if await manager._save(cached):
                 report.replayed[key] = len(snap.messages)
             else:
                 report.failed[key] = "the backend is still unavailable"
             return
-        signature = await asyncio.to_thread(self.files.signature, key)
         record = await manager.backend.load_session(key)
-        if record is None and snap.in_backend:
-            await self.quarantine_key(
-                key, "the session was deleted from the backend after this file was written"
-            )
-            return
-        if record is not None and snap.in_backend and record.created_at != snap.created_at:
-            await self.quarantine_key(
-                key, "the session was deleted and created again in the backend after this file was written"
-            )
-            return
-        if record is not None and record.head_seq != snap.base_head:
-            if record.head_seq >= snap.head and await self.backend_has(snap):
-                await asyncio.to_thread(self.files.delete, key, signature)
-                self.pending.discard(key)
+        verdict = await self.judge(snap, record)
+        if not await self._settle(key, snap, signature, verdict):
+            if verdict.kind == "covered":
                 report.stale.append(key)
-                return
-            await self.quarantine_key(
-                key,
-                f"it follows head {snap.base_head} but the backend moved to {record.head_seq} "
-                "through another writer",
-            )
             return
-        codec = manager.codec
-        await manager.backend.append_messages(
-            key,
-            snap.base_head,
-            message_batch(codec, snap.base_head, snap.messages),
-            metadata=codec.encode(snap.metadata, where="metadata")
-            if snap.metadata_changed or record is None
-            else None,
-            create=record is None,
-            status=snap.status if snap.status_changed else None,
-            lease=manager._lease_for(key),
-            expected_created_at=snap.created_at if snap.in_backend else None,
-        )
-        await asyncio.to_thread(self.files.delete, key, signature)
-        self.pending.discard(key)
+        await self._append(snap, record, verdict.covered)
+        await self.delete(key, signature)  # a file rewritten meanwhile stays, for the next replay
         if cached is not None and not cached.is_dirty():
-            del manager._cache[key]  # stale now: the next load reads the replayed state
-        report.replayed[key] = len(snap.messages)
+            manager._forget(key, cached)  # stale now: the next load reads the replayed state
+        report.replayed[key] = len(snap.messages) - verdict.covered
+
+    async def _append(self, snap: FallbackSnapshot, record: SessionRecord | None, covered: int) -> None:
+        """Write the file's messages the backend lacks, with its metadata and status changes."""
+        manager = self._manager
+        codec = manager.codec
+        base = snap.base_head + covered
+        metadata = (
+            codec.encode(snap.metadata, where="metadata") if snap.metadata_changed or record is None else None
+        )
+        status = snap.status if snap.status_changed else None
+        await manager.backend.append_messages(
+            snap.key,
+            base,
+            message_batch(codec, base, snap.messages[covered:]),
+            metadata=metadata,
+            create=record is None,
+            status=status,
+            lease=manager._lease_for(snap.key),
+            expected_created_at=None if record is None else record.created_at,
+            # The file's metadata and status replace the row's only if nobody changed them since.
+            expected_version=None
+            if record is None or (metadata is None and status is None)
+            else record.version,
+        )
 
 
-__all__ = ["ReplayReport", "SessionFallback"]
+__all__ = ["SessionFallback", "Verdict", "background"]

@@ -9,8 +9,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import SessionLease, StorageBackend
-from ..errors import ConflictError, InvalidArgument, LeaseLost, StatekeelError
+from ..errors import InvalidArgument, LeaseLost, LockTimeout, StatekeelError
 from ..holders import holder_is_dead
+from .fallback import background
 
 if TYPE_CHECKING:
     from .manager import SessionManager
@@ -28,7 +29,8 @@ async def acquire_lease(
     """The session's lease for ``owner``, waiting for its holder until ``deadline`` (loop time).
 
     A holder whose process is known to be gone (a crash on this host) is taken over at once rather than
-    at its lease's expiry. ``ConflictError`` when the lease is still held at the deadline.
+    at its lease's expiry. ``LockTimeout`` (a ``ConflictError``) when the lease is still held at the
+    deadline.
     """
     loop = asyncio.get_running_loop()
     delay = _POLL_FIRST
@@ -44,9 +46,9 @@ async def acquire_lease(
             lease = taken
         left = deadline - loop.time()
         if left <= 0:
-            raise ConflictError(
-                f"session {key!r} is locked by {lease.owner} (lease until "
-                f"{lease.expires_at.isoformat()}); gave up waiting",
+            raise LockTimeout(
+                f"session {key!r} is held by {lease.owner} (its lease runs until "
+                f"{lease.expires_at.isoformat()}); gave up waiting for it at the lock timeout",
                 key=key,
                 holder=lease.owner,
                 expires_at=lease.expires_at,
@@ -82,8 +84,8 @@ class SessionLock:
     async def acquire(self, timeout: float | None = None) -> None:
         """Wait (at most ``timeout`` seconds, default ``SessionManager.lock_timeout``) for the session.
 
-        Raises ``ConflictError`` when another holder keeps it past the timeout, ``BackendUnavailable``
-        when the backend cannot record the lease.
+        Raises ``LockTimeout`` (a ``ConflictError``) when another holder keeps it past the timeout,
+        ``BackendUnavailable`` when the backend cannot record the lease.
         """
         task = asyncio.current_task()
         if task is not None and self._holder is task:
@@ -99,8 +101,9 @@ class SessionLock:
             async with asyncio.timeout(wait):
                 await self._lock.acquire()
         except TimeoutError:
-            raise ConflictError(
-                f"session {self.key!r} is locked by another task of this process; waited {wait}s",
+            raise LockTimeout(
+                f"session {self.key!r} is held by another task of this process; gave up waiting for it "
+                f"after {wait}s (the lock timeout)",
                 key=self.key,
             ) from None
         self._holder = task
@@ -114,7 +117,8 @@ class SessionLock:
             self._unhold()
             raise
         self.lost = False
-        self._renewer = asyncio.create_task(self._renew_loop(self.lease), name=f"statekeel-lease-{self.key}")
+        # Renewals run in their own transactions, also when the lock was taken inside an atomic() block.
+        self._renewer = background(self._renew_loop(self.lease), f"statekeel-lease-{self.key}")
 
     def _unhold(self) -> None:
         self._holder = None

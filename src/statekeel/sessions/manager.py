@@ -1,7 +1,8 @@
 """``SessionManager``: loads, caches, locks and saves sessions through a backend.
 
 - ``save`` writes only what changed since the last load or save, in one transaction, conditional on the
-  head sequence it started from: a concurrent writer gets ``ConflictError``, never an interleaved history.
+  head sequence (messages) and version (metadata, status) it started from: a concurrent writer gets
+  ``ConflictError``, never an interleaved history nor a silently overwritten field.
 - ``lock(key)`` is one holder per session (see :mod:`statekeel.sessions.lock`).
 - When the backend is unavailable, ``save`` writes a fallback file and warns; ``load`` merges it back, and
   ``replay_fallback()`` moves it into the backend once it works again (see
@@ -14,12 +15,13 @@ import asyncio
 import builtins
 import collections
 import datetime as dt
+import functools
 import logging
 import math
 import os
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,14 +34,21 @@ from ..backends.base import (
     StorageBackend,
 )
 from ..codec import Codec
-from ..errors import BackendUnavailable, InvalidArgument, InvalidTransition, NotFound, StatekeelError
+from ..errors import (
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    NotFound,
+    StatekeelError,
+)
 from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
 from ..journal import StepFn
 from ..validation import check_int, check_key, check_str, check_text
 from .fallback import SessionFallback
 from .lock import SessionLock
-from .session import Changes, Session, Summary
+from .session import Session, Summary
 from .tools import MISSING, ToolCalls, ToolRecovery
 
 log = logging.getLogger("statekeel.sessions")
@@ -142,6 +151,7 @@ class SessionManager:
         :meth:`load`. The save on exit also runs when the block raises (then a failing save is logged and
         the block's exception propagates).
         """
+        _check_flag(repair, "repair")
         lock = self.lock(key)
         await lock.acquire(timeout)
         try:
@@ -162,35 +172,42 @@ class SessionManager:
 
     # --- loading --------------------------------------------------------------------------------------
 
-    async def _cached_valid(self, key: str, include_archived: bool) -> Session | None:
-        """The cached session if the backend still agrees with it (one row read), else None."""
+    async def _cached(self, key: str, include_archived: bool) -> Session | None:
+        """The cached session brought up to date with the backend (one row read) and its fallback file;
+        None when it is not cached, or was dropped because another writer changed what it changed too."""
         cached = self._cache.get(key)
         if cached is None or (include_archived and not cached._full):
             return None
         record = await self.backend.load_session(key)
         if record is None:
-            if not cached._in_backend:
-                self._cache.move_to_end(key)
+            current = not cached._in_backend
+        else:
+            current = cached._in_step_with(record) and cached._refreshed(record)
+        if current:
+            try:
+                await self._fallback.merge(key, cached, record)
+            except ConflictError:
+                pass
+            else:
+                if self._cache.get(key) is cached:
+                    self._cache.move_to_end(key)
                 return cached
-        elif cached._in_step_with(record):
-            cached._refreshed(record)
-            self._cache.move_to_end(key)
-            return cached
         if cached.is_dirty():
             log.warning(
                 "cached session %r has unsaved changes but another writer changed it in the backend; "
                 "loading the stored version (saving the old object will raise ConflictError)",
                 key,
             )
-        del self._cache[key]
+        self._forget(key, cached)
         return None
 
     async def load(self, key: str, *, include_archived: bool = False, repair: bool = True) -> Session | None:
         """The session, or None if it does not exist. A failed read raises; it never looks empty.
 
-        Reads the backend and this session's fallback file, if any, and takes the newer (fallback
-        messages that follow the backend's head are kept as unsaved). Only the live messages are read,
-        plus the compression summaries; ``include_archived=True`` loads every message from seq 0.
+        Reads the backend and this session's fallback file, if any — also for a cached session — and
+        merges them (fallback messages that follow the backend's head are kept as unsaved). Only the live
+        messages are read, plus the compression summaries; ``include_archived=True`` loads every message
+        from seq 0.
 
         Tool calls left without a result by a process that is gone (it died, or its heartbeat expired;
         never a call of a live process) are answered with an explicit interrupted result in their own
@@ -205,11 +222,11 @@ class SessionManager:
             session = await self._load(key, include_archived)
             if session is None or await self._tools.settle(session, repair):
                 return session
-            self._cache.pop(key, None)  # another writer came first: read what it wrote
+            self._forget(key, session)  # another writer came first: read what it wrote
         return session
 
     async def _load(self, key: str, include_archived: bool) -> Session | None:
-        cached = await self._cached_valid(key, include_archived)
+        cached = await self._cached(key, include_archived)
         if cached is not None and (cached._in_backend or cached.is_dirty()):
             return cached
         session = await self._load_fresh(key, include_archived)
@@ -226,11 +243,11 @@ class SessionManager:
             session = await self._get_or_create(key)
             if await self._tools.settle(session, repair):
                 return session
-            self._cache.pop(key, None)  # another writer came first: read what it wrote
+            self._forget(key, session)  # another writer came first: read what it wrote
         return session
 
     async def _get_or_create(self, key: str) -> Session:
-        cached = await self._cached_valid(key, False)
+        cached = await self._cached(key, False)
         if cached is not None:
             return cached
         session = await self._load_fresh(key, False)
@@ -241,11 +258,11 @@ class SessionManager:
 
     async def _load_fresh(self, key: str, include_archived: bool) -> Session | None:
         found = await self.backend.load_session_payloads(key, include_archived=include_archived)
-        session: Session | None = None
-        if found is not None:
-            session = self._new(key, found.record)
-            session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
-        return await self._fallback.merge(key, session)
+        if found is None:
+            return await self._fallback.merge(key, None, None)
+        session = self._new(key, found.record)
+        session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
+        return await self._fallback.merge(key, session, found.record)
 
     # --- cache ----------------------------------------------------------------------------------------
 
@@ -274,6 +291,11 @@ class SessionManager:
                 if self._cache.get(key) is session:
                     del self._cache[key]
 
+    def _forget(self, key: str, session: Session) -> None:
+        """Drop ``session`` from the cache, unless another load has put a newer one there already."""
+        if self._cache.get(key) is session:
+            del self._cache[key]
+
     def cached(self, key: str) -> Session | None:
         """The cached session of ``key`` without touching the backend or the LRU order (for inspection)."""
         return self._cache.get(key)
@@ -281,53 +303,83 @@ class SessionManager:
     # --- saving ---------------------------------------------------------------------------------------
 
     async def save(self, session: Session) -> None:
-        """Write the new messages and changed metadata/status in one transaction, conditional on the head
-        sequence the session was loaded at.
+        """Write the new messages and changed metadata/status in one transaction, conditional on what the
+        session was loaded at: the head sequence for messages, the version for metadata and status.
 
-        ``ConflictError`` if another writer appended first; ``LeaseLost`` if this process held the
-        session's lock and its lease was taken over. When the backend is unavailable the session is
-        written to its fallback file and a warning is logged; raises only if both fail.
+        ``ConflictError`` if another writer changed it first (or saved it first to its fallback file);
+        ``LeaseLost`` if this process held the session's lock and its lease was taken over. When the
+        backend is unavailable the session is written to its fallback file and a warning is logged;
+        raises only if both fail. Inside an ``atomic()`` block the save is part of the block's
+        transaction: undone in the session if the block rolls back, and never written to a fallback file.
         """
         await self._save(session)
 
     async def _save(self, session: Session) -> bool:
-        """Save; True when the backend took it, False when it went to the fallback file."""
+        """Save; True when the backend took it, False when it went to the fallback file. Saves of one
+        session object run one at a time: each writes what the one before it left unsaved."""
         session = self._check_owned(session)
+        async with session._saving:
+            return await self._save_now(session)
+
+    async def _save_now(self, session: Session) -> bool:
         changes = session._changes()
         if changes.empty:
             return True
+        if self._fallback.may_exist(session.key):
+            await self._fallback.check_before_save(session)
         calls = await self._tools.counted(session)
+        in_block = self.backend.in_atomic()
         try:
-            record = await self._append(session, changes, calls)
+            record = await self.backend.append_messages(
+                session.key,
+                changes.base,
+                changes.batch,
+                metadata=changes.metadata,
+                create=changes.create,
+                status=changes.status,
+                lease=self._lease_for(session.key),
+                # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
+                expected_created_at=session._expected_created_at(),
+                expected_version=changes.expected_version,
+                # How many tool calls wait for a result after this save, and whose they are.
+                open_calls=calls[0],
+                calls_owner=calls[1],
+            )
         except BackendUnavailable as exc:
+            if in_block:
+                raise  # the block's transaction decides: a fallback file would outlive its rollback
             await self._fallback.write(session, changes, exc)
             return False
-        await self._after_append(session, changes, record)
+        covered = session._fallback_sig
+        if in_block:
+            # Settled for the rest of the block; undone if it rolls back. The file goes after COMMIT.
+            undo = session._saved_undoably(record, changes)
+            self.backend.on_block_end(functools.partial(self._block_ended, session.key, undo, covered))
+        else:
+            session._saved(record, changes)
+            if covered is not None:
+                await self._fallback.drop_covered(session.key, covered)
+        self._fallback.after_save(session.key)
         return True
 
-    async def _append(
-        self, session: Session, changes: Changes, calls: tuple[int, str | None]
-    ) -> SessionRecord:
-        """Write ``changes`` (and the count and owner of the session's waiting tool calls)."""
-        return await self.backend.append_messages(
-            session.key,
-            changes.base,
-            changes.batch,
-            metadata=changes.metadata,
-            create=changes.create,
-            status=changes.status,
-            lease=self._lease_for(session.key),
-            # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
-            expected_created_at=session._expected_created_at(),
-            open_calls=calls[0],
-            calls_owner=calls[1],
-        )
+    def _block_ended(self, key: str, undo: Callable[[], None], covered: str | None, committed: bool) -> None:
+        if not committed:
+            undo()
+        elif covered is not None:
+            self._fallback.spawn(self._fallback.drop_covered(key, covered), f"statekeel-drop-{key}")
 
-    async def _after_append(self, session: Session, changes: Changes, record: SessionRecord) -> None:
-        """The backend committed ``changes``: update the session and its fallback file."""
-        if session._saved(record, changes):
-            await self._fallback.drop_covered(session.key, changes.base, record.head_seq)
-        self._fallback.after_save(session.key)
+    def _remove_file_later(self, files: FallbackDir, key: str) -> None:
+        self._fallback.spawn(asyncio.to_thread(files.delete, key), f"statekeel-delete-{key}")
+
+    def _after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` now, or, inside an ``atomic()`` block, once the outermost block committed."""
+
+        def ended(committed: bool) -> None:
+            if committed:
+                action()
+
+        if not self.backend.on_block_end(ended):
+            action()
 
     # --- tool calls -----------------------------------------------------------------------------------
 
@@ -403,9 +455,13 @@ class SessionManager:
         updated = await self.backend.update_session(
             key, expected_version=record.version, status=to, lease=self._lease_for(key)
         )
-        cached = self._cache.get(key)
-        if cached is not None:
-            cached._status_set(updated)
+
+        def follow() -> None:
+            cached = self._cache.get(key)
+            if cached is not None:
+                cached._status_set(record, updated)
+
+        self._after_commit(follow)
         return updated
 
     async def expire(self, key: str) -> SessionRecord:
@@ -426,9 +482,14 @@ class SessionManager:
         existed = await self.backend.delete_session(key, lease=self._lease_for(key))
         self._cache.pop(key, None)
         self._fallback.pending.discard(key)
-        if self.fallback is not None and self.fallback.exists(key):
-            existed = await asyncio.to_thread(self.fallback.delete, key) or existed
-        return existed
+        files = self.fallback
+        if files is None or not files.exists(key):
+            return existed
+        if self.backend.in_atomic():
+            # The file is the only copy of its messages until the deletion commits.
+            self._after_commit(lambda: self._remove_file_later(files, key))
+            return True
+        return await asyncio.to_thread(files.delete, key) or existed
 
     async def cleanup_expired(
         self,
@@ -534,11 +595,16 @@ class SessionManager:
             summary=summary,
             expected_consolidated=record.last_consolidated,
             lease=self._lease_for(key),
+            expected_created_at=record.created_at,  # the session checked above, not one created again
         )
-        cached = self._cache.get(key)
-        if cached is not None:
-            done = Summary(compression_id, record.last_consolidated, upto_seq, summary)
-            cached._compressed(done, record, updated)
+        done = Summary(compression_id, record.last_consolidated, upto_seq, summary)
+
+        def follow() -> None:
+            cached = self._cache.get(key)
+            if cached is not None:
+                cached._compressed(done, record, updated)
+
+        self._after_commit(follow)
         return compression_id
 
     async def archived(self, key: str, compression_id: str | None = None) -> builtins.list[ArchivedMessage]:
@@ -553,7 +619,7 @@ class SessionManager:
     async def close(self) -> None:
         """Stop background work (fallback replay, lease renewal, the heartbeat). Held leases expire by
         themselves; tool calls this manager left waiting may be answered by the next load."""
-        tasks = list(self._fallback.background)
+        tasks = list(self._fallback.tasks)
         for lock in list(self._held.values()):
             if lock._renewer is not None:
                 tasks.append(lock._renewer)

@@ -1,14 +1,24 @@
 """The in-memory session: its messages, and what the store holds of it.
 
 A :class:`Session` owns its bookkeeping (the head the backend holds, the stored metadata and status, the
-version …). The manager changes it only through the named transitions below (``_loaded``, ``_saved``,
-``_refreshed``, ``_compressed`` …), each of which says which event of the store it follows.
+version its edits are based on, the fallback file whose content it holds …). The manager changes it only
+through the named transitions below (``_loaded``, ``_saved``, ``_refreshed``, ``_compressed`` …), each of
+which says which event of the store it follows.
+
+The rule for other writers' changes is the same for every part of a session: a save is conditional on
+what it writes — new messages on the head they follow, metadata and status on the version the session
+was loaded (or last brought up to date) at — and raises ``ConflictError`` when another writer changed it
+first. Bringing a session up to date (``load()``, and the row every write returns) takes another writer's
+metadata and status unless this session changed the same one; then the session keeps its base version,
+so that its save conflicts instead of overwriting theirs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,10 +79,26 @@ class Changes:
     metadata: bytes | None  # the same when it differs from the stored metadata, else None
     status: str | None  # the status when it differs from the stored one, else None
     create: bool  # the session is not in the backend yet
+    expected_version: int | None  # what a metadata or status change is conditional on
 
     @property
     def empty(self) -> bool:
         return not self.batch and self.metadata is None and self.status is None and not self.create
+
+
+# What a Session knows of the store (its bookkeeping), as opposed to what the caller changes.
+_STORED = (
+    "_head",
+    "_saved_last",
+    "_in_backend",
+    "_metadata_raw",
+    "_saved_status",
+    "_version",
+    "created_at",
+    "updated_at",
+    "_fallback_sig",
+)
+_stored_fields = operator.attrgetter(*_STORED)
 
 
 class Session:
@@ -89,7 +115,7 @@ class Session:
 
     __slots__ = (
         "_codec",
-        "_fallback",
+        "_fallback_sig",
         "_first",
         "_full",
         "_head",
@@ -98,6 +124,7 @@ class Session:
         "_owner",
         "_saved_last",
         "_saved_status",
+        "_saving",
         "_tools",
         "_version",
         "created_at",
@@ -117,7 +144,9 @@ class Session:
         self._codec = codec
         self.messages: list[dict[str, Any]] = []
         self.summaries: list[Summary] = []
-        self._fallback = False  # unsaved content also sits in a fallback file
+        # The signature of the fallback file whose content this session holds (it wrote or merged it).
+        self._fallback_sig: str | None = None
+        self._saving = asyncio.Lock()  # one save of this object at a time
         self._full = False
         # The last saved message object: if it is no longer at its place, the list was cut and regrown.
         self._saved_last: dict[str, Any] | None = None
@@ -259,14 +288,19 @@ class Session:
                 f"session status must be one of {', '.join(SESSION_STATUSES)}, got {self.status!r}"
             )
         raw = self._codec.encode(self.metadata, where="metadata")
+        metadata = raw if raw != self._metadata_raw else None
+        status = self.status if self.status != self._saved_status else None
         return Changes(
             base=base,
             messages=new,
             batch=batch,
             metadata_raw=raw,
-            metadata=raw if raw != self._metadata_raw else None,
-            status=self.status if self.status != self._saved_status else None,
+            metadata=metadata,
+            status=status,
             create=not self._in_backend,
+            expected_version=self._version
+            if self._in_backend and (metadata is not None or status is not None)
+            else None,
         )
 
     def _expected_created_at(self) -> dt.datetime | None:
@@ -274,6 +308,15 @@ class Session:
         return self.created_at if self._in_backend else None
 
     # --- transitions: each follows one event of the store -----------------------------------------------
+
+    def _stored(self) -> tuple[Any, ...]:
+        """What this session knows of the store, as one value (to undo a transition)."""
+        stored: tuple[Any, ...] = _stored_fields(self)
+        return stored
+
+    def _restore(self, stored: tuple[Any, ...]) -> None:
+        for name, value in zip(_STORED, stored, strict=True):
+            setattr(self, name, value)
 
     def _mark_saved(self) -> None:
         saved = self._head - self._first
@@ -288,42 +331,53 @@ class Session:
             self._full = True
         self._mark_saved()
 
-    def _from_fallback(self, snap: FallbackSnapshot) -> None:
+    def _from_fallback(self, snap: FallbackSnapshot, signature: str) -> None:
         """A session the backend does not have, taken whole from its fallback file."""
         self.metadata = snap.metadata
         self.status = snap.status
         self.created_at = snap.created_at
         self.updated_at = snap.updated_at
         self.messages = list(snap.messages)
-        self._fallback = True
+        self._fallback_sig = signature
 
-    def _continued_by(self, snap: FallbackSnapshot) -> None:
-        """A fallback file that follows this session's stored head: its content becomes unsaved here."""
-        self.messages.extend(snap.messages)
+    def _continued_by(self, snap: FallbackSnapshot, messages: list[dict[str, Any]], signature: str) -> None:
+        """A fallback file continues what this session holds: ``messages`` (the file's messages this
+        session lacks) become unsaved here, and so do the file's metadata and status changes."""
+        self.messages.extend(messages)
         if snap.metadata_changed:
             self.metadata = snap.metadata
         if snap.status_changed:
             self.status = snap.status
-        self._fallback = True
+        self._fallback_sig = signature
 
-    def _fell_back(self) -> None:
-        """The unsaved part was written to the fallback file."""
-        self._fallback = True
+    def _fell_back(self, signature: str) -> None:
+        """The unsaved part was written to the fallback file with ``signature``."""
+        self._fallback_sig = signature
 
-    def _saved(self, record: SessionRecord, changes: Changes) -> bool:
-        """The backend committed ``changes``; ``record`` is its row after them. True if this session's
-        content was also in a fallback file (which the caller may now delete)."""
-        self._head = record.head_seq
-        self._mark_saved()
-        self._in_backend = True
-        self._metadata_raw = changes.metadata_raw
-        self._saved_status = record.status
+    def _metadata_edited(self) -> bool:
+        if self._metadata_raw is None:
+            return bool(self.metadata)
+        return self._codec.encode(self.metadata, where="metadata") != self._metadata_raw
+
+    def _take_theirs(self, record: SessionRecord) -> bool:
+        """Another writer made ``record`` (this incarnation, at a newer version): take its metadata and
+        status unless this session changed the same one too. Then False, and nothing is taken: the base
+        version stays, so that this session's save conflicts rather than overwrite theirs."""
+        stored = {} if self._metadata_raw is None else self._codec.decode(self._metadata_raw)
+        theirs_metadata = record.metadata != stored
+        theirs_status = record.status != self._saved_status
+        if (theirs_metadata and self._metadata_edited()) or (
+            theirs_status and self.status != self._saved_status
+        ):
+            return False
+        if theirs_metadata:
+            self.metadata = record.metadata
+            self._metadata_raw = self._codec.encode(record.metadata, where="metadata")
+        if theirs_status:
+            self.status = self._saved_status = record.status
         self._version = record.version
         self.updated_at = record.updated_at
-        self.created_at = record.created_at
-        self._tools.stored(record)
-        had_fallback, self._fallback = self._fallback, False
-        return had_fallback
+        return True
 
     def _in_step_with(self, record: SessionRecord) -> bool:
         """Whether ``record`` is the row this session was last loaded or saved at, but for its metadata
@@ -335,33 +389,64 @@ class Session:
             and record.created_at == self.created_at  # not deleted and created again
         )
 
-    def _refreshed(self, record: SessionRecord) -> None:
-        """Another writer changed only status or metadata: take theirs unless changed here too."""
+    def _refreshed(self, record: SessionRecord) -> bool:
+        """``load()`` read ``record``, in step with this session: bring it up to date. False when another
+        writer changed what this session changed too (the caller reloads it)."""
         self._tools.stored(record)  # the waiting calls' count and owner change without a new version
-        if record.version == self._version:
-            return
+        return record.version == self._version or self._take_theirs(record)
+
+    def _saved(self, record: SessionRecord, changes: Changes) -> None:
+        """The backend took ``changes``; ``record`` is its row after them."""
+        # A write of metadata or status was conditional on the version: only an append of messages alone
+        # can have passed another writer's change, which shows as a version jump.
+        theirs = not changes.create and record.version != self._version + 1
+        self._head = record.head_seq
+        self._mark_saved()
+        self._in_backend = True
+        self.created_at = record.created_at
+        self._fallback_sig = None
+        self._tools.stored(record)
+        if not (theirs and self._take_theirs(record)):
+            if not theirs:
+                self._metadata_raw = changes.metadata_raw
+                self._saved_status = record.status
+                self._version = record.version
+            self.updated_at = record.updated_at
+
+    def _saved_undoably(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
+        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block rolls back."""
+        before = self._stored()
+        calls_before = self._tools.stored_open, self._tools.calls_owner
+        metadata, status = self.metadata, self.status
+        self._saved(record, changes)
+        taken_metadata, taken_status = self.metadata, self.status
+
+        def undo() -> None:
+            self._restore(before)
+            self._tools.stored_open, self._tools.calls_owner = calls_before
+            if self.metadata is taken_metadata:
+                self.metadata = metadata
+            if self.status == taken_status:
+                self.status = status
+
+        return undo
+
+    def _status_set(self, before: SessionRecord, record: SessionRecord) -> None:
+        """The manager changed the stored status (expire, archive, reopen) of the row it read as
+        ``before``; ``record`` is the row after."""
+        if not (self._in_step_with(before) and self._refreshed(before)):
+            return  # behind, or changed here too: its next save conflicts, its next load reloads
         if self.status == self._saved_status:
             self.status = record.status
         self._saved_status = record.status
-        raw = self._codec.encode(record.metadata, where="metadata")
-        if self._codec.encode(self.metadata, where="metadata") == self._metadata_raw:
-            self.metadata = record.metadata
-        self._metadata_raw = raw
-        self._version = record.version
-        self.updated_at = record.updated_at
-
-    def _status_set(self, record: SessionRecord) -> None:
-        """The manager changed the stored status (expire, archive, reopen); ``record`` is the row after."""
-        if not (self._in_backend and self._head == record.head_seq):
-            return
-        self.status = self._saved_status = record.status
         self._version = record.version
         self.updated_at = record.updated_at
 
     def _compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
         """The manager compressed the stored session (``before`` → ``record``): drop what moved to the
-        archive from the live messages."""
-        if not (self._in_backend and self.last_consolidated == before.last_consolidated):
+        archive from the live messages. Only when this session is in step with ``before``: its saved
+        messages then reach at least ``upto_seq``, so no unsaved message is ever dropped."""
+        if not (self._in_step_with(before) and self._refreshed(before)):
             return
         upto = summary.upto_seq
         if not self._full and self._first < upto:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..backends.base import OpenCalls, SessionRecord, SessionStepRecord
+from ..backends.base import OpenCalls, SessionStepRecord
 from ..errors import (
     BackendUnavailable,
     ConflictError,
@@ -41,7 +41,7 @@ from ..holders import holder_is_dead
 from ..journal import StepFn, check_fn, discard, run_step
 from ..transcripts import ToolCall, TranscriptIndex, analyze, normalize_item, tool_result
 from ..validation import check_key
-from .session import Changes, Session
+from .session import Session
 from .transcript import take_back
 
 if TYPE_CHECKING:
@@ -249,29 +249,26 @@ class ToolCalls:
         finally:
             self._running.discard(running)
 
-    async def append_result(
-        self, session: Session, message: dict[str, Any], settle: Any
-    ) -> tuple[SessionRecord, Changes]:
-        """Append ``message`` (already checked) to the session and commit it together with ``settle()``
-        (the journal's record), conditional on the head the session holds. On ``BackendUnavailable`` the
-        message stays in the session, unsaved; on any other failure it is taken back out."""
+    async def append_result(self, session: Session, message: dict[str, Any], settle: Any) -> None:
+        """Append ``message`` (already checked) to the session and commit it, with the session's other
+        unsaved messages, together with ``settle(seq)`` (the journal's record of the result at ``seq``),
+        conditional on the head the session holds. The caller holds ``session._saving``. On
+        ``BackendUnavailable`` the message stays in the session, unsaved; on any other failure it is taken
+        back out."""
         manager = self._manager
-        index = self._index(session)
-        index.add(message)
+        self._index(session).add(message)
         session.messages.append(message)
+        seq = session.head_seq - 1
         try:
-            changes = session._changes()
-            calls = await self.counted(session)
+            await self.counted(session)  # the heartbeat, before the block that may name this process
             async with manager.backend.atomic():
-                record = await manager._append(session, changes, calls)
-                await settle(record.head_seq - 1)
+                await manager._save_now(session)  # in the block: undone in the session if it rolls back
+                await settle(seq)
         except BackendUnavailable:
             raise
         except BaseException:
             take_back(session.messages, [message], session._tools)
             raise
-        await manager._after_append(session, changes, record)
-        return record, changes
 
     # --- resolve_tool -----------------------------------------------------------------------------------
 
@@ -284,7 +281,7 @@ class ToolCalls:
             raise InvalidArgument(f"interrupted must be a bool, got {interrupted!r}")
         if interrupted == (result is not MISSING):
             raise InvalidArgument("pass the call's result (result=...) or interrupted=True, not both")
-        async with session._tools.lock:
+        async with session._saving:
             call = self._waiting_call(session, call_id)
             if _key(session, call_id) in self._running:
                 raise ConflictError(
@@ -507,12 +504,11 @@ class _ToolStep:
         tools, session, call_id = self.tools, self.session, self.call.call_id
         manager = tools._manager
         backend = manager.backend
-        async with session._tools.lock:
+        async with session._saving:
             tools._waiting_call(session, call_id)  # again: a task of this process may have answered it
             changes = session._changes()
-            count, owner = await tools.counted(session)
+            count, owner = await tools.counted(session)  # count > 0: this call waits
             async with backend.atomic():
-                record: SessionRecord | None = None
                 if changes.empty:
                     # Nothing to append: claim the waiting calls, conditional on the head this session
                     # holds (its view of the call is current) and fenced by its lease.
@@ -530,7 +526,7 @@ class _ToolStep:
                             key=session.key,
                         )
                 else:
-                    record = await manager._append(session, changes, (count, owner))
+                    await manager._save_now(session)  # in the block: undone in the session if it rolls back
                 # The first run of a call: one insert. A row already there is judged by _restart.
                 started = await backend.start_session_step(
                     session.key, call_id, owner=tools.owner, expected_attempt=None
@@ -540,9 +536,7 @@ class _ToolStep:
                     step = await backend.get_session_step(session.key, call_id)
                     assert step is not None  # rows are deleted only with their session, locked here
                     started, run = await self._restart(step)
-            if record is not None:
-                await manager._after_append(session, changes, record)
-            else:
+            if changes.empty:
                 session._tools.stored_open, session._tools.calls_owner = count, owner
         return started, run
 
@@ -590,7 +584,7 @@ class _ToolStep:
         """Append the result message and settle the row in one transaction; return ``value``."""
         tools, session, call = self.tools, self.session, self.call
         backend = tools._manager.backend
-        async with session._tools.lock:
+        async with session._saving:
             try:
                 message = tools.result_message(session, call, value)
                 session._codec.encode(message, where=f"messages[{session.head_seq}]")
@@ -617,9 +611,10 @@ class _ToolStep:
 
             try:
                 await tools.append_result(session, message, settle)
-            except BackendUnavailable as exc:
-                # The transcript keeps the result: in the fallback file, then in the store once replayed.
-                await tools._manager._fallback.write(session, session._changes(), exc)
+            except BackendUnavailable:
+                # The transcript keeps the result: saved as any save is (to the fallback file if the
+                # backend is still down), its record left started; the result is the truth.
+                await tools._manager._save_now(session)
         return value
 
 

@@ -8,7 +8,6 @@ loaded or saved (their count and the process that left them).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,13 +18,11 @@ from ..transcripts import TranscriptIndex
 class SessionTranscript:
     """The transcript index of one session, and the stored facts about its waiting calls."""
 
-    __slots__ = ("_index", "_of", "calls_owner", "lock", "stored_open")
+    __slots__ = ("_index", "_of", "calls_owner", "stored_open")
 
     def __init__(self, record: SessionRecord | None) -> None:
         self._index: TranscriptIndex | None = None
         self._of: list[dict[str, Any]] | None = None  # the message list the index was built over
-        # Serializes the writes of tool calls run at the same time on this session (asyncio.gather).
-        self.lock = asyncio.Lock()
         self.stored_open = 0
         self.calls_owner: str | None = None
         self.stored(record)

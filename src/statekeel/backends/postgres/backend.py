@@ -33,6 +33,7 @@ from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.files import SqlFiles
+from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
@@ -134,6 +135,7 @@ async def _rollback(tx: Any) -> None:
 class PostgresBackend(
     PgSchema,
     SqlInfo,
+    SqlIncidents,
     SqlSessions,
     SqlToolCalls,
     SqlCopy,
@@ -280,6 +282,7 @@ class PostgresBackend(
                     "checkpoints",
                     "checkpoint_blobs",
                     "checkpoint_writes",
+                    "store_incidents",
                 ):
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
@@ -347,9 +350,12 @@ class PostgresBackend(
     async def _release(
         self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
-        if isinstance(failure, CONNECTION_ERRORS):
+        if isinstance(failure, CONNECTION_ERRORS) or (
+            isinstance(failure, asyncio.CancelledError) and conn.is_in_transaction()
+        ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
-            # hook does not probe it (see _keep_session).
+            # hook does not probe it (see _keep_session). A call cancelled inside its transaction (its
+            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state.
             try:
                 conn.terminate()
             except asyncpg.InterfaceError:
@@ -405,21 +411,24 @@ class PostgresBackend(
             except BaseException as exc:
                 failure = exc
                 raise translate(exc, self.target) from None
-            token = self._current.set(PgTx(conn, self.codec))
-            try:
-                yield
-            except BaseException as exc:
+            with self._outermost_block() as outcome:
+                token = self._current.set(PgTx(conn, self.codec))
+                try:
+                    yield
+                except BaseException as exc:
+                    self._current.reset(token)
+                    failure = exc.__context__ if isinstance(exc, StatekeelError) else exc
+                    await _rollback(tx)
+                    raise
                 self._current.reset(token)
-                failure = exc.__context__ if isinstance(exc, StatekeelError) else exc
-                await _rollback(tx)
-                raise
-            self._current.reset(token)
-            try:
-                await tx.commit()
-            except CONNECTION_ERRORS as exc:
-                failure = exc
-                raise unknown_outcome(exc, self.target) from None
-            except BaseException as exc:
-                raise translate(exc, self.target) from None
+                try:
+                    await tx.commit()
+                except CONNECTION_ERRORS as exc:
+                    # Unknown outcome: taken as not committed, so nothing is assumed written.
+                    failure = exc
+                    raise unknown_outcome(exc, self.target) from None
+                except BaseException as exc:
+                    raise translate(exc, self.target) from None
+                outcome.committed = True
         finally:
             await self._release(pool, conn, failure)

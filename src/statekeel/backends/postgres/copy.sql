@@ -213,11 +213,11 @@ SELECT count(*) AS n FROM session_steps;
 DELETE FROM session_steps;
 
 -- name: copy_audit_log_first
-SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash
+SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash, mac
 FROM audit_log ORDER BY seq LIMIT $1;
 
 -- name: copy_audit_log_after
-SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash
+SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash, mac
 FROM audit_log WHERE seq > $1
 ORDER BY seq LIMIT $2;
 
@@ -225,8 +225,8 @@ ORDER BY seq LIMIT $2;
 SELECT seq FROM audit_log ORDER BY seq DESC LIMIT 1;
 
 -- name: copy_audit_log_insert
-INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash, mac)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: copy_audit_log_count
 SELECT count(*) AS n FROM audit_log;

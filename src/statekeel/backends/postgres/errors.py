@@ -47,13 +47,19 @@ def translate(exc: BaseException, target: PgTarget) -> BaseException:
             constraint=getattr(exc, "constraint_name", None),
         )
     if isinstance(exc, asyncpg.SerializationError | asyncpg.DeadlockDetectedError):
-        return ConflictError(f"{target}: concurrent update ({exc}); retry", sqlstate=exc.sqlstate)
+        return ConflictError(
+            f"{target}: a concurrent transaction got in the way ({exc}); call again",
+            sqlstate=exc.sqlstate,
+            hint="",
+        )
     if isinstance(exc, asyncpg.DataError):
         # SQLSTATE class 22 (and asyncpg's own argument checks): a value PostgreSQL cannot store, e.g.
         # NUL in text or an int out of range. Bad input, not an outage: no retry, no fallback file.
         return InvalidArgument(
-            f"{target}: PostgreSQL refused a value ({detail}); nothing was written, fix the value",
+            f"{target}: PostgreSQL refused a value ({detail}). Nothing was written; fix the value and call "
+            "again",
             sqlstate=exc.sqlstate,
+            hint="",
             **fields,
         )
     if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedColumnError):
@@ -70,5 +76,6 @@ def unknown_outcome(exc: BaseException, target: PgTarget) -> BackendUnavailable:
         f"{target}: the connection was lost while committing ({target.scrub(str(exc))}); the write may or "
         "may not have been applied: re-read before retrying it",
         outcome="unknown",
+        hint="",
         **target.fields,
     )

@@ -80,7 +80,8 @@ class PgSchema:
             if isinstance(exc, CONNECTION_ERRORS):
                 raise
             raise MigrationError(
-                f"{self.target}: migration {mig.version:04d}_{mig.name} failed: {exc}; "
-                "the database is as it was before it",
+                f"{self.target}: migration {mig.version:04d}_{mig.name} failed: {exc}. The database is as "
+                "it was before this migration; fix the cause and open it again",
                 version=mig.version,
+                hint="",
             ) from exc

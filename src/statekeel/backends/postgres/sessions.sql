@@ -6,6 +6,11 @@ SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, 
        calls_owner
 FROM sessions WHERE key = $1;
 
+-- name: session_get_for_update
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner
+FROM sessions WHERE key = $1 FOR UPDATE;
+
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO NOTHING
@@ -53,10 +58,11 @@ UPDATE sessions
 SET head_seq = head_seq + $1, metadata = COALESCE($2::jsonb, metadata),
     status = COALESCE($6::text, status), version = version + 1, updated_at = $3,
     -- A writer that reads the transcript says how many tool calls wait for a result and whose they are;
-    -- one that does not ($8 NULL) makes the count unknown when it appends messages.
-    open_calls = CASE WHEN $8::integer IS NOT NULL THEN $8 WHEN $1 > 0 THEN -1 ELSE open_calls END,
-    calls_owner = CASE WHEN $8::integer IS NOT NULL THEN $9::text ELSE calls_owner END
+    -- one that does not ($9 NULL) makes the count unknown when it appends messages.
+    open_calls = CASE WHEN $9::integer IS NOT NULL THEN $9 WHEN $1 > 0 THEN -1 ELSE open_calls END,
+    calls_owner = CASE WHEN $9::integer IS NOT NULL THEN $10::text ELSE calls_owner END
 WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7)
+  AND ($8::bigint IS NULL OR version = $8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
        calls_owner;
 

@@ -27,6 +27,9 @@ SET status = $1, retry_count = $2, lease_expires_at = $3, started_at = $4, compl
     lease_owner = CASE WHEN $1 = 'running' THEN NULL ELSE lease_owner END,
     lease_epoch = lease_epoch + (CASE WHEN $1 = 'running' THEN 1 ELSE 0 END)
 WHERE id = $9 AND status = $10 AND version = $11
+  -- A fenced caller (a worker with its lease) is refused once the lease has expired at $12, its
+  -- clock: whether or not expire_leases() has run.
+  AND ($12::timestamptz IS NULL OR lease_expires_at IS NULL OR lease_expires_at > $12)
 RETURNING *;
 
 -- name: task_claim
@@ -50,6 +53,7 @@ RETURNING *;
 -- name: task_heartbeat
 UPDATE tasks SET lease_expires_at = $1, updated_at = $2
 WHERE id = $3 AND status = 'running' AND lease_owner = $4 AND lease_epoch = $5
+  AND lease_expires_at > $2  -- an expired lease is not extended, reaped or not
 RETURNING *;
 
 -- name: task_expire_leases
@@ -61,7 +65,9 @@ RETURNING *;
 SELECT 1 AS found FROM workflows WHERE id = $1;
 
 -- name: task_fence
-SELECT status, lease_owner, lease_epoch FROM tasks WHERE id = $1 FOR SHARE;
+SELECT status, lease_owner, lease_epoch,
+       (lease_expires_at IS NULL OR lease_expires_at > $2) AS lease_live
+FROM tasks WHERE id = $1 FOR SHARE;
 
 -- name: step_get
 SELECT * FROM task_steps WHERE task_id = $1 AND step_key = $2;

@@ -13,10 +13,12 @@ interface whose queries are looked up by name in the dialect's ``.sql`` files. A
 from __future__ import annotations
 
 import abc
+import contextlib
 import contextvars
 import datetime as dt
+import logging
 import re
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, Protocol, TypeVar
@@ -25,6 +27,7 @@ from ...codec import Codec
 from ..base import StorageBackend
 
 T = TypeVar("T")
+log = logging.getLogger("statekeel.backends")
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -119,6 +122,24 @@ def from_micros(value: int) -> dt.datetime:
     return _EPOCH + dt.timedelta(microseconds=value)
 
 
+class BlockEnd:
+    """The outcome of one outermost ``atomic()`` block and what waits for it."""
+
+    __slots__ = ("callbacks", "committed")
+
+    def __init__(self) -> None:
+        self.committed = False
+        self.callbacks: list[Callable[[bool], None]] = []
+
+    def ended(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks if self.committed else reversed(callbacks):
+            try:
+                callback(self.committed)
+            except Exception:  # the outcome is settled: one bad callback must not hide it from the rest
+                log.exception("a callback run at the end of an atomic() block failed")
+
+
 class SqlBackend(StorageBackend):
     """A backend whose operations are shared SQL logic; dialects implement the hooks below."""
 
@@ -131,6 +152,32 @@ class SqlBackend(StorageBackend):
         self._current: contextvars.ContextVar[Any] = contextvars.ContextVar(
             f"statekeel_tx_{id(self)}", default=None
         )
+        # What runs once the current outermost block has ended (see on_block_end).
+        self._block_end: contextvars.ContextVar[BlockEnd | None] = contextvars.ContextVar(
+            f"statekeel_block_end_{id(self)}", default=None
+        )
+
+    def in_atomic(self) -> bool:
+        return self._current.get() is not None
+
+    def on_block_end(self, callback: Callable[[bool], None]) -> bool:
+        block = self._block_end.get()
+        if block is None:
+            return False
+        block.callbacks.append(callback)
+        return True
+
+    @contextlib.contextmanager
+    def _outermost_block(self) -> Iterator[BlockEnd]:
+        """Scope of an outermost ``atomic()`` block: the dialect sets ``committed`` once its COMMIT
+        succeeded; on the way out the callbacks learn the outcome (also when the block was cancelled)."""
+        block = BlockEnd()
+        token = self._block_end.set(block)
+        try:
+            yield block
+        finally:
+            self._block_end.reset(token)
+            block.ended()
 
     @abc.abstractmethod
     async def _write(self, op: Op[T], *args: Any) -> T:
@@ -143,8 +190,16 @@ class SqlBackend(StorageBackend):
     @abc.abstractmethod
     def atomic(self) -> AbstractAsyncContextManager[None]: ...
 
-    def in_atomic(self) -> bool:
-        return self._current.get() is not None
 
-
-__all__ = ["Op", "Row", "SqlBackend", "Tx", "from_micros", "load_queries", "run_sync", "to_micros", "utcnow"]
+__all__ = [
+    "BlockEnd",
+    "Op",
+    "Row",
+    "SqlBackend",
+    "Tx",
+    "from_micros",
+    "load_queries",
+    "run_sync",
+    "to_micros",
+    "utcnow",
+]

@@ -80,6 +80,10 @@ async def op_consume_approval(tx: Tx, approval_id: str, by: str, now: dt.datetim
     return None if row is None else approval_from_row(tx, row)
 
 
+async def op_list_approvals(tx: Tx, after_id: str, limit: int) -> list[ApprovalRecord]:
+    return [approval_from_row(tx, r) for r in await tx.fetchall("approval_list", after_id, limit)]
+
+
 async def op_pending_approvals(tx: Tx, now: dt.datetime, limit: int) -> list[ApprovalRecord]:
     return [approval_from_row(tx, r) for r in await tx.fetchall("approval_pending", tx.ts_in(now), limit)]
 
@@ -120,3 +124,6 @@ class SqlApprovals(SqlBackend, ApprovalBackend):
 
     async def pending_approvals(self, now: dt.datetime, limit: int = 100) -> list[ApprovalRecord]:
         return await self._read(op_pending_approvals, now, limit)
+
+    async def list_approvals(self, *, after_id: str = "", limit: int = 1000) -> list[ApprovalRecord]:
+        return await self._read(op_list_approvals, after_id, limit)

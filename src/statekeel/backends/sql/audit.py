@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ...audit import GENESIS_HASH, chain_hash
+from ...chain import GENESIS_HASH, chain_hash, entry_mac
 from ..base import AuditBackend, AuditRecord
 from . import Row, SqlBackend, Tx, utcnow
 
@@ -24,17 +24,28 @@ def audit_from_row(tx: Tx, row: Row) -> AuditRecord:
         created_at=tx.ts_out(row["created_at"]),
         prev_hash=row["prev_hash"],
         hash=row["hash"],
+        mac=row["mac"],
     )
 
 
-async def op_append_audit(tx: Tx, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+async def op_append_audit(
+    tx: Tx, kind: str, actor: str, subject: str, data: str, key: bytes | None
+) -> AuditRecord:
     await tx.fetchone("audit_lock")
     head = await tx.fetchone("audit_head")
     seq, prev_hash = (1, GENESIS_HASH) if head is None else (head["seq"] + 1, head["hash"])
     created_at = utcnow()
     digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
-    await tx.execute("audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest)
-    return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest)
+    mac = None if key is None else entry_mac(key, digest)
+    await tx.execute(
+        "audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest, mac
+    )
+    return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac)
+
+
+async def op_latest_approval_entry(tx: Tx, approval_id: str) -> AuditRecord | None:
+    row = await tx.fetchone("audit_latest_for_approval", approval_id)
+    return None if row is None else audit_from_row(tx, row)
 
 
 async def op_read_audit(
@@ -55,7 +66,10 @@ class SqlAudit(SqlBackend, AuditBackend):
     """The audit contract over the shared operations above."""
 
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
-        return await self._write(op_append_audit, kind, actor, subject, data)
+        return await self._write(op_append_audit, kind, actor, subject, data, self.audit_key)
+
+    async def latest_approval_entry(self, approval_id: str) -> AuditRecord | None:
+        return await self._read(op_latest_approval_entry, approval_id)
 
     async def read_audit(
         self,

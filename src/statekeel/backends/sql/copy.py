@@ -41,7 +41,8 @@ def _table(name: str, columns: str, key: str, *, links: str = "", append_only: b
     return CopyTable(name, cols, tuple(key.split()), tuple(links.split()), append_only)
 
 
-# Parents before children (foreign keys). Leases and heartbeats are locks, not state: they are not copied.
+# Parents before children (foreign keys). Leases and heartbeats are locks, not state, and incidents belong
+# to the physical store they happened to: none of them is copied.
 TABLES: tuple[CopyTable, ...] = (
     _table(
         "sessions",
@@ -95,7 +96,7 @@ TABLES: tuple[CopyTable, ...] = (
     # The audit chain is copied byte for byte (data is canonical JSON text, hashed as such).
     _table(
         "audit_log",
-        "seq:int kind:text actor:text subject:text data:text created_at:ts prev_hash:text hash:text",
+        "seq:int kind:text actor:text subject:text data:text created_at:ts prev_hash:text hash:text mac:text",
         "seq",
         append_only=True,
     ),

@@ -62,8 +62,10 @@ def pending(applied: Sequence[MigrationInfo], known: Sequence[Migration], *, whe
             raise MigrationError(
                 f"{where}: applied migration {info.version} ({info.name}) differs from the shipped file "
                 f"{mig.version:04d}_{mig.name}.sql (checksum {info.checksum[:12]} != {mig.checksum[:12]}); "
-                "a migration was edited after release",
+                "a migration was edited after release. Nothing was changed: use the statekeel release whose "
+                "migration files match the database",
                 version=info.version,
+                hint="",
             )
     done = {a.version for a in applied}
     return [m for m in known if m.version not in done]
@@ -79,4 +81,5 @@ def refuse_upgrade(todo: Sequence[Migration], applied: Sequence[MigrationInfo], 
             "open it with migrate=True (the default) to upgrade it",
             version=current,
             pending=[m.version for m in todo],
+            hint="",
         )

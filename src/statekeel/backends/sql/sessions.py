@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt
-from ...validation import check_int, check_key
+from ...validation import check_aware, check_int, check_key
 from ..base import (
     ArchivedMessage,
     LoadedSession,
@@ -221,6 +221,7 @@ async def op_append_messages(
     status: str | None = None,
     lease: SessionLease | None = None,
     expected_created_at: dt.datetime | None = None,
+    expected_version: int | None = None,
     open_calls: int | None = None,
     calls_owner: str | None = None,
 ) -> SessionRecord:
@@ -238,20 +239,29 @@ async def op_append_messages(
         expected_head,
         status,
         None if expected_created_at is None else tx.ts_in(expected_created_at),
+        expected_version,
         open_calls,
         calls_owner,
     )
     if row is None:
         current = await _require_session(tx, key)
         if current["head_seq"] == expected_head:
-            # The head matches but the row is another incarnation: appending would fork histories.
+            if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
+                # The head matches but the row is another incarnation: appending would fork histories.
+                raise ConflictError(
+                    f"session {key!r} was deleted and created again since it was loaded "
+                    f"(created at {tx.ts_out(current['created_at']).isoformat()}, expected "
+                    f"{expected_created_at.isoformat()})",
+                    key=key,
+                    expected=expected_head,
+                    current=current["head_seq"],
+                )
             raise ConflictError(
-                f"session {key!r} was deleted and created again since it was loaded "
-                f"(created at {tx.ts_out(current['created_at']).isoformat()}, expected "
-                f"{expected_created_at.isoformat() if expected_created_at else None})",
+                f"session {key!r} is at version {current['version']}, not the expected {expected_version}: "
+                "another writer changed its metadata or status since it was loaded",
                 key=key,
-                expected=expected_head,
-                current=current["head_seq"],
+                expected=expected_version,
+                current=current["version"],
             )
         raise ConflictError(
             f"session {key!r} has head {current['head_seq']}, not the expected {expected_head}: "
@@ -289,9 +299,19 @@ async def op_archive_messages(
     summary: str,
     expected_consolidated: int,
     lease: SessionLease | None = None,
+    expected_created_at: dt.datetime | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
-    current = await _require_session(tx, key)
+    # Locked until the commit: the row checked here is the row updated below, not one deleted and
+    # created again by another transaction in between.
+    current = await tx.fetchone("session_get_for_update", key)
+    if current is None:
+        raise NotFound(f"session {key!r} does not exist", key=key)
+    if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
+        raise ConflictError(
+            f"session {key!r} was deleted and created again since it was read; nothing was compressed",
+            key=key,
+        )
     if current["last_consolidated"] != expected_consolidated:
         raise ConflictError(
             f"session {key!r} was consolidated up to {current['last_consolidated']}, "
@@ -446,20 +466,19 @@ class SqlSessions(SqlBackend, SessionBackend):
         status: str | None = None,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        expected_version: int | None = None,
         open_calls: int | None = None,
         calls_owner: str | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
         check_int(expected_head, "expected_head")
+        if expected_version is not None:
+            check_int(expected_version, "expected_version")
+        if expected_created_at is not None:
+            check_aware(expected_created_at, "expected_created_at")
         if open_calls is not None:
             check_int(open_calls, "open_calls", minimum=-1)
-        if expected_created_at is not None and (
-            not isinstance(expected_created_at, dt.datetime) or expected_created_at.tzinfo is None
-        ):
-            raise InvalidArgument(
-                f"expected_created_at must be a timezone-aware datetime, got {expected_created_at!r}"
-            )
         return await self._write(
             op_append_messages,
             key,
@@ -470,6 +489,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             status,
             lease,
             expected_created_at,
+            expected_version,
             open_calls,
             calls_owner if open_calls else None,
         )
@@ -489,9 +509,19 @@ class SqlSessions(SqlBackend, SessionBackend):
         summary: str,
         expected_consolidated: int,
         lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
     ) -> SessionRecord:
+        if expected_created_at is not None:
+            check_aware(expected_created_at, "expected_created_at")
         return await self._write(
-            op_archive_messages, key, compression_id, upto_seq, summary, expected_consolidated, lease
+            op_archive_messages,
+            key,
+            compression_id,
+            upto_seq,
+            summary,
+            expected_consolidated,
+            lease,
+            expected_created_at,
         )
 
     async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:

@@ -125,7 +125,12 @@ async def op_list_tasks(
 
 
 async def op_update_task(
-    tx: Tx, task_id: str, expected_status: str, expected_version: int, change: TaskChange
+    tx: Tx,
+    task_id: str,
+    expected_status: str,
+    expected_version: int,
+    change: TaskChange,
+    lease_valid_at: dt.datetime | None,
 ) -> TaskRecord | None:
     row = await tx.fetchone(
         "task_update",
@@ -140,6 +145,7 @@ async def op_update_task(
         task_id,
         expected_status,
         expected_version,
+        ts_in_or_none(tx, lease_valid_at),
     )
     return None if row is None else task_from_row(tx, row)
 
@@ -158,10 +164,10 @@ async def op_claim_task(
 
 
 async def op_heartbeat_task(
-    tx: Tx, task_id: str, worker_id: str, lease_epoch: int, lease_expires_at: dt.datetime
+    tx: Tx, task_id: str, worker_id: str, lease_epoch: int, lease_expires_at: dt.datetime, now: dt.datetime
 ) -> TaskRecord | None:
     row = await tx.fetchone(
-        "task_heartbeat", tx.ts_in(lease_expires_at), tx.ts_in(utcnow()), task_id, worker_id, lease_epoch
+        "task_heartbeat", tx.ts_in(lease_expires_at), tx.ts_in(now), task_id, worker_id, lease_epoch
     )
     return None if row is None else task_from_row(tx, row)
 
@@ -172,18 +178,19 @@ async def op_expire_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
 
 
 async def op_begin_step(
-    tx: Tx, task_id: str, step_key: str, rerun_started: bool, lease_epoch: int | None
+    tx: Tx, task_id: str, step_key: str, rerun_started: bool, lease_epoch: int | None, at: dt.datetime
 ) -> tuple[StepRecord, bool]:
-    now = tx.ts_in(utcnow())
+    now = tx.ts_in(at)
     if lease_epoch is not None:
         # PostgreSQL: FOR SHARE holds off a takeover (claim) until this record is committed.
-        task = await tx.fetchone("task_fence", task_id)
+        task = await tx.fetchone("task_fence", task_id, now)
         if task is None:
             raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
-        if task["status"] != "running" or task["lease_epoch"] != lease_epoch:
+        if task["status"] != "running" or task["lease_epoch"] != lease_epoch or not task["lease_live"]:
+            state = "its lease has expired" if task["status"] == "running" else f"it is {task['status']}"
             raise LeaseLost(
-                f"task {task_id!r} is {task['status']} at lease epoch {task['lease_epoch']}; a worker at "
-                f"epoch {lease_epoch} may not start step {step_key!r}",
+                f"task {task_id!r}: {state} (lease epoch {task['lease_epoch']}); a worker at epoch "
+                f"{lease_epoch} may not start step {step_key!r}",
                 task_id=task_id,
                 owner=task["lease_owner"],
                 lease_epoch=task["lease_epoch"],
@@ -265,9 +272,17 @@ class SqlTasks(SqlBackend, TaskBackend):
         return await self._read(op_list_tasks, workflow_id, status, limit, cursor)
 
     async def update_task(
-        self, task_id: str, *, expected_status: str, expected_version: int, change: TaskChange
+        self,
+        task_id: str,
+        *,
+        expected_status: str,
+        expected_version: int,
+        change: TaskChange,
+        lease_valid_at: dt.datetime | None = None,
     ) -> TaskRecord | None:
-        return await self._write(op_update_task, task_id, expected_status, expected_version, change)
+        return await self._write(
+            op_update_task, task_id, expected_status, expected_version, change, lease_valid_at
+        )
 
     async def claim_task(
         self, worker_id: str, *, lease_expires_at: dt.datetime, workflow_id: str | None = None
@@ -275,17 +290,33 @@ class SqlTasks(SqlBackend, TaskBackend):
         return await self._write(op_claim_task, worker_id, lease_expires_at, workflow_id)
 
     async def heartbeat_task(
-        self, task_id: str, worker_id: str, lease_epoch: int, *, lease_expires_at: dt.datetime
+        self,
+        task_id: str,
+        worker_id: str,
+        lease_epoch: int,
+        *,
+        lease_expires_at: dt.datetime,
+        now: dt.datetime | None = None,
     ) -> TaskRecord | None:
-        return await self._write(op_heartbeat_task, task_id, worker_id, lease_epoch, lease_expires_at)
+        return await self._write(
+            op_heartbeat_task, task_id, worker_id, lease_epoch, lease_expires_at, now or utcnow()
+        )
 
     async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
         return await self._write(op_expire_task_leases, now)
 
     async def begin_step(
-        self, task_id: str, step_key: str, *, rerun_started: bool, lease_epoch: int | None = None
+        self,
+        task_id: str,
+        step_key: str,
+        *,
+        rerun_started: bool,
+        lease_epoch: int | None = None,
+        now: dt.datetime | None = None,
     ) -> tuple[StepRecord, bool]:
-        return await self._write(op_begin_step, task_id, step_key, rerun_started, lease_epoch)
+        return await self._write(
+            op_begin_step, task_id, step_key, rerun_started, lease_epoch, now or utcnow()
+        )
 
     async def finish_step(
         self,

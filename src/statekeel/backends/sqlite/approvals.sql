@@ -27,3 +27,6 @@ RETURNING *;
 -- name: approval_pending
 SELECT * FROM approvals WHERE status = 'pending' AND (expires_at IS NULL OR expires_at > ?1)
 ORDER BY requested_at, id LIMIT ?2;
+
+-- name: approval_list
+SELECT * FROM approvals WHERE id > ?1 ORDER BY id LIMIT ?2;

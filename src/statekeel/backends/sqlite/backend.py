@@ -16,22 +16,25 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import logging
 import os
 import queue
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument
-from ..base import DatabaseFiles, MigrationInfo
+from ..base import Damage, DatabaseFiles, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.files import SqlFiles
+from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
@@ -40,11 +43,14 @@ from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
+from . import damage
 from .errors import translate
 from .schema import SqliteSchema
 from .writer import ATOMIC, CALL, READ, STOP, WRITE, Job, Worker, commit_marker, transfer
 
 T = TypeVar("T")
+
+log = logging.getLogger("statekeel.sqlite")
 
 _QUERIES: dict[str, str] | None = None
 
@@ -108,6 +114,7 @@ class SqliteTx(Tx):
 class SqliteBackend(
     SqliteSchema,
     SqlInfo,
+    SqlIncidents,
     SqlSessions,
     SqlToolCalls,
     SqlCopy,
@@ -155,6 +162,7 @@ class SqliteBackend(
         self._reader: Worker | None = None
         self._closed = False
         self.backup_path: str | None = None
+        self.wal_lost: dict[str, Any] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -199,9 +207,29 @@ class SqliteBackend(
                 )
                 # Connect now: a reader that cannot open fails the open, not the first load.
                 await self._call(self._reader, lambda conn: None)
+            if self.wal_lost is not None:
+                await self._record_wal_loss(self.wal_lost)
         except BaseException:
             await self.close()
             raise
+
+    async def _record_wal_loss(self, found: dict[str, Any]) -> None:
+        log.error(
+            "%s: its WAL file was removed before %d committed frames reached the database: writes "
+            "acknowledged since the last checkpoint are lost (recorded as an incident; see store.recover())",
+            self._where,
+            found["frames_lost"],
+        )
+        detail = {
+            **found,
+            "what_to_do": (
+                "Writes acknowledged before the process stopped are missing from this database. Restore it "
+                "from a backup taken before the loss if those writes matter, then acknowledge the incident "
+                "(store.acknowledge_incident). Never delete a -wal file while a store may be open or has "
+                "crashed."
+            ),
+        }
+        await self.record_incident("wal_lost", self.codec.encode(detail))
 
     async def close(self) -> None:
         if self._closed:
@@ -244,14 +272,63 @@ class SqliteBackend(
 
     async def integrity_check(self) -> list[str]:
         def check(conn: sqlite3.Connection) -> list[str]:
-            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
-            fk = [
-                f"foreign key violation in {r[0]} rowid {r[1]}"
-                for r in conn.execute("PRAGMA foreign_key_check")
-            ]
+            # SQLite often stops its check at the first badly damaged page instead of listing problems:
+            # that is a finding, not a failure to read the store (which the schema read above would be).
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            try:
+                rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+            except sqlite3.DatabaseError as exc:
+                rows = [f"the integrity check stopped at a damaged page ({exc})"]
+            try:
+                fk = [
+                    f"foreign key violation in {r[0]} rowid {r[1]}"
+                    for r in conn.execute("PRAGMA foreign_key_check")
+                ]
+            except sqlite3.DatabaseError as exc:
+                fk = [f"the foreign key check stopped at a damaged page ({exc})"]
             return ([] if rows == ["ok"] else rows) + fk
 
         return await self._call(self._require_open(), check)
+
+    async def scan_damage(self) -> list[Damage]:
+        if self.path is None:
+            return []
+
+        def scan(conn: sqlite3.Connection) -> list[Damage]:
+            conn.execute("BEGIN")  # one snapshot for the whole scan
+            try:
+                return damage.scan(conn)
+            finally:
+                conn.execute("ROLLBACK")  # it only read
+
+        return await self._call(self._reader or self._require_open(), scan)
+
+    async def rebuild_indexes(self, tables: Sequence[str]) -> str | None:
+        names = set(tables)
+        path = self.path
+
+        def reindex(conn: sqlite3.Connection) -> str | None:
+            known = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            try:
+                for table in sorted(names & known):  # names come from sqlite_master, never a caller
+                    conn.execute(f'REINDEX "{table}"')
+                return None
+            except sqlite3.DatabaseError:
+                if path is None:
+                    raise
+            # The damaged index pages cannot even be freed: write a copy whose indexes are built anew
+            # from the rows, for a person to swap in with the agents stopped.
+            target = f"{path}.rebuilt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+            # Created empty and owner-only first; never overwrites a file.
+            os.close(os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            try:
+                damage.rebuild_into(path, target)
+            except BaseException:
+                os.unlink(target)
+                raise
+            return target
+
+        return await self._call(self._require_open(), reindex)
 
     # --- operations -----------------------------------------------------------------------------------
 
@@ -344,16 +421,18 @@ class SqliteBackend(
         start = Job(ATOMIC, None, loop, inner=block)
         writer.submit(start)
         end = Job(STOP, None, loop)
-        token = self._current.set(block)
-        try:
-            await start.future
-            yield
-        except BaseException:
+        with self._outermost_block() as outcome:
+            token = self._current.set(block)
+            try:
+                await start.future
+                yield
+            except BaseException:
+                self._current.reset(token)
+                block.put(end)
+                await asyncio.shield(end.future)
+                raise
             self._current.reset(token)
+            end.fn = commit_marker
             block.put(end)
-            await asyncio.shield(end.future)
-            raise
-        self._current.reset(token)
-        end.fn = commit_marker
-        block.put(end)
-        await end.future
+            await end.future
+            outcome.committed = True

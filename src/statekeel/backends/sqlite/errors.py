@@ -6,6 +6,11 @@ import sqlite3
 
 from ...errors import BackendUnavailable, ConflictError, StatekeelError, StorageCorrupt
 
+DAMAGED_HINT = (
+    "Run store.recover() to list what is unreadable; then restore the file from a backup, or rebuild it "
+    "with sqlite3's .recover into a new file"
+)
+
 
 def translate(exc: BaseException, where: str) -> BaseException:
     """Turn a driver error into a statekeel error with fields; leave everything else alone."""
@@ -22,7 +27,14 @@ def translate(exc: BaseException, where: str) -> BaseException:
         )
     if "readonly" in low or "read-only" in low:
         return BackendUnavailable(f"{where} is not writable ({text})", path=where, code=code)
-    if "not a database" in low or "malformed" in low or "no such table" in low or "corrupt" in low:
+    if "malformed" in low or "corrupt" in low:
+        return StorageCorrupt(
+            f"{where} is damaged ({text})",
+            path=where,
+            code=code,
+            hint=DAMAGED_HINT,
+        )
+    if "not a database" in low or "no such table" in low:
         return StorageCorrupt(f"{where} is not a usable statekeel database: {text}", path=where, code=code)
     return BackendUnavailable(f"{where}: {text}", path=where, code=code)
 

@@ -12,7 +12,9 @@ import datetime as dt
 import os
 import sqlite3
 import stat
+import struct
 import time
+from typing import Any
 
 from ...errors import BackendUnavailable, InvalidArgument, MigrationError, StorageCorrupt
 from ..records import MigrationInfo
@@ -20,6 +22,71 @@ from ..sql import from_micros, to_micros
 from ..sql.migrations import Migration, pending, refuse_upgrade
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+# SQLite's shared-memory WAL index (-shm): two copies of a 48-byte header, then the checkpoint info.
+_SHM_HEADER = struct.Struct("=IIIBBHII")  # iVersion, unused, iChange, isInit, bigEndCksum, szPage, mxFrame
+_SHM_VERSION = 3007000
+_WAL_HEADER_BYTES = 32
+_WAL_FRAME_HEADER_BYTES = 24
+
+
+def wal_loss(path: str) -> dict[str, Any] | None:
+    """What was lost if the WAL of the database at ``path`` vanished with commits not yet checkpointed.
+
+    Read before SQLite opens the database (opening runs WAL recovery, which resets the index): the
+    shared-memory index ``-shm`` records how many WAL frames were committed (``mxFrame``) and how many
+    reached the database file (``nBackfill``). When committed frames were never checkpointed but the
+    ``-wal`` file is gone, shorter than those frames, or a different WAL (other salts), those commits are
+    lost — SQLite itself would open the older database silently. None when nothing was lost, or when
+    another process is changing the index right now (then its WAL is in use, not lost).
+    """
+    first = _read_shm(path)
+    if first is None:
+        return None
+    header, backfilled = first
+    _, _, _, initialized, _, size_code, max_frame, _ = _SHM_HEADER.unpack_from(header)
+    if not initialized or max_frame <= backfilled:
+        return None
+    page_size = 65536 if size_code == 1 else size_code
+    needed = _WAL_HEADER_BYTES + max_frame * (_WAL_FRAME_HEADER_BYTES + page_size)
+    wal = path + "-wal"
+    try:
+        with open(wal, "rb") as fh:
+            wal_header = fh.read(_WAL_HEADER_BYTES)
+            size = os.fstat(fh.fileno()).st_size
+    except FileNotFoundError:
+        wal_header, size = b"", -1
+    if size >= needed and wal_header[16:24] == header[32:40]:
+        return None  # the WAL holds every committed frame: SQLite recovers them on open
+    if _read_shm(path) != first:
+        return None  # the index changed meanwhile: a live process is using this WAL
+    if size < 0:
+        found = "missing"
+    elif size < needed:
+        found = f"{size} bytes of the {needed} its committed frames need"
+    else:
+        found = "another WAL (its salt differs)"
+    return {
+        "wal": wal,
+        "wal_found": found,
+        "frames_committed": max_frame,
+        "frames_checkpointed": backfilled,
+        "frames_lost": max_frame - backfilled,
+        "page_size": page_size,
+    }
+
+
+def _read_shm(path: str) -> tuple[bytes, int] | None:
+    """The settled WAL-index header of ``path``'s ``-shm`` and its nBackfill, or None."""
+    try:
+        with open(path + "-shm", "rb") as fh:
+            head = fh.read(100)
+    except (FileNotFoundError, PermissionError):
+        return None
+    if len(head) < 100 or head[:48] != head[48:96]:
+        return None  # no index, or a header being written (its two copies differ)
+    if _SHM_HEADER.unpack_from(head)[0] != _SHM_VERSION:
+        return None
+    return head[:48], struct.unpack_from("=I", head, 96)[0]
 
 
 class SqliteSchema:
@@ -32,6 +99,8 @@ class SqliteSchema:
     backup_path: str | None
     _where: str
     _migrations: list[Migration]
+    # What wal_loss() found before the first connection opened, recorded as an incident once migrated.
+    wal_lost: dict[str, Any] | None
 
     def _check_path(self) -> None:
         assert self.path is not None
@@ -45,6 +114,9 @@ class SqliteSchema:
             raise BackendUnavailable(
                 f"directory {parent} of SQLite database {path} does not exist", path=path
             )
+        if not self.migrate:
+            self._refuse_to_create(path)
+        self.wal_lost = wal_loss(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -64,6 +136,28 @@ class SqliteSchema:
             ) from exc
         else:
             os.close(fd)
+
+    def _refuse_to_create(self, path: str) -> None:
+        """With ``migrate=False`` a missing or empty file is refused before SQLite touches it: opening it
+        would create a database (journal_mode=WAL alone writes a 4 KB header)."""
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise BackendUnavailable(
+                f"there is no SQLite database at {path}; it was opened with migrate=False, so none was "
+                "created: check the path, or open it with migrate=True to create a store",
+                path=path,
+                hint="",
+            ) from None
+        if size == 0:
+            raise MigrationError(
+                f"{path} is an empty file, not a statekeel store (schema version 0). It was opened with "
+                "migrate=False, so nothing was changed: open it with migrate=True to create the schema",
+                version=0,
+                pending=[m.version for m in self._migrations],
+                path=path,
+                hint="",
+            )
 
     def _refuse_foreign(self, conn: sqlite3.Connection) -> bool:
         """True if the database has our schema_migrations table, False if it is empty; raises
@@ -131,11 +225,13 @@ class SqliteSchema:
             for statement in split_statements(mig.sql):
                 conn.execute(statement)
         except sqlite3.Error as exc:
+            kept = f" (a copy taken before upgrading is at {self.backup_path})" if self.backup_path else ""
             raise MigrationError(
-                f"{self._where}: migration {mig.version:04d}_{mig.name} failed: {exc}; the database is as it "
-                "was before it",
+                f"{self._where}: migration {mig.version:04d}_{mig.name} failed: {exc}. The database is as it "
+                f"was before this migration{kept}; fix the cause and open it again",
                 version=mig.version,
                 backup=self.backup_path,
+                hint="",
             ) from exc
         conn.execute(
             "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ?)",

@@ -328,7 +328,12 @@ class Worker:
                     err = self._failed(exc)
                     return [(err, None)] * len(fns)
         if outcomes is None:
-            outcomes = [self._in_savepoint(conn, fn) for fn in fns]
+            try:
+                outcomes = [self._in_savepoint(conn, fn) for fn in fns]
+            except _TransactionLost as lost:
+                # Every job of the group ran in that transaction: none of them is written.
+                _rollback_quietly(conn)
+                return [(lost.error, None)] * len(fns)
             self._contended = any(exc is not None for exc, _ in outcomes)
         try:
             conn.execute("COMMIT")
@@ -345,13 +350,20 @@ class Worker:
     def _in_savepoint(
         self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], Any]
     ) -> tuple[BaseException | None, Any]:
+        """Run ``fn`` in a savepoint: its outcome, its failure rolled back alone. ``_TransactionLost``
+        when its error rolled back the whole transaction (disk full, I/O error), savepoint included."""
         conn.execute("SAVEPOINT op")
         try:
             result = fn(conn)
         except BaseException as exc:
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
-            return self._failed(exc), None
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    return self._failed(exc), None
+                except sqlite3.Error:
+                    pass
+            raise _TransactionLost(self._failed(exc)) from None
         conn.execute("RELEASE op")
         return None, result
 
@@ -368,24 +380,59 @@ class Worker:
             _resolve(inner, None)
             return
         _resolve(job, None)
+        # Set once an operation's error rolled back the whole transaction: what follows in the block
+        # fails with that error (it must not run, and commit, outside the transaction).
+        lost: BaseException | None = None
         while True:
             inner = job.inner.get()
             if inner.kind == STOP:
                 commit = inner.fn is not None
+                if lost is not None:
+                    _rollback_quietly(conn)
+                    _resolve(inner, self._block_lost(lost) if commit else None)
+                    return
                 try:
                     conn.execute("COMMIT" if commit else "ROLLBACK")
                 except BaseException as exc:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass
+                    _rollback_quietly(conn)
                     _resolve(inner, self._failed(exc))
                 else:
                     _resolve(inner, None)
                 return
+            if lost is not None:
+                _resolve(inner, self._block_lost(lost))
+                continue
             assert inner.fn is not None
-            exc_or_none, result = self._in_savepoint(conn, inner.fn)
+            try:
+                exc_or_none, result = self._in_savepoint(conn, inner.fn)
+            except _TransactionLost as gone:
+                lost = gone.error
+                _resolve(inner, lost)
+                continue
             _resolve(inner, exc_or_none, result)
+
+    def _block_lost(self, cause: BaseException) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"{self._where}: an earlier error in this atomic() block rolled its whole transaction back "
+            f"({cause}); nothing of the block was written",
+            path=self._where,
+        )
+
+
+class _TransactionLost(Exception):
+    """An operation's error rolled back the whole transaction, not only its savepoint."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:  # gone already, or the connection itself was dropped
+        pass
 
 
 def commit_marker(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,153 @@
+"""Lease fencing at the moment of the write: once a task's lease has expired, its old holder's heartbeat,
+step and transition are refused with LeaseLost, whether or not ``expire_leases()`` ran — on every backend.
+
+Time is moved by the clock statekeel's task manager reads (the writer's clock decides, as in production),
+never by sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+import pytest
+
+import statekeel
+import statekeel.tasks
+
+Store = statekeel.Store
+
+
+def _clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Callable[[], dt.datetime]:
+    """Move the task manager's clock ``seconds`` ahead of the real one; return the moved clock."""
+    real = statekeel.tasks._utcnow
+
+    def moved() -> dt.datetime:
+        return real() + dt.timedelta(seconds=seconds)
+
+    monkeypatch.setattr(statekeel.tasks, "_utcnow", moved)
+    return moved
+
+
+async def _claimed(store: Store, lease_seconds: float = 30) -> statekeel.Task:
+    await store.tasks.create("deploy", status="queued")
+    task = await store.tasks.claim("w1", lease_seconds=lease_seconds)
+    assert task is not None and task.lease_expires_at is not None
+    return task
+
+
+async def test_heartbeat_after_the_lease_expired_is_lease_lost_without_a_reaper(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    _clock_ahead(monkeypatch, 31)
+    with pytest.raises(statekeel.LeaseLost) as info:
+        await store.tasks.heartbeat(task.id, "w1", task.lease_epoch, lease_seconds=600)
+    assert info.value.task_id == task.id  # type: ignore[attr-defined]
+    assert "expired" in str(info.value)
+    after = await store.tasks.get(task.id)
+    assert after is not None
+    # Not extended: the lease still ends when it did, and the task waits for a reaper or a new claim.
+    assert (after.status, after.lease_expires_at, after.version) == ("running", task.lease_expires_at, 1 + 1)
+
+
+async def test_step_after_the_lease_expired_is_lease_lost_and_its_function_never_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    assert await store.tasks.step(task.id, "before", lambda: "ok", lease_epoch=task.lease_epoch) == "ok"
+    _clock_ahead(monkeypatch, 31)
+    calls: list[int] = []
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.step(task.id, "send-mail", lambda: calls.append(1), lease_epoch=task.lease_epoch)
+    assert calls == []
+    assert await store.tasks.get_step(task.id, "send-mail") is None  # nothing recorded either
+    # Even a step that already succeeded is not answered to a worker that lost its lease.
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.step(task.id, "before", lambda: "again", lease_epoch=task.lease_epoch)
+
+
+async def test_transition_after_the_lease_expired_is_lease_lost_and_the_task_is_unchanged(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    _clock_ahead(monkeypatch, 31)
+    for fence in ({"worker_id": "w1", "lease_epoch": task.lease_epoch}, {"lease_epoch": task.lease_epoch}):
+        with pytest.raises(statekeel.LeaseLost):
+            await store.tasks.transition(task.id, "success", result={"done": True}, **fence)  # type: ignore[arg-type]
+    after = await store.tasks.get(task.id)
+    assert after == task  # not a field changed
+    # The reaper, when it runs, interrupts it as usual.
+    assert [t.id for t in await store.tasks.expire_leases()] == [task.id]
+
+
+async def test_a_live_lease_is_honoured_up_to_its_expiry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    _clock_ahead(monkeypatch, 29)
+    renewed = await store.tasks.heartbeat(task.id, "w1", task.lease_epoch, lease_seconds=30)
+    assert renewed.lease_expires_at is not None and task.lease_expires_at is not None
+    assert renewed.lease_expires_at > task.lease_expires_at
+    assert await store.tasks.step(task.id, "s", lambda: 1, lease_epoch=task.lease_epoch) == 1
+    done = await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert done.status == "success"
+
+
+async def test_the_backend_checks_the_expiry_in_the_write_itself(store: Store) -> None:
+    """The condition is part of the conditional write, so a lease that runs out between the manager's
+    read and its write is refused as well."""
+    task = await _claimed(store)
+    assert task.lease_expires_at is not None
+    after_expiry = task.lease_expires_at + dt.timedelta(microseconds=1)
+    backend = store.backend
+    assert (
+        await backend.heartbeat_task(
+            task.id,
+            "w1",
+            task.lease_epoch,
+            lease_expires_at=after_expiry + dt.timedelta(seconds=30),
+            now=after_expiry,
+        )
+        is None
+    )
+    change = statekeel.tasks.plan_transition(task, "success")
+    refused = await backend.update_task(
+        task.id,
+        expected_status="running",
+        expected_version=task.version,
+        change=change,
+        lease_valid_at=after_expiry,
+    )
+    assert refused is None
+    with pytest.raises(statekeel.LeaseLost):
+        await backend.begin_step(
+            task.id, "s", rerun_started=False, lease_epoch=task.lease_epoch, now=after_expiry
+        )
+    assert await backend.get_step(task.id, "s") is None
+    # The same writes a moment before the expiry go through.
+    before_expiry = task.lease_expires_at - dt.timedelta(microseconds=1)
+    record, run = await backend.begin_step(
+        task.id, "s", rerun_started=False, lease_epoch=task.lease_epoch, now=before_expiry
+    )
+    assert run and record.status == "started"
+    updated = await backend.update_task(
+        task.id,
+        expected_status="running",
+        expected_version=task.version,
+        change=change,
+        lease_valid_at=before_expiry,
+    )
+    assert updated is not None and updated.status == "success"
+
+
+async def test_a_task_run_without_a_lease_is_not_fenced_by_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await store.tasks.create("manual")
+    running = await store.tasks.transition(task.id, "running")
+    assert running.lease_expires_at is None
+    _clock_ahead(monkeypatch, 3600)
+    assert await store.tasks.step(running.id, "s", lambda: 2, lease_epoch=running.lease_epoch) == 2
+    done = await store.tasks.transition(running.id, "success", lease_epoch=running.lease_epoch)
+    assert done.status == "success"
