@@ -2,6 +2,9 @@
 
 - Save cost per turn at turn 10 and at turn N (default 2,000: 8,000 messages) of one session, on a SQLite
   file at both durabilities: every save is timed; the figure is the median of the 11 saves around each turn.
+- The tool-call path of one agent turn: ``add_message`` per message (the transcript check included), and
+  ``sessions.run_tool`` with a trivial tool (two commits: the call with its *started* record, then the
+  result with the record's outcome), median over ``--tool-calls`` calls.
 - The fallback round trip: with SQLite's write lock held by another connection (``busy_timeout_ms=0``) a
   save goes to the JSONL fallback file; then ``load`` merges it; then, with the lock released,
   ``replay_fallback()`` writes it into the database. Median of ``--repeats`` rounds, 4 messages each.
@@ -52,6 +55,27 @@ async def save_costs(durability: str, turns: int) -> dict[str, float]:
     return {f"save_us_turn_{n}": statistics.median(window) for n, window in at.items()}
 
 
+async def tool_costs(durability: str, calls: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite:///{os.path.join(directory, 't.db')}"
+        async with statekeel.open_store(url, durability=durability) as store:
+            session = await store.sessions.get_or_create("agent")
+            adds: list[float] = []
+            runs: list[float] = []
+            for i in range(calls):
+                user, call, _result, answer = turn(i)
+                started = time.perf_counter()
+                _add(session, [user, call])
+                adds.append((time.perf_counter() - started) * 1e6 / 2)
+                started = time.perf_counter()
+                await store.sessions.run_tool(session, call["tool_calls"][0]["id"], lambda: "3 passed")
+                runs.append((time.perf_counter() - started) * 1e6)
+                _add(session, [answer])
+            await store.sessions.save(session)
+            assert session.pending_calls() == [] and session.head_seq == 4 * calls
+    return {"add_message_us": statistics.median(adds), "run_tool_us": statistics.median(runs)}
+
+
 async def fallback_round_trip(repeats: int) -> dict[str, float]:
     # Every fallback save warns, by design; here that is the point, so keep the output readable.
     logging.getLogger("statekeel.sessions").setLevel(logging.ERROR)
@@ -99,11 +123,15 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tool-calls", type=int, default=2000)
     args = parser.parse_args()
     results: dict[str, Any] = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     for durability in ("normal", "full"):
         results[durability] = await save_costs(durability, args.turns)
         print(f"save per turn ({durability}):", {k: round(v, 1) for k, v in results[durability].items()})
+        results[f"tools_{durability}"] = await tool_costs(durability, args.tool_calls)
+        tools = results[f"tools_{durability}"]
+        print(f"tool calls ({durability}):", {k: round(v, 1) for k, v in tools.items()})
     results["fallback"] = await fallback_round_trip(args.repeats)
     print("fallback round trip:", {k: round(v, 2) for k, v in results["fallback"].items()})
     write_results("sessions", results)

@@ -12,11 +12,14 @@ import concurrent.futures
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import pydantic
 import pytest
 
 import statekeel
-from helpers import Prepared, fill_ui_store
+from helpers import Prepared, fill_ui_store, strict_provider_types
+from statekeel.transcripts import Dialect
 
 PG_BASE = os.environ.get("STATEKEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -145,6 +148,14 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> st
     if request.param == "sqlite":
         return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
     return str(request.getfixturevalue("pg_migrated"))
+
+
+@pytest.fixture(scope="module")
+def provider_types() -> Iterator[dict[Dialect, pydantic.TypeAdapter[Any]]]:
+    """The OpenAI chat, OpenAI Responses and Anthropic message types, refusing unknown keys as the APIs do:
+    pass them to ``helpers.type_errors`` / ``helpers.assert_accepted``."""
+    with strict_provider_types() as adapters:
+        yield adapters
 
 
 @pytest.fixture(scope="session")

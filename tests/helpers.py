@@ -8,21 +8,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import math
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
+from typing_extensions import is_typeddict
 
 import statekeel
 from statekeel.backends.base import NewMessage
+from statekeel.transcripts import Dialect
+
+CHAT, RESPONSES, ANTHROPIC = Dialect.OPENAI_CHAT, Dialect.OPENAI_RESPONSES, Dialect.ANTHROPIC
+Message = dict[str, Any]
 
 # Text that no backend may store: NUL (PostgreSQL TEXT refuses it) and a lone surrogate (not UTF-8).
 BAD_TEXT = ["a\x00b", "a\ud800b"]
@@ -128,6 +138,30 @@ def run_together(commands: Sequence[Sequence[str]], *, timeout: float) -> list[s
                 proc.wait()
 
 
+def kill9_when(args: Sequence[str], reached: Callable[[], bool], what: str) -> None:
+    """Start ``python -c *args``, wait (at most 60 s) until ``reached()`` says it got to ``what``, SIGKILL it
+    and check that the signal is what ended it. A child that exits first fails the test with its stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not reached():
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"the child exited before {what}: {proc.stderr.read() if proc.stderr else ''}"
+                )
+            assert time.monotonic() < deadline, f"the child never got to {what}"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
 class RawDb:
     """A raw connection to a store's database (SQLite or PostgreSQL) that bypasses statekeel.
 
@@ -185,6 +219,288 @@ class RawDb:
         with pytest.raises(sqlite3.IntegrityError) as info:
             await self.execute(sql, *args)
         return str(info.value)
+
+
+# --- transcripts: the providers' type definitions, strict, and their pairing rules ------------------------
+
+
+def _typeddicts(tp: Any, found: set[type]) -> None:
+    if is_typeddict(tp):
+        if tp not in found:
+            found.add(tp)
+            for hint in typing.get_type_hints(tp, include_extras=True).values():
+                _typeddicts(hint, found)
+        return
+    for arg in typing.get_args(tp):
+        _typeddicts(arg, found)
+
+
+@contextlib.contextmanager
+def strict_provider_types() -> Iterator[dict[Dialect, pydantic.TypeAdapter[Any]]]:
+    """Adapters for the three roots whose every TypedDict refuses unknown keys, as the APIs do (the
+    ``provider_types`` fixture). The SDKs are imported here: most tests never need them."""
+    import anthropic.types as anthropic_types
+    import openai.types.chat as chat_types
+    import openai.types.responses as responses_types
+
+    roots = {
+        CHAT: chat_types.ChatCompletionMessageParam,
+        RESPONSES: responses_types.ResponseInputItemParam,
+        ANTHROPIC: anthropic_types.MessageParam,
+    }
+    found: set[type] = set()
+    for root in roots.values():
+        _typeddicts(root, found)
+    saved = {tp: tp.__dict__.get("__pydantic_config__") for tp in found}
+    for tp in found:
+        tp.__pydantic_config__ = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    try:
+        yield {dialect: pydantic.TypeAdapter(root) for dialect, root in roots.items()}
+    finally:
+        for tp, config in saved.items():
+            if config is None:
+                del tp.__pydantic_config__
+            else:
+                tp.__pydantic_config__ = config
+
+
+def _consume(value: Any) -> None:
+    """pydantic validates ``Iterable[...]`` fields lazily: walk them so that nested items are checked."""
+    if isinstance(value, Mapping):
+        for v in value.values():
+            _consume(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _consume(v)
+    elif isinstance(value, Iterator):
+        for v in list(value):
+            _consume(v)
+
+
+def type_errors(
+    adapters: dict[Dialect, pydantic.TypeAdapter[Any]], dialect: Dialect, messages: Sequence[Any]
+) -> list[str]:
+    errors = []
+    for i, message in enumerate(messages):
+        try:
+            _consume(adapters[dialect].validate_python(message))
+        except pydantic.ValidationError as exc:
+            errors.append(f"messages[{i}] {message!r}: {exc.error_count()} errors, e.g. {exc.errors()[0]}")
+    return errors
+
+
+# --- the providers' pairing rules, written independently ---------------------------------------------------
+
+
+def _chat_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    problems = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        if m.get("role") == "tool":
+            problems.append(f"messages[{i - 1}]: tool message that follows no assistant tool calls")
+            continue
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls:
+            continue
+        wanted = sorted(c["id"] for c in calls)
+        got = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            got.append(messages[i]["tool_call_id"])
+            i += 1
+        if sorted(got) != wanted:
+            problems.append(f"tool calls {wanted} answered by {sorted(got)}")
+    return problems
+
+
+_ANSWERED_BY = {
+    "function_call_output": {"function_call", "local_shell_call"},
+    "custom_tool_call_output": {"custom_tool_call"},
+    "computer_call_output": {"computer_call"},
+    "local_shell_call_output": {"local_shell_call"},
+    "shell_call_output": {"shell_call"},
+    "apply_patch_call_output": {"apply_patch_call"},
+    "tool_search_output": {"tool_search_call"},
+}
+RESPONSES_CALL_TYPES = set().union(*_ANSWERED_BY.values())
+
+
+def _responses_problems(items: Sequence[Mapping[str, Any]], *, window: bool) -> list[str]:
+    problems = []
+    calls: dict[str, str] = {}
+    answered: set[str] = set()
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind in RESPONSES_CALL_TYPES and (kind != "tool_search_call" or item.get("execution") == "client"):
+            calls[item["call_id"]] = kind
+        elif kind in _ANSWERED_BY and (kind != "tool_search_output" or item.get("execution") == "client"):
+            call_id = item.get("call_id") or item.get("id")
+            if call_id not in calls or call_id in answered or calls[call_id] not in _ANSWERED_BY[kind]:
+                problems.append(f"items[{i}]: {kind} for {call_id!r} answers no open call")
+            answered.add(call_id)
+    problems.extend(f"call {c!r} has no output" for c in calls if c not in answered)
+    if window and items and items[-1].get("type") == "reasoning":
+        problems.append("ends with a reasoning item")
+    return problems
+
+
+def _blocks(content: Any) -> list[Mapping[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _anthropic_problems(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    turns: list[tuple[str, list[Mapping[str, Any]]]] = []
+    for m in messages:  # the API merges consecutive messages of one role into one turn
+        if turns and turns[-1][0] == m["role"]:
+            turns[-1][1].extend(_blocks(m["content"]))
+        else:
+            turns.append((m["role"], _blocks(m["content"])))
+    problems = []
+    for k, (role, blocks) in enumerate(turns):
+        if role != "user":
+            continue
+        before = turns[k - 1][1] if k > 0 and turns[k - 1][0] == "assistant" else []
+        uses = sorted(b["id"] for b in before if b["type"] == "tool_use")
+        leading = list(itertools.takewhile(lambda b: b["type"] == "tool_result", blocks))
+        if sorted(b["tool_use_id"] for b in leading) != uses:
+            problems.append(f"turn {k}: tool_use {uses} answered by {[b['tool_use_id'] for b in leading]}")
+        if any(b["type"] == "tool_result" for b in blocks[len(leading) :]):
+            problems.append(f"turn {k}: tool_result after another block")
+    if turns and turns[-1][0] == "assistant" and any(b["type"] == "tool_use" for b in turns[-1][1]):
+        problems.append("the last turn's tool_use blocks have no results")
+    return problems
+
+
+def pairing_problems(
+    dialect: Dialect, messages: Sequence[Mapping[str, Any]], *, window: bool = False
+) -> list[str]:
+    if dialect is CHAT:
+        return _chat_problems(messages)
+    if dialect is RESPONSES:
+        return _responses_problems(messages, window=window)
+    return _anthropic_problems(messages)
+
+
+def assert_accepted(
+    adapters: dict[Dialect, pydantic.TypeAdapter[Any]],
+    dialect: Dialect,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    window: bool = False,
+) -> None:
+    assert pairing_problems(dialect, messages, window=window) == []
+    assert type_errors(adapters, dialect, messages) == []
+
+
+# --- transcripts, as each provider's agent loop writes them
+
+
+def user(text: str = "hi") -> Message:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str = "done") -> Message:
+    return {"role": "assistant", "content": text}
+
+
+def chat_calls(*ids: str) -> Message:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "run", "arguments": "{}"}} for i in ids
+        ],
+    }
+
+
+def chat_result(call_id: str, text: str = "ok") -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def tool_use(*ids: str, text: str | None = None) -> Message:
+    blocks: list[Message] = [{"type": "text", "text": text}] if text else []
+    blocks += [{"type": "tool_use", "id": i, "name": "run", "input": {}} for i in ids]
+    return {"role": "assistant", "content": blocks}
+
+
+def tool_results(*ids: str, text: str | None = None) -> Message:
+    blocks: list[Message] = [{"type": "tool_result", "tool_use_id": i, "content": "ok"} for i in ids]
+    if text:
+        blocks.append({"type": "text", "text": text})
+    return {"role": "user", "content": blocks}
+
+
+def responses_call(kind: str, call_id: str) -> Message:
+    if kind == "function_call":
+        return {"type": "function_call", "call_id": call_id, "name": "run", "arguments": "{}"}
+    if kind == "custom_tool_call":
+        return {"type": "custom_tool_call", "call_id": call_id, "name": "patch", "input": "x"}
+    if kind == "computer_call":
+        return {
+            "type": "computer_call",
+            "id": f"cu_{call_id}",
+            "call_id": call_id,
+            "action": {"type": "screenshot"},
+            "pending_safety_checks": [],
+            "status": "completed",
+        }
+    if kind == "local_shell_call":
+        return {
+            "type": "local_shell_call",
+            "id": f"lsh_{call_id}",
+            "call_id": call_id,
+            "action": {"type": "exec", "command": ["ls"], "env": {}},
+            "status": "completed",
+        }
+    if kind == "shell_call":
+        return {"type": "shell_call", "call_id": call_id, "action": {"commands": ["ls"]}}
+    if kind == "apply_patch_call":
+        return {
+            "type": "apply_patch_call",
+            "call_id": call_id,
+            "status": "completed",
+            "operation": {"type": "delete_file", "path": "a.txt"},
+        }
+    assert kind == "tool_search_call"
+    return {"type": "tool_search_call", "call_id": call_id, "arguments": {}, "execution": "client"}
+
+
+def responses_output(kind: str, call_id: str, *, legacy_local_shell: bool = False) -> Message:
+    if kind in ("function_call", "custom_tool_call") or (
+        kind == "local_shell_call" and not legacy_local_shell
+    ):
+        out = "custom_tool_call_output" if kind == "custom_tool_call" else "function_call_output"
+        return {"type": out, "call_id": call_id, "output": "ok"}
+    if kind == "local_shell_call":  # the type definitions' shape: the call's id under ``id``
+        return {"type": "local_shell_call_output", "id": call_id, "output": "ok"}
+    if kind == "computer_call":
+        return {
+            "type": "computer_call_output",
+            "call_id": call_id,
+            "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="},
+        }
+    if kind == "shell_call":
+        return {
+            "type": "shell_call_output",
+            "call_id": call_id,
+            "output": [{"stdout": "a.txt", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+        }
+    if kind == "apply_patch_call":
+        return {"type": "apply_patch_call_output", "call_id": call_id, "status": "completed"}
+    return {"type": "tool_search_output", "call_id": call_id, "tools": [], "execution": "client"}
+
+
+RESPONSES_KINDS = sorted(RESPONSES_CALL_TYPES)
+
+
+def model_calls(dialect: Dialect, *ids: str) -> list[Message]:
+    """What a model's turn that asks for the tools ``ids`` adds to a transcript of ``dialect``."""
+    if dialect is CHAT:
+        return [chat_calls(*ids)]
+    if dialect is ANTHROPIC:
+        return [tool_use(*ids)]
+    return [responses_call("function_call", i) for i in ids]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,11 +74,13 @@ class LeaseLost(StatekeelError):
 
 
 class StepInDoubt(StatekeelError):
-    """A non-idempotent step was started but never recorded as finished (a crash in between)."""
+    """A non-idempotent step was started but never recorded as finished (a crash in between). Fields:
+    ``record``, and ``task_id`` / ``step_key`` for a task's step, ``session_key`` / ``call_id`` for a
+    session's tool call."""
 
     hint = (
-        "Check whether its side effect happened, then settle it with tasks.resolve_step(); "
-        "or mark the step idempotent if re-running it is safe"
+        "Check whether its side effect happened, then settle it with tasks.resolve_step() (a task's step) "
+        "or sessions.resolve_tool() (a session's tool call); or mark it idempotent if re-running it is safe"
     )
 
 

@@ -45,6 +45,7 @@ import orjson
 from .backends.base import SESSION_STATUSES
 from .codec import Codec
 from .errors import ConflictError, SerializationError, StorageCorrupt
+from .transcripts import role_of
 
 log = logging.getLogger("statekeel.fallback")
 
@@ -315,7 +316,7 @@ class FallbackDir:
             and type(snap.last_consolidated) is int
             and isinstance(snap.created_at, dt.datetime)
             and isinstance(snap.updated_at, dt.datetime)
-            and all(isinstance(m, dict) and type(m.get("role")) is str and m["role"] for m in messages)
+            and all(role_of(m) is not None for m in messages)
         )
         if not ok:
             raise FallbackCorrupt(f"fallback file {path} has an inconsistent header or messages", path=path)

@@ -9,9 +9,12 @@ One pass, idempotent (a second run finds nothing to repair):
    about its storage (a WAL file deleted before its commits were checkpointed) are reported until
    acknowledged. The audit chain and the approvals bound to it are verified;
 2. fallback files written while the backend was down are replayed into it;
-3. sessions whose last assistant tool calls have no result get an explicit ``interrupted`` tool result
-   per missing call, so the next LLM call is valid (only sessions nobody holds: a live agent may still be
-   waiting for its tool);
+3. sessions whose tool calls have no result get an explicit interrupted result per call, in the
+   transcript's own format (OpenAI chat, OpenAI Responses, Anthropic), so the next LLM call is valid —
+   only calls a process that is gone left (a live agent may still be running its tool) and whose
+   function was never started through ``sessions.run_tool`` (those are in doubt, listed in
+   ``tool_calls_in_doubt``). The sessions are found through an index of those with waiting calls, never
+   by reading every session;
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
    open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
@@ -23,6 +26,8 @@ before anything is read or written. ``recover()`` raises only when the store can
     report = await store.recover()
     for step in report.steps_in_doubt:
         ...  # check the side effect, then store.tasks.resolve_step(...)
+    for call in report.tool_calls_in_doubt:
+        ...  # check the side effect, then store.sessions.resolve_tool(session, call.call_id, ...)
 """
 
 from __future__ import annotations
@@ -35,13 +40,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConflictError, InvalidArgument, LeaseLost, StatekeelError, StorageCorrupt
+from .errors import InvalidArgument, StorageCorrupt
+from .transcripts import INTERRUPTED_TEXT
 from .validation import check_aware
 
 if TYPE_CHECKING:
     from .approvals import Approval
     from .audit import AuditVerification
-    from .backends.base import Contradiction, Damage, Drift, Incident, StepRecord
+    from .backends.base import Contradiction, Damage, Drift, Incident, SessionStepRecord, StepRecord
     from .fallback import ReplayReport
     from .store import Store
     from .tasks import Task
@@ -51,11 +57,10 @@ log = logging.getLogger("statekeel.recovery")
 
 T = TypeVar("T")
 
-INTERRUPTED_CONTENT = "interrupted: the agent stopped before this tool call returned a result"
-# How far back from a session's end to look for the assistant message whose tool calls need results.
-_TAIL = 200
+INTERRUPTED_CONTENT = INTERRUPTED_TEXT
 _PAGE = 500
-_LOCK_TIMEOUT_S = 0.5
+# Heartbeats of processes that left no calls behind are dropped this long after they expired.
+_HEARTBEAT_RETENTION = dt.timedelta(days=1)
 
 
 @dataclass(slots=True)
@@ -68,11 +73,14 @@ class RecoveryReport:
     fallback: ReplayReport | None = None
     # session key -> tool call ids answered with an "interrupted" result (or that would be, repair=False)
     orphaned_tool_calls: dict[str, list[str]] = field(default_factory=dict)
-    sessions_busy: list[str] = field(default_factory=list)  # held by a live agent: left alone
+    # held by a live agent, or with calls a live process may still be running: left alone
+    sessions_busy: list[str] = field(default_factory=list)
     # session key -> why it could not be checked or repaired (e.g. a damaged history); the others were
     sessions_failed: dict[str, str] = field(default_factory=dict)
     interrupted_tasks: list[Task] = field(default_factory=list)
     steps_in_doubt: list[StepRecord] = field(default_factory=list)
+    # sessions' tool calls started through run_tool by a process that is gone, without a result
+    tool_calls_in_doubt: list[SessionStepRecord] = field(default_factory=list)
     pending_approvals: list[Approval] = field(default_factory=list)
     unfinished_workflows: list[Workflow] = field(default_factory=list)
     open_contradictions: list[Contradiction] = field(default_factory=list)
@@ -119,6 +127,7 @@ class RecoveryReport:
             "sessions_failed": len(self.sessions_failed),
             "interrupted_tasks": len(self.interrupted_tasks),
             "steps_in_doubt": len(self.steps_in_doubt),
+            "tool_calls_in_doubt": len(self.tool_calls_in_doubt),
             "pending_approvals": len(self.pending_approvals),
             "unfinished_workflows": len(self.unfinished_workflows),
             "open_contradictions": len(self.open_contradictions),
@@ -132,52 +141,14 @@ class RecoveryReport:
         }
 
 
-def missing_tool_results(messages: list[dict[str, Any]]) -> list[str]:
-    """Ids of the last assistant message's tool calls that no later tool message answers.
-
-    Understands the OpenAI chat shape: ``{"role": "assistant", "tool_calls": [{"id": ...}]}`` answered by
-    ``{"role": "tool", "tool_call_id": ...}``.
-    """
-    for i in range(len(messages) - 1, -1, -1):
-        message = messages[i]
-        if message.get("role") != "assistant":
-            continue
-        calls = message.get("tool_calls")
-        if not isinstance(calls, list) or not calls:
-            return []  # the last assistant message made no calls: nothing is pending
-        wanted = [c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)]
-        answered = {m.get("tool_call_id") for m in messages[i + 1 :] if m.get("role") == "tool"}
-        return [call_id for call_id in wanted if call_id not in answered]
-    return []
-
-
-async def _repair_session(store: Store, report: RecoveryReport, repair: bool, key: str) -> None:
-    tail = await store.backend.tail_messages(key, _TAIL)
-    missing = missing_tool_results([m.payload for m in tail])
-    if not missing:
-        return
-    if not repair:
-        report.orphaned_tool_calls[key] = missing
-        return
-    async with store.sessions.open(key, timeout=_LOCK_TIMEOUT_S) as session:
-        # Re-check under the lock: the holder we waited for may have answered them.
-        missing = missing_tool_results(session.messages[-_TAIL:])
-        for call_id in missing:
-            session.add_message("tool", INTERRUPTED_CONTENT, tool_call_id=call_id, statekeel_interrupted=True)
-    if missing:
-        report.orphaned_tool_calls[key] = missing
-
-
-async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool) -> None:
-    async for record in store.sessions.iter(status="active", page_size=_PAGE):
-        try:
-            await _repair_session(store, report, repair, record.key)
-        except (ConflictError, LeaseLost):
-            report.sessions_busy.append(record.key)
-        except StatekeelError as exc:
-            # One damaged session must not stop the repair of the others nor the task recovery.
-            log.warning("could not check or repair session %r: %s", record.key, exc)
-            report.sessions_failed[record.key] = str(exc)
+async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool, now: dt.datetime) -> None:
+    found = await store.sessions._recover_tool_calls(repair)
+    report.orphaned_tool_calls = found.repaired
+    report.sessions_busy = found.busy
+    report.sessions_failed = found.failed
+    report.tool_calls_in_doubt = found.in_doubt
+    if repair:
+        await store.backend.purge_heartbeats(now - _HEARTBEAT_RETENTION)
 
 
 async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
@@ -282,7 +253,7 @@ async def recover(
     report.audit = await _guarded(report, "audit", store.audit.verify, None)
     if repair:
         report.fallback = await _guarded(report, "fallback", store.sessions.replay_fallback, None)
-    await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair), None)
+    await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
     if repair:
         report.interrupted_tasks = await _guarded(
             report, "tasks", lambda: store.tasks.expire_leases(now=when), []
@@ -304,4 +275,4 @@ async def recover(
     return report
 
 
-__all__ = ["INTERRUPTED_CONTENT", "RecoveryReport", "missing_tool_results", "recover"]
+__all__ = ["INTERRUPTED_CONTENT", "RecoveryReport", "recover"]

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-import inspect
 import math
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .backends.base import TASK_STATUSES, NewTask, Page, StepRecord, StorageBackend, TaskChange, TaskRecord
@@ -41,6 +39,7 @@ from .errors import (
     SerializationError,
     StepInDoubt,
 )
+from .journal import StepFn, check_fn, discard, run_step
 from .validation import check_aware, check_int, check_key, check_text
 
 Task = TaskRecord
@@ -123,27 +122,6 @@ def plan_transition(
         result=result,
         error=error,
     )
-
-
-# A failed step's recorded message is cut to this many characters: the error must always be storable, or
-# a step whose outcome is known (it raised) would be left in doubt and the caller's exception replaced.
-_MAX_ERROR_MESSAGE_CHARS = 4096
-
-
-def _error_record(exc: BaseException) -> dict[str, Any]:
-    try:
-        message = str(exc)
-    except Exception as str_exc:  # a broken __str__ must not hide the step's real outcome
-        message = f"<str() of the exception raised {type(str_exc).__name__}>"
-    if len(message) > _MAX_ERROR_MESSAGE_CHARS:
-        message = f"{message[:_MAX_ERROR_MESSAGE_CHARS]}… ({len(message)} characters, truncated)"
-    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message}
-
-
-def _discard(fn: Any) -> None:
-    # A coroutine object we will not run must be closed, or Python warns that it was never awaited.
-    if inspect.iscoroutine(fn):
-        fn.close()
 
 
 class TaskManager:
@@ -370,7 +348,7 @@ class TaskManager:
         self,
         task_id: str,
         step_key: str,
-        fn: Callable[[], Any] | Awaitable[Any],
+        fn: StepFn,
         *,
         idempotent: bool = False,
         lease_epoch: int | None = None,
@@ -389,58 +367,7 @@ class TaskManager:
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
         """
         _check_step_args(task_id, step_key, fn, idempotent, lease_epoch)
-        try:
-            record, run = await self.backend.begin_step(
-                task_id, step_key, rerun_started=idempotent, lease_epoch=lease_epoch, now=_utcnow()
-            )
-        except BaseException:
-            _discard(fn)
-            raise
-        if not run:
-            _discard(fn)
-            return _recorded_outcome(record)
-        value = await self._run_step_fn(record, fn)
-        return await self._record_success(record, value)
-
-    async def _run_step_fn(self, record: StepRecord, fn: Callable[[], Any] | Awaitable[Any]) -> Any:
-        """Run a started step's ``fn``; an exception it raises is recorded as the step's failure."""
-        try:
-            value = fn() if callable(fn) else fn
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            error_raw = self.codec.encode(_error_record(exc), where="error")
-            await self.backend.finish_step(
-                record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error_raw
-            )
-            raise
-        return value
-
-    async def _record_success(self, record: StepRecord, value: Any) -> Any:
-        """Commit a step's result and return it as stored (decoded)."""
-        task_id, step_key = record.task_id, record.step_key
-        try:
-            raw = self.codec.encode(value, where="result")
-        except SerializationError as exc:
-            # fn ran, so its side effect may have happened: the step stays in doubt rather than failed.
-            raise type(exc)(
-                f"step {step_key!r} of task {task_id!r} ran but returned a value that cannot be stored "
-                f"({exc}); the step is left in doubt: settle it with resolve_step()",
-                **exc.fields,
-            ) from None
-        done = await self.backend.finish_step(
-            task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
-        )
-        if done is None:
-            current = await self.backend.get_step(task_id, step_key)
-            if current is not None and current.status == "succeeded":
-                return current.result  # a concurrent re-run of this idempotent step recorded first
-            raise ConflictError(
-                f"step {step_key!r} of task {task_id!r} was settled or re-run by someone else while it ran",
-                task_id=task_id,
-                step_key=step_key,
-            )
-        return self.codec.decode(raw)
+        return await run_step(_TaskStep(self, task_id, step_key, idempotent, lease_epoch), fn, self.codec)
 
     async def resolve_step(
         self, task_id: str, step_key: str, outcome: str, *, result: Any = None, error: Any = None
@@ -498,25 +425,75 @@ def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, leas
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
     except InvalidArgument:
-        _discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
+        discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
         raise
-    if not callable(fn) and not inspect.isawaitable(fn):
-        raise InvalidArgument(
-            f"fn must be a callable or an awaitable, got {type(fn).__name__}", step_key=step_key
+    check_fn(fn, step_key=step_key)
+
+
+class _TaskStep:
+    """A task's step in the journal: the ``task_steps`` row of (task, step key), fenced by the lease."""
+
+    def __init__(
+        self, tasks: TaskManager, task_id: str, step_key: str, idempotent: bool, lease_epoch: int | None
+    ) -> None:
+        self.backend = tasks.backend
+        self.codec = tasks.codec
+        self.task_id = task_id
+        self.step_key = step_key
+        self.idempotent = idempotent
+        self.lease_epoch = lease_epoch
+
+    async def begin(self) -> tuple[StepRecord, bool]:
+        return await self.backend.begin_step(
+            self.task_id,
+            self.step_key,
+            rerun_started=self.idempotent,
+            lease_epoch=self.lease_epoch,
+            now=_utcnow(),
         )
 
+    def recorded(self, record: StepRecord) -> Any:
+        """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
+        if record.status == "succeeded":
+            return record.result
+        raise StepInDoubt(
+            f"step {record.step_key!r} of task {record.task_id!r} was started (attempt {record.attempt}, at "
+            f"{record.started_at.isoformat()}) but its outcome was never recorded",
+            record=record,
+            task_id=record.task_id,
+            step_key=record.step_key,
+        )
 
-def _recorded_outcome(record: StepRecord) -> Any:
-    """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
-    if record.status == "succeeded":
-        return record.result
-    raise StepInDoubt(
-        f"step {record.step_key!r} of task {record.task_id!r} was started (attempt {record.attempt}, at "
-        f"{record.started_at.isoformat()}) but its outcome was never recorded",
-        record=record,
-        task_id=record.task_id,
-        step_key=record.step_key,
-    )
+    async def failed(self, record: StepRecord, error: bytes) -> None:
+        await self.backend.finish_step(
+            record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error
+        )
+
+    async def succeeded(self, record: StepRecord, value: Any) -> Any:
+        """Commit a step's result and return it as stored (decoded)."""
+        task_id, step_key = record.task_id, record.step_key
+        try:
+            raw = self.codec.encode(value, where="result")
+        except SerializationError as exc:
+            # fn ran, so its side effect may have happened: the step stays in doubt rather than failed.
+            raise type(exc)(
+                f"step {step_key!r} of task {task_id!r} ran but returned a value that cannot be stored "
+                f"({exc}); the step is left in doubt: settle it with resolve_step()",
+                **exc.fields,
+            ) from None
+        done = await self.backend.finish_step(
+            task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
+        )
+        if done is None:
+            current = await self.backend.get_step(task_id, step_key)
+            if current is not None and current.status == "succeeded":
+                return current.result  # a concurrent re-run of this idempotent step recorded first
+            raise ConflictError(
+                f"step {step_key!r} of task {task_id!r} was settled or re-run by someone else while it ran",
+                task_id=task_id,
+                step_key=step_key,
+            )
+        return self.codec.decode(raw)
 
 
 def _check_fence(

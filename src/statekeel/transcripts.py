@@ -394,6 +394,9 @@ def dialect_of(message: Mapping[str, Any]) -> Dialect | None:
 # --- the transcript as a whole ---------------------------------------------------------------------------
 
 _Key = tuple[Dialect, str]
+# Shared by the steps of messages without tool calls or results: never changed.
+_NO_CALLS: list[ToolCall] = []
+_NO_RESULTS: list[ToolResult] = []
 # Where an Anthropic transcript stands: outside a tool turn, in an assistant turn, in the user turn after
 # it while only tool results have come, or past the point where a result may still come.
 _NONE, _ASSISTANT, _RESULTS = 0, 1, 2
@@ -481,6 +484,8 @@ class TranscriptIndex:
             )
         i = self.next_index
         p = _parse(message, i, strict)
+        if not p.calls and not p.results and not p.malformed:
+            return self._plain_step(p, i)
         new_calls: list[ToolCall] = []
         fresh: set[_Key] = set()
         for call in p.calls:
@@ -601,6 +606,35 @@ class TranscriptIndex:
             anth_from,
         )
 
+    def _plain_step(self, p: _Parsed, i: int) -> _Step:
+        """What a message without tool calls or results changes: the general rules of :meth:`_step`
+        with nothing to add or answer (most messages; this is their fast path)."""
+        abandoned: list[_Key] = []
+        if self._chat_open:  # only tool messages may follow a chat message's calls
+            abandoned.extend(self._chat_open)
+        anth_state, anth_open, anth_from = self._anth_state, self._anth_open, self._anth_from
+        if p.role == "assistant":
+            if anth_state != _ASSISTANT:
+                abandoned.extend(anth_open)
+                anth_state, anth_open, anth_from = _ASSISTANT, [], i
+        elif p.role != "user" or anth_state in (_ASSISTANT, _RESULTS):
+            # A user message without results closes the turn after the calls; any other role too.
+            abandoned.extend(anth_open)
+            anth_state, anth_open = _NONE, []
+        return _Step(
+            p,
+            i,
+            _NO_CALLS,
+            _NO_RESULTS,
+            _NO_RESULTS,
+            abandoned,
+            None,
+            self._chat_from,
+            anth_state,
+            anth_open,
+            anth_from,
+        )
+
     def _commit(self, step: _Step) -> None:
         self._count += 1
         for call in step.new_calls:
@@ -664,10 +698,37 @@ class TranscriptIndex:
         """The calls without a result, oldest first."""
         return tuple(self._unanswered.values())
 
-    def repair(self, text: str = INTERRUPTED_TEXT) -> Repair:
-        """The interrupted results that answer every unanswered call (see :func:`plan_repair`)."""
+    def awaiting(self) -> tuple[ToolCall, ...]:
+        """The calls without a result that appending one still answers, oldest first: every unanswered
+        call but those of a chat or Anthropic turn that other messages followed."""
+        return tuple(
+            c
+            for k, c in self._unanswered.items()
+            if c.dialect is Dialect.OPENAI_RESPONSES or k not in self._abandoned_at
+        )
+
+    def call(self, call_id: str) -> ToolCall | None:
+        """The call with this id (when two formats used it, the one still without a result)."""
+        found = None
+        for dialect in Dialect:
+            key = (dialect, call_id)
+            if key in self._unanswered:
+                return self._unanswered[key]
+            found = found or self._calls.get(key)
+        return found
+
+    def answered(self, call: ToolCall) -> bool:
+        """Whether ``call`` has its result."""
+        return (call.dialect, call.call_id) in self._answered
+
+    def repair(self, text: str = INTERRUPTED_TEXT, *, only: Iterable[str] | None = None) -> Repair:
+        """The interrupted results that answer every unanswered call (see :func:`plan_repair`), or only
+        those whose ids are in ``only``."""
         check_text(text, "text")
         calls = tuple(self._unanswered.values())
+        if only is not None:
+            wanted = set(only)
+            calls = tuple(c for c in calls if c.call_id in wanted)
         append: list[dict[str, Any]] = []
         anthropic_append: dict[str, Any] | None = None
         inserts: dict[int, list[dict[str, Any]]] = {}
@@ -731,6 +792,26 @@ def interrupted_answer(call: ToolCall, text: str = INTERRUPTED_TEXT) -> dict[str
         item.update(execution="client", tools=[], status="incomplete")
     else:
         item["output"] = text
+    if call.caller is not None and kind != "computer_call_output" and call.kind != "local_shell_call":
+        item["caller"] = call.caller
+    return item
+
+
+def tool_result(call: ToolCall, output: Any) -> dict[str, Any]:
+    """The message that answers ``call`` with ``output``, in the call's own dialect: a chat ``tool``
+    message, a Responses ``*_output`` item, or an Anthropic user message holding one ``tool_result`` block.
+
+    ``output`` is the result's content: a str, or a list of content parts as the provider takes them.
+
+        tool_result(call, "3 passed")  # {"role": "tool", "tool_call_id": ..., "content": "3 passed"}
+    """
+    if call.dialect is Dialect.OPENAI_CHAT:
+        return {"role": "tool", "tool_call_id": call.call_id, "content": output}
+    if call.dialect is Dialect.ANTHROPIC:
+        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": output}
+        return {"role": "user", "content": [block]}
+    kind = _RESPONSES_ANSWER[call.kind]
+    item: dict[str, Any] = {"type": kind, "call_id": call.call_id, "output": output}
     if call.caller is not None and kind != "computer_call_output" and call.kind != "local_shell_call":
         item["caller"] = call.caller
     return item
@@ -810,7 +891,12 @@ def _has_results(message: Mapping[str, Any]) -> bool:
 _MAX_NESTING = 64
 
 
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def _dump(value: Any, depth: int) -> Any:
+    if type(value) in _LEAVES:  # most of a message: nothing to look up
+        return value
     dump = getattr(value, "model_dump", None)
     if dump is not None and callable(dump) and not isinstance(value, type):
         try:
@@ -839,6 +925,18 @@ def _dump(value: Any, depth: int) -> Any:
                 items[n] = new
         return value if items is None else items
     return value
+
+
+def role_of(message: Any) -> str | None:
+    """What a stored message's role is: its non-empty str ``role``, or for an item without one (OpenAI
+    Responses) its non-empty str ``type``; None for anything else, which is not a message."""
+    if type(message) is not dict:
+        return None
+    role = message.get("role")
+    if _valid_id(role):
+        return role
+    kind = message.get("type")
+    return kind if role is None and _valid_id(kind) else None
 
 
 def normalize_item(item: Any) -> dict[str, Any]:
@@ -880,5 +978,7 @@ __all__ = [
     "interrupted_answer",
     "normalize_item",
     "plan_repair",
+    "role_of",
     "safe_window",
+    "tool_result",
 ]

@@ -369,10 +369,11 @@ async def test_copy_between_two_distinct_sqlite_files_is_verified(tmp_path: Path
     await _precious_still_there(_sqlite_url(tmp_path, "b.db"))
 
 
-# Tables that copy_store deliberately leaves out: the schema record (the destination has its own) and
-# session leases (locks held by live processes of the source, meaningless in another store).
-# Incidents describe the physical store they happened to (a SQLite WAL file lost): they stay with it.
-NOT_COPIED = {"schema_migrations", "session_leases", "store_incidents"}
+# Tables that copy_store deliberately leaves out: the schema record (the destination has its own), session
+# leases and the heartbeats of processes with waiting tool calls (held by live processes of the source,
+# meaningless in another store). Incidents describe the physical store they happened to (a SQLite WAL file
+# lost): they stay with it.
+NOT_COPIED = {"schema_migrations", "session_leases", "owner_heartbeats", "store_incidents"}
 
 
 def _sqlite_tables(path: str) -> set[str]:

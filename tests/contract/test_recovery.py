@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
-from statekeel.recovery import INTERRUPTED_CONTENT, missing_tool_results
+from statekeel.recovery import INTERRUPTED_CONTENT
 
 
 def _assistant_calls(*ids: str) -> dict[str, object]:
@@ -28,18 +28,6 @@ async def _session_with_unanswered_call(store: statekeel.Store, key: str) -> Non
     session.add_message("assistant", None, **_assistant_calls("c1", "c2"))
     session.add_message("tool", "3 passed", tool_call_id="c1")
     await store.sessions.save(session)
-
-
-def test_missing_tool_results_reads_only_the_last_assistant_turn() -> None:
-    msgs = [
-        {"role": "assistant", "tool_calls": [{"id": "old"}]},
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]},
-        {"role": "tool", "tool_call_id": "b", "content": "ok"},
-    ]
-    assert missing_tool_results(msgs) == ["a"]
-    assert missing_tool_results([*msgs, {"role": "assistant", "content": "done"}]) == []
-    assert missing_tool_results([]) == []
 
 
 async def test_recover_answers_orphaned_tool_calls_with_an_interrupted_result(store: statekeel.Store) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -132,3 +133,34 @@ def test_processes_opening_a_new_database_at_once_all_succeed_and_migrate_once(p
     assert asyncio.run(versions(pg_database)) == [(v, 1) for v in range(1, CURRENT + 1)]
     keys = asyncio.run(_fetch(pg_database, "SELECT key FROM sessions ORDER BY key"))
     assert keys == [("opener-0",), ("opener-1",), ("opener-2",)]
+
+
+async def test_sessions_written_before_tool_calls_were_counted_are_counted_once_after_the_upgrade(
+    pg_database: str,
+) -> None:
+    tool_calls = next(m.version for m in SHIPPED if m.name == "session_tool_calls")
+    backend = PostgresBackend(pg_database, codec=Codec(), migrations=SHIPPED[: tool_calls - 1])
+    await backend.initialize()
+    await backend.close()
+    # Written by the old code: a session whose last turn asks for a tool that never answered.
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c9", "type": "function"}]}
+    await _execute(
+        pg_database,
+        "INSERT INTO sessions (key, head_seq, created_at, updated_at) VALUES ('cut', 2, now(), now())",
+    )
+    for seq, message in enumerate([{"role": "user", "content": "go"}, call]):
+        await _execute(
+            pg_database,
+            "INSERT INTO messages (session_key, seq, role, payload, created_at) "
+            "VALUES ('cut', $1, $2, $3, now())",
+            seq,
+            message["role"],
+            json.dumps(message),
+        )
+    async with statekeel.open_store(pg_database) as store:
+        assert [(s.key, s.open_calls) for s in await store.backend.sessions_with_open_calls()] == [
+            ("cut", -1)
+        ]
+        report = await store.recover()
+        assert report.orphaned_tool_calls == {"cut": ["c9"]}
+        assert await store.backend.sessions_with_open_calls() == []

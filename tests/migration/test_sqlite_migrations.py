@@ -4,6 +4,7 @@ failed migration leaves the database as it was, with an owner-only backup; concu
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sqlite3
@@ -206,6 +207,33 @@ async def test_frozen_v1_database_upgrades_with_its_data_intact(tmp_path: Path) 
         assert await store.backend.integrity_check() == []
     assert versions(path) == [(v, 1) for v in range(1, CURRENT + 1)]
     assert backups(tmp_path) == []  # taken before the upgrade, removed after its success
+
+
+async def test_sessions_written_before_tool_calls_were_counted_are_counted_once_after_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    path = copy_fixture("v1.sqlite", tmp_path)
+    # Written by the old code: a session whose last turn asks for a tool that never answered.
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c9", "type": "function"}]}
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute(
+        "INSERT INTO sessions (key, metadata, head_seq, created_at, updated_at) VALUES ('cut', '{}', 2, 1, 1)"
+    )
+    for seq, message in enumerate([{"role": "user", "content": "go"}, call]):
+        conn.execute(
+            "INSERT INTO messages (session_key, seq, role, payload, created_at) VALUES ('cut', ?, ?, ?, 1)",
+            (seq, message["role"], json.dumps(message)),
+        )
+    conn.execute("COMMIT")
+    conn.close()
+    async with statekeel.open_store(sqlite_url(path)) as store:
+        unknown = await store.backend.sessions_with_open_calls()
+        assert {s.key: s.open_calls for s in unknown} == {"cut": -1, "frozen-agent": -1, "frozen-idle": -1}
+        report = await store.recover()
+        assert report.orphaned_tool_calls == {"cut": ["c9"]}
+        assert await store.backend.sessions_with_open_calls() == []  # counted once, then only by saves
+        assert (await store.recover()).orphaned_tool_calls == {}
 
 
 async def test_backup_is_taken_before_upgrading_an_existing_file(tmp_path: Path) -> None:

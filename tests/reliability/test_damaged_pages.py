@@ -103,7 +103,9 @@ async def test_a_damaged_message_page_names_the_unreadable_messages_and_recovers
     assert keys == sorted(keys)
     assert damage.readable + len(keys) == SESSIONS * MESSAGES + 1
     hit = sorted({key for key, _ in keys})
-    assert sorted(report.sessions_failed) == hit
+    # recover() reads only the sessions with tool calls waiting for a result (here the one left
+    # zz-orphan, which reads): the damage report is what names the sessions that lost messages.
+    assert report.sessions_failed == {}
     async with statekeel.open_store(sqlite_url(path)) as store:
         for i in range(SESSIONS):
             key = f"s{i:02d}"

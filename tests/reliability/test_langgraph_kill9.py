@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers import kill9_when
 
 pytest.importorskip("langgraph.graph")
 
@@ -76,28 +75,8 @@ def _runs(counters: Path, name: str) -> int:
 
 
 def _kill_inside_write(url: str, counters: Path, module_dir: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, os.fspath(counters), os.fspath(module_dir)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while _runs(counters, "write") == 0:
-            if proc.poll() is not None:
-                raise AssertionError(f"child exited early: {proc.stderr.read() if proc.stderr else ''}")
-            if time.monotonic() > deadline:
-                raise AssertionError("the write node never ran in the child")
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    args = [CHILD, url, os.fspath(counters), os.fspath(module_dir)]
+    kill9_when(args, lambda: _runs(counters, "write") > 0, "the write node")
 
 
 async def test_graph_killed_mid_step_resumes_without_rerunning_finished_steps(

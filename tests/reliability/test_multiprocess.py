@@ -91,8 +91,11 @@ async def _worker_shared_lock(url: str, barrier: Path, proc: int, turns: int) ->
         started = time.perf_counter()
         for t in range(turns):
             async with store.sessions.open("shared", timeout=60) as session:
+                call_id = f"call-{proc}-{t}"
+                calls = [{"id": call_id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]
+                fields: list[dict[str, Any]] = [{}, {"tool_calls": calls}, {"tool_call_id": call_id}, {}]
                 for k, role in enumerate(ROLES):
-                    session.add_message(role, _content(proc, 0, t, k))
+                    session.add_message(role, _content(proc, 0, t, k), **fields[k])
         return {"turns": turns, "seconds": time.perf_counter() - started}
 
 

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import statekeel
+from helpers import kill9_when
 
 CHILD = """
 import asyncio, os, sys, time
@@ -44,28 +41,8 @@ def _lines(path: Path) -> int:
 def crash_inside_step(url: str, task_id: str, step_key: str, idempotent: bool, counter: Path) -> None:
     """Run the step in a child process and SIGKILL it once ``fn`` has done its side effect."""
     before = _lines(counter)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, task_id, step_key, "1" if idempotent else "0", os.fspath(counter)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while _lines(counter) == before:
-            if proc.poll() is not None:
-                raise AssertionError(f"child exited early: {proc.stderr.read() if proc.stderr else ''}")
-            if time.monotonic() > deadline:
-                raise AssertionError("fn never ran in the child")
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    args = [CHILD, url, task_id, step_key, "1" if idempotent else "0", os.fspath(counter)]
+    kill9_when(args, lambda: _lines(counter) > before, "the step's side effect")
 
 
 async def test_kill_inside_a_non_idempotent_step_leaves_it_in_doubt_after_restart(

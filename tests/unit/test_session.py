@@ -75,8 +75,15 @@ def test_history_without_a_user_message_never_starts_with_an_orphaned_tool_resul
 
 def test_history_of_only_tool_results_is_empty() -> None:
     s = new_session()
-    s.add_message("tool", "r1", tool_call_id="c1")
+    s.messages.append({"role": "tool", "tool_call_id": "c1", "content": "r1"})  # as stored, call archived
     assert s.history() == []
+
+
+def test_a_tool_result_for_a_call_the_session_never_made_is_refused_and_nothing_added() -> None:
+    s = new_session()
+    with pytest.raises(statekeel.UnknownToolCall):
+        s.add_message("tool", "r1", tool_call_id="c1")
+    assert s.messages == []
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])

@@ -21,6 +21,7 @@ from statekeel.backends.records import (
     MEMORY_EVENTS,
     MEMORY_TYPES,
     SESSION_STATUSES,
+    SESSION_STEP_STATUSES,
     SPAN_STATUSES,
     STEP_STATUSES,
     TASK_STATUSES,
@@ -52,11 +53,13 @@ from statekeel.backends.records import (
     NewSpan,
     NewTask,
     NewWorkflowStep,
+    OpenCalls,
     Page,
     Relation,
     RowPage,
     SessionLease,
     SessionRecord,
+    SessionStepRecord,
     Span,
     StateCounts,
     StepRecord,
@@ -73,6 +76,7 @@ __all__ = [
     "MEMORY_EVENTS",
     "MEMORY_TYPES",
     "SESSION_STATUSES",
+    "SESSION_STEP_STATUSES",
     "SPAN_STATUSES",
     "STEP_STATUSES",
     "TASK_STATUSES",
@@ -112,12 +116,14 @@ __all__ = [
     "NewSpan",
     "NewTask",
     "NewWorkflowStep",
+    "OpenCalls",
     "Page",
     "Relation",
     "RowPage",
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
+    "SessionStepRecord",
     "Span",
     "StateCounts",
     "StepRecord",
@@ -125,6 +131,7 @@ __all__ = [
     "TaskBackend",
     "TaskChange",
     "TaskRecord",
+    "ToolCallBackend",
     "TraceBackend",
     "TypedBlob",
     "WorkflowBackend",
@@ -272,8 +279,15 @@ class SessionBackend(abc.ABC):
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
         expected_version: int | None = None,
+        open_calls: int | None = None,
+        calls_owner: str | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
+
+        ``open_calls`` is the number of tool calls waiting for a result once the messages are appended,
+        and ``calls_owner`` the process that leaves them (None when there are none). A writer that does
+        not count them (None) marks the count unknown (-1) when it appends messages, and keeps it as it is
+        otherwise.
 
         ``ConflictError`` with ``current`` = the actual head when another writer appended first, when
         ``expected_created_at`` is given and the session was deleted and created again since, or when
@@ -343,6 +357,95 @@ class SessionBackend(abc.ABC):
     @abc.abstractmethod
     async def read_session_lease(self, key: str) -> SessionLease | None:
         """The session's lease row, or None if it was never taken."""
+
+
+class ToolCallBackend(abc.ABC):
+    """Sessions' tool calls: the journal of the calls run through ``sessions.run_tool`` (one row per
+    session and call id, deleted with its session), the sessions whose transcript has calls waiting for a
+    result, and the heartbeats of the processes that leave calls waiting."""
+
+    @abc.abstractmethod
+    async def set_open_calls(
+        self,
+        key: str,
+        *,
+        expected_head: int,
+        expected_created_at: dt.datetime,
+        open_calls: int,
+        calls_owner: str | None,
+        lease: SessionLease | None = None,
+    ) -> bool:
+        """Set the session's count of waiting calls and their owner if the session is still at
+        ``expected_head`` (and that incarnation); False otherwise. Neither the version nor ``updated_at``
+        changes: the count follows from the messages. ``lease`` fences it as in ``append_messages``."""
+
+    @abc.abstractmethod
+    async def set_open_calls_many(self, counts: Sequence[OpenCalls]) -> int:
+        """:meth:`set_open_calls` for many sessions in one transaction (each conditional on its
+        ``head_seq`` and ``created_at``); returns how many were set."""
+
+    @abc.abstractmethod
+    async def read_session_tails(self, keys: Sequence[str], n: int) -> dict[str, list[dict[str, Any]]]:
+        """The payloads of the last ``n`` live messages of each session, in sequence order, on one
+        snapshot (sessions without live messages are left out)."""
+
+    @abc.abstractmethod
+    async def sessions_with_open_calls(
+        self, *, after: str | None = None, limit: int = 500
+    ) -> list[OpenCalls]:
+        """Sessions whose count of waiting calls is not 0 (unknown included), by key after ``after``; read
+        through an index of those sessions only."""
+
+    @abc.abstractmethod
+    async def get_session_step(self, key: str, call_id: str) -> SessionStepRecord | None: ...
+
+    @abc.abstractmethod
+    async def session_steps(self, key: str, *, status: str | None = None) -> list[SessionStepRecord]:
+        """The session's tool steps (in the given status), by call id."""
+
+    @abc.abstractmethod
+    async def start_session_step(
+        self, key: str, call_id: str, *, owner: str, expected_attempt: int | None
+    ) -> SessionStepRecord | None:
+        """Record that the call's function starts: a new row at attempt 1 (``expected_attempt`` None), or
+        the row found at ``expected_attempt`` restarted at the next attempt. None when the row is not as
+        expected (someone else started or settled it first). ``NotFound`` for an unknown session."""
+
+    @abc.abstractmethod
+    async def finish_session_step(
+        self,
+        key: str,
+        call_id: str,
+        *,
+        status: str,
+        attempt: int,
+        result_seq: int | None = None,
+        error: bytes | None = None,
+    ) -> SessionStepRecord | None:
+        """Settle a *started* step of that ``attempt``; None when it is no longer that."""
+
+    @abc.abstractmethod
+    async def settle_session_step(
+        self, key: str, call_id: str, *, status: str, owner: str, result_seq: int | None
+    ) -> SessionStepRecord:
+        """Record the call as settled by its caller (a result or an interrupted answer appended at
+        ``result_seq``), whatever its row said before, creating the row if there was none."""
+
+    @abc.abstractmethod
+    async def put_heartbeat(self, owner: str, expires_at: dt.datetime) -> None:
+        """Record that ``owner`` runs until ``expires_at`` (renewed while it does)."""
+
+    @abc.abstractmethod
+    async def delete_heartbeat(self, owner: str) -> bool:
+        """Remove ``owner``'s heartbeat (its store closed): its waiting calls may be answered at once."""
+
+    @abc.abstractmethod
+    async def read_heartbeat(self, owner: str) -> dt.datetime | None:
+        """Until when ``owner`` said it runs; None when it has no heartbeat."""
+
+    @abc.abstractmethod
+    async def purge_heartbeats(self, expired_before: dt.datetime) -> int:
+        """Remove heartbeats that expired before ``expired_before``; returns how many."""
 
 
 class TaskBackend(abc.ABC):
@@ -885,6 +988,7 @@ class StorageBackend(
     LifecycleBackend,
     IncidentBackend,
     SessionBackend,
+    ToolCallBackend,
     TaskBackend,
     WorkflowBackend,
     AuditBackend,

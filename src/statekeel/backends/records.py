@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 SESSION_STATUSES = ("active", "expired", "archived")
 TASK_STATUSES = ("pending", "queued", "running", "suspended", "interrupted", "success", "failed", "cancelled")
 STEP_STATUSES = ("started", "succeeded", "failed")
+SESSION_STEP_STATUSES = ("started", "succeeded", "failed", "interrupted")
 WORKFLOW_STATUSES = ("pending", "running", "success", "failed", "cancelled")
 APPROVAL_STATUSES = ("pending", "granted", "denied")
 MEMORY_TYPES = ("user", "environment", "semantic", "episodic", "procedural")
@@ -34,7 +35,12 @@ class MigrationInfo:
 
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
-    """A session's row: everything but its messages."""
+    """A session's row: everything but its messages.
+
+    ``open_calls`` counts the tool calls of the live transcript that still wait for a result (-1: not
+    known, for messages appended by a writer that does not read transcripts); ``calls_owner`` is the
+    process (a lease owner id) that saved the session while they were waiting.
+    """
 
     key: str
     status: str
@@ -44,6 +50,8 @@ class SessionRecord:
     version: int
     created_at: dt.datetime
     updated_at: dt.datetime
+    open_calls: int = 0
+    calls_owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +191,37 @@ class StepRecord:
     error: Any
     started_at: dt.datetime
     finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStepRecord:
+    """One tool call of a session run through ``sessions.run_tool``: *started* before its function runs,
+    then *succeeded* (its result message is at ``result_seq``), *failed* (the function raised; ``error``)
+    or *interrupted* (settled with an interrupted answer). ``owner`` is the process that started it;
+    ``attempt`` counts the runs that were started."""
+
+    session_key: str
+    call_id: str
+    status: str
+    attempt: int
+    owner: str
+    result_seq: int | None
+    error: Any
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCalls:
+    """A session whose transcript has tool calls waiting for a result (``open_calls`` -1: not counted
+    yet), and the process that left them."""
+
+    key: str
+    status: str
+    head_seq: int
+    created_at: dt.datetime
+    open_calls: int
+    calls_owner: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,10 +44,12 @@ from ..errors import (
 )
 from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
+from ..journal import StepFn
 from ..validation import check_int, check_key, check_str, check_text
 from .fallback import SessionFallback
 from .lock import SessionLock
 from .session import Session, Summary
+from .tools import MISSING, ToolCalls, ToolRecovery
 
 log = logging.getLogger("statekeel.sessions")
 
@@ -60,6 +62,8 @@ DEFAULT_PAGE_SIZE = 500
 MAX_LIST_LIMIT = 1000
 _MAX_HOURS = 24.0 * 365 * 1000
 _MAX_LEASE_SECONDS = 86400.0 * 365
+# A load whose repair lost a race to another writer reads the session again, at most this many times.
+_LOAD_TRIES = 3
 
 
 class SessionManager:
@@ -108,6 +112,7 @@ class SessionManager:
         self._held: dict[str, SessionLock] = {}
         self._evicting = asyncio.Lock()
         self._fallback = SessionFallback(self, self.fallback)
+        self._tools = ToolCalls(self)
 
     # --- helpers --------------------------------------------------------------------------------------
 
@@ -137,16 +142,20 @@ class SessionManager:
         return lock
 
     @asynccontextmanager
-    async def open(self, key: str, *, timeout: float | None = None) -> AsyncIterator[Session]:
+    async def open(
+        self, key: str, *, timeout: float | None = None, repair: bool = True
+    ) -> AsyncIterator[Session]:
         """``async with sessions.open(key) as session:`` — lock, load or create, and save on exit.
 
-        The save on exit also runs when the block raises (then a failing save is logged and the block's
-        exception propagates).
+        Tool calls that a process that is gone left without a result are answered first, as in
+        :meth:`load`. The save on exit also runs when the block raises (then a failing save is logged and
+        the block's exception propagates).
         """
+        _check_flag(repair, "repair")
         lock = self.lock(key)
         await lock.acquire(timeout)
         try:
-            session = await self.get_or_create(key)
+            session = await self.get_or_create(key, repair=repair)
             try:
                 yield session
             except GeneratorExit:
@@ -192,15 +201,31 @@ class SessionManager:
         self._forget(key, cached)
         return None
 
-    async def load(self, key: str, *, include_archived: bool = False) -> Session | None:
+    async def load(self, key: str, *, include_archived: bool = False, repair: bool = True) -> Session | None:
         """The session, or None if it does not exist. A failed read raises; it never looks empty.
 
         Reads the backend and this session's fallback file, if any — also for a cached session — and
         merges them (fallback messages that follow the backend's head are kept as unsaved). Only the live
         messages are read, plus the compression summaries; ``include_archived=True`` loads every message
         from seq 0.
+
+        Tool calls left without a result by a process that is gone (it died, or its heartbeat expired;
+        never a call of a live process) are answered with an explicit interrupted result in their own
+        transcript format, saved once, and listed in ``session.repaired`` (and logged). Calls whose
+        function was started through :meth:`run_tool` are in doubt instead: left for ``run_tool`` (which
+        re-runs an idempotent one) or :meth:`resolve_tool`. ``repair=False`` hands the session out as
+        stored.
         """
         check_key(key)
+        _check_flag(repair, "repair")
+        for _ in range(_LOAD_TRIES):
+            session = await self._load(key, include_archived)
+            if session is None or await self._tools.settle(session, repair):
+                return session
+            self._forget(key, session)  # another writer came first: read what it wrote
+        return session
+
+    async def _load(self, key: str, include_archived: bool) -> Session | None:
         cached = await self._cached(key, include_archived)
         if cached is not None and (cached._in_backend or cached.is_dirty()):
             return cached
@@ -209,9 +234,19 @@ class SessionManager:
             await self._remember(session)
         return session
 
-    async def get_or_create(self, key: str) -> Session:
-        """Load the session, or start a new one in memory (created in the store by the first save)."""
+    async def get_or_create(self, key: str, *, repair: bool = True) -> Session:
+        """Load the session (repairing it as :meth:`load` does), or start a new one in memory (created in
+        the store by the first save)."""
         check_key(key)
+        _check_flag(repair, "repair")
+        for _ in range(_LOAD_TRIES):
+            session = await self._get_or_create(key)
+            if await self._tools.settle(session, repair):
+                return session
+            self._forget(key, session)  # another writer came first: read what it wrote
+        return session
+
+    async def _get_or_create(self, key: str) -> Session:
         cached = await self._cached(key, False)
         if cached is not None:
             return cached
@@ -292,6 +327,7 @@ class SessionManager:
             return True
         if self._fallback.may_exist(session.key):
             await self._fallback.check_before_save(session)
+        calls = await self._tools.counted(session)
         in_block = self.backend.in_atomic()
         try:
             record = await self.backend.append_messages(
@@ -305,6 +341,9 @@ class SessionManager:
                 # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
                 expected_created_at=session._expected_created_at(),
                 expected_version=changes.expected_version,
+                # How many tool calls wait for a result after this save, and whose they are.
+                open_calls=calls[0],
+                calls_owner=calls[1],
             )
         except BackendUnavailable as exc:
             if in_block:
@@ -341,6 +380,48 @@ class SessionManager:
 
         if not self.backend.on_block_end(ended):
             action()
+
+    # --- tool calls -----------------------------------------------------------------------------------
+
+    async def run_tool(self, session: Session, call_id: str, fn: StepFn, *, idempotent: bool = False) -> Any:
+        """Run the tool call ``call_id`` of ``session`` once, journaled, and append its result.
+
+        The call must be one the session's transcript made (OpenAI chat ``tool_calls``, an OpenAI
+        Responses call item, an Anthropic ``tool_use`` block) that has no result yet. In one transaction the
+        session's unsaved messages (the assistant message with the call) and the call's *started* record
+        are saved; ``fn`` (a callable, sync or async, or an awaitable) runs; then, in one transaction, its
+        result message is appended in the call's own format and the record settled. Returns what ``fn``
+        returned. A str (or a list of content parts) is the result's content; a message or item that
+        answers this call is appended as it is; any other value as its JSON text.
+
+        After a crash between the two, the call is in doubt: ``fn`` runs again if ``idempotent``;
+        otherwise ``StepInDoubt`` (fields ``session_key``, ``call_id``, ``record``) until
+        :meth:`resolve_tool` settles it. If ``fn`` raises, the failure is recorded, the exception
+        propagates and the call keeps waiting (run it again, or answer it). Refused before anything is
+        written or run: an empty or unknown ``call_id`` (``InvalidKey``, ``UnknownToolCall``), a call that
+        already has its result (``ToolCallAlreadyAnswered``), one running elsewhere (``ConflictError``).
+        A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+
+            for call in session.pending_calls():
+                await store.sessions.run_tool(session, call.call_id, lambda: run_tests(), idempotent=True)
+        """
+        return await self._tools.run(session, call_id, fn, idempotent)
+
+    async def resolve_tool(
+        self, session: Session, call_id: str, *, result: Any = MISSING, interrupted: bool = False
+    ) -> dict[str, Any]:
+        """Answer a waiting tool call yourself — typically one in doubt after a crash — with ``result``
+        (as :meth:`run_tool` would append what ``fn`` returned) or, with ``interrupted=True``, an
+        explicit interrupted answer; its journal record is settled in the same transaction. Returns the
+        message appended. ``ConflictError`` while the call's function is running in a live process.
+
+            await store.sessions.resolve_tool(session, "call_1", interrupted=True)
+        """
+        return await self._tools.resolve(session, call_id, result, interrupted)
+
+    async def _recover_tool_calls(self, repair: bool) -> ToolRecovery:
+        """For ``store.recover()``: the sessions with waiting tool calls (see :mod:`.tools`)."""
+        return await self._tools.recover(repair)
 
     # --- fallback replay ------------------------------------------------------------------------------
 
@@ -536,7 +617,8 @@ class SessionManager:
     # --- shutdown -------------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop background work (fallback replay, lease renewal). Held leases expire by themselves."""
+        """Stop background work (fallback replay, lease renewal, the heartbeat). Held leases expire by
+        themselves; tool calls this manager left waiting may be answered by the next load."""
         tasks = list(self._fallback.tasks)
         for lock in list(self._held.values()):
             if lock._renewer is not None:
@@ -544,6 +626,12 @@ class SessionManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tools.close()
+
+
+def _check_flag(value: Any, name: str) -> None:
+    if type(value) is not bool:
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
 
 
 __all__ = ["SessionManager"]

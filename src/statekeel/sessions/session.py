@@ -26,7 +26,9 @@ from ..backends.base import SESSION_STATUSES, NewMessage, SessionRecord
 from ..codec import Codec
 from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
-from ..validation import check_int, check_str
+from ..transcripts import ToolCall, normalize_item, role_of, safe_window
+from ..validation import check_str
+from .transcript import SessionTranscript
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,24 +41,30 @@ class Summary:
     summary: str
 
 
-def check_message(message: Any, seq: int) -> None:
-    """Refuse what ``add_message`` would not have produced: a non-dict, or a missing or empty role."""
+def check_message(message: Any, seq: int) -> str:
+    """Refuse what ``add_message`` / ``add_item`` would not have produced: a non-dict, or one without a
+    non-empty ``role`` or (a Responses item) ``type``. Returns what the ``role`` column stores."""
     if type(message) is not dict:
         raise InvalidArgument(
             f"messages[{seq}] must be a dict, got {type(message).__name__}; use session.add_message()",
             seq=seq,
         )
-    role = message.get("role")
-    if type(role) is not str or not role:
-        raise InvalidArgument(f"messages[{seq}] role must be a non-empty str, got {role!r}", seq=seq)
+    role = role_of(message)  # a Responses item has no role: its type stands in for it
+    if role is None:
+        raise InvalidArgument(
+            f"messages[{seq}] role must be a non-empty str (or, for an item without a role, its type), "
+            f"got role={message.get('role')!r}",
+            seq=seq,
+        )
+    return role
 
 
 def message_batch(codec: Codec, base: int, messages: Sequence[dict[str, Any]]) -> list[NewMessage]:
     """The messages that follow head ``base``, checked and encoded for ``append_messages``."""
     batch = []
     for i, message in enumerate(messages):
-        check_message(message, base + i)
-        batch.append(NewMessage(message["role"], codec.encode(message, where=f"messages[{base + i}]")))
+        role = check_message(message, base + i)
+        batch.append(NewMessage(role, codec.encode(message, where=f"messages[{base + i}]")))
     return batch
 
 
@@ -98,8 +106,11 @@ class Session:
 
     ``messages`` holds the messages from ``last_consolidated`` on (or from seq 0 when loaded with
     ``include_archived=True``), in sequence order; ``summaries`` the compressions before them. Append with
-    :meth:`add_message` and persist with ``SessionManager.save``; ``metadata`` and ``status`` may be
-    changed in place and are saved when they differ from the stored ones.
+    :meth:`add_message` or :meth:`add_item` and persist with ``SessionManager.save``; ``metadata`` and
+    ``status`` may be changed in place and are saved when they differ from the stored ones.
+
+    ``repaired`` lists the tool calls the load that returned this session answered with an interrupted
+    result (calls a process that is gone left without one); see ``SessionManager.load``.
     """
 
     __slots__ = (
@@ -114,12 +125,14 @@ class Session:
         "_saved_last",
         "_saved_status",
         "_saving",
+        "_tools",
         "_version",
         "created_at",
         "key",
         "last_consolidated",
         "messages",
         "metadata",
+        "repaired",
         "status",
         "summaries",
         "updated_at",
@@ -137,6 +150,8 @@ class Session:
         self._full = False
         # The last saved message object: if it is no longer at its place, the list was cut and regrown.
         self._saved_last: dict[str, Any] | None = None
+        self._tools = SessionTranscript(record)
+        self.repaired: tuple[ToolCall, ...] = ()
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}
@@ -175,12 +190,41 @@ class Session:
         return self._head
 
     def add_message(self, role: str, content: Any, **fields: Any) -> dict[str, Any]:
-        """Append a message in memory; raises a typed error (and adds nothing) if it cannot be stored."""
+        """Append a message in memory; raises a typed error (and adds nothing) if it cannot be stored.
+
+        Pydantic models inside ``content`` or ``fields`` are stored as their JSON. A tool result must
+        answer a call of this transcript that has no result yet, where its provider takes it
+        (``UnknownToolCall``, ``ToolCallAlreadyAnswered``, ``TranscriptError`` otherwise).
+        """
         check_str(role, "role")
-        message: dict[str, Any] = {"role": role, "content": content, **fields}
+        return self._append({"role": role, "content": content, **fields})
+
+    def add_item(self, item: Any) -> dict[str, Any]:
+        """Append any provider message or item as it is: a chat or Anthropic message, an OpenAI Responses
+        item (which has a ``type`` and no ``role``), or a pydantic model of the OpenAI or Anthropic SDK
+        (stored as its JSON, loaded back as an equal dict). Returns the dict stored; checked like
+        :meth:`add_message`, nothing is added when it is refused.
+
+            session.add_item(response.output[0])   # {"type": "function_call", "call_id": ..., ...}
+        """
+        return self._append(item)
+
+    def _append(self, item: Any) -> dict[str, Any]:
+        message = normalize_item(item)
+        index = self._tools.index(self.messages, self._first)
         self._codec.encode(message, where=f"messages[{self.head_seq}]")
+        index.add(message)  # refuses (and changes nothing) before the message joins the list
         self.messages.append(message)
         return message
+
+    def pending_calls(self) -> list[ToolCall]:
+        """The tool calls still waiting for their result (those the model just asked for, or a killed run
+        left), oldest first: answer each with ``sessions.run_tool`` (or ``add_item``).
+
+            for call in session.pending_calls():
+                await store.sessions.run_tool(session, call.call_id, tools[call.name])
+        """
+        return list(self._tools.index(self.messages, self._first).awaiting())
 
     def unsaved(self) -> list[dict[str, Any]]:
         """Messages the backend does not have yet (added since the last load or save)."""
@@ -195,20 +239,14 @@ class Session:
         return self._codec.encode(self.metadata, where="metadata") != self._metadata_raw
 
     def history(self, max_messages: int = 500) -> list[dict[str, Any]]:
-        """The last ``max_messages`` messages, made safe to send to an LLM.
+        """The last messages (at most ``max_messages``, contiguous) made safe to send to an LLM, in any of
+        the OpenAI chat, OpenAI Responses and Anthropic formats.
 
-        Starts at the first user message in that range when there is one; otherwise drops leading tool
-        results, which would be orphaned (their assistant tool call fell outside the range).
+        Starts at the first user message in that range when there is one; never starts with a tool result
+        whose call fell outside the range; never holds a tool call without its result (calls still
+        waiting for theirs are left out until they have one). See :func:`statekeel.transcripts.safe_window`.
         """
-        check_int(max_messages, "max_messages", minimum=1)
-        window = self.messages[-max_messages:]
-        for i, message in enumerate(window):
-            if message.get("role") == "user":
-                return window[i:]
-        start = 0
-        while start < len(window) and window[start].get("role") == "tool":
-            start += 1
-        return window[start:]
+        return safe_window(self.messages, max_messages)
 
     def __repr__(self) -> str:
         return (
@@ -354,6 +392,7 @@ class Session:
     def _refreshed(self, record: SessionRecord) -> bool:
         """``load()`` read ``record``, in step with this session: bring it up to date. False when another
         writer changed what this session changed too (the caller reloads it)."""
+        self._tools.stored(record)  # the waiting calls' count and owner change without a new version
         return record.version == self._version or self._take_theirs(record)
 
     def _saved(self, record: SessionRecord, changes: Changes) -> None:
@@ -366,6 +405,7 @@ class Session:
         self._in_backend = True
         self.created_at = record.created_at
         self._fallback_sig = None
+        self._tools.stored(record)
         if not (theirs and self._take_theirs(record)):
             if not theirs:
                 self._metadata_raw = changes.metadata_raw
@@ -376,12 +416,14 @@ class Session:
     def _saved_undoably(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
         """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block rolls back."""
         before = self._stored()
+        calls_before = self._tools.stored_open, self._tools.calls_owner
         metadata, status = self.metadata, self.status
         self._saved(record, changes)
         taken_metadata, taken_status = self.metadata, self.status
 
         def undo() -> None:
             self._restore(before)
+            self._tools.stored_open, self._tools.calls_owner = calls_before
             if self.metadata is taken_metadata:
                 self.metadata = metadata
             if self.status == taken_status:

@@ -39,6 +39,7 @@ from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
@@ -136,6 +137,7 @@ class PostgresBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlToolCalls,
     SqlCopy,
     SqlTasks,
     SqlWorkflows,

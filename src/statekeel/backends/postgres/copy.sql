@@ -7,11 +7,13 @@ SELECT count(*) AS n FROM information_schema.tables
 WHERE table_schema = current_schema() AND table_name = $1;
 
 -- name: copy_sessions_first
-SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner
 FROM sessions ORDER BY key COLLATE "C" LIMIT $1;
 
 -- name: copy_sessions_after
-SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner
 FROM sessions WHERE key COLLATE "C" > $1
 ORDER BY key COLLATE "C" LIMIT $2;
 
@@ -19,8 +21,9 @@ ORDER BY key COLLATE "C" LIMIT $2;
 SELECT key FROM sessions ORDER BY key COLLATE "C" DESC LIMIT 1;
 
 -- name: copy_sessions_insert
-INSERT INTO sessions (key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+INSERT INTO sessions (key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at,
+                      open_calls, calls_owner)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: copy_sessions_count
 SELECT count(*) AS n FROM sessions;
@@ -185,6 +188,29 @@ SELECT count(*) AS n FROM task_steps;
 
 -- name: copy_task_steps_clear
 DELETE FROM task_steps;
+
+-- name: copy_session_steps_first
+SELECT session_key, call_id, status, attempt, owner, result_seq, error, started_at, finished_at
+FROM session_steps ORDER BY session_key COLLATE "C", call_id COLLATE "C" LIMIT $1;
+
+-- name: copy_session_steps_after
+SELECT session_key, call_id, status, attempt, owner, result_seq, error, started_at, finished_at
+FROM session_steps WHERE (session_key COLLATE "C", call_id COLLATE "C") > ($1, $2)
+ORDER BY session_key COLLATE "C", call_id COLLATE "C" LIMIT $3;
+
+-- name: copy_session_steps_last
+SELECT session_key, call_id FROM session_steps ORDER BY session_key COLLATE "C" DESC, call_id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_session_steps_insert
+INSERT INTO session_steps (session_key, call_id, status, attempt, owner, result_seq, error, started_at,
+                           finished_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: copy_session_steps_count
+SELECT count(*) AS n FROM session_steps;
+
+-- name: copy_session_steps_clear
+DELETE FROM session_steps;
 
 -- name: copy_audit_log_first
 SELECT seq, kind, actor, subject, data, created_at, prev_hash, hash, mac

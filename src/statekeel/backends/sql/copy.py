@@ -41,13 +41,13 @@ def _table(name: str, columns: str, key: str, *, links: str = "", append_only: b
     return CopyTable(name, cols, tuple(key.split()), tuple(links.split()), append_only)
 
 
-# Parents before children (foreign keys). Leases are locks, not state, and incidents belong to the physical
-# store they happened to: neither is copied.
+# Parents before children (foreign keys). Leases and heartbeats are locks, not state, and incidents belong
+# to the physical store they happened to: none of them is copied.
 TABLES: tuple[CopyTable, ...] = (
     _table(
         "sessions",
         "key:text status:text metadata:json last_consolidated:int head_seq:int version:int "
-        "created_at:ts updated_at:ts",
+        "created_at:ts updated_at:ts open_calls:int calls_owner:text",
         "key",
     ),
     _table("messages", "session_key:text seq:int role:text payload:json created_at:ts", "session_key seq"),
@@ -86,6 +86,12 @@ TABLES: tuple[CopyTable, ...] = (
         "task_id:text step_key:text status:text attempt:int result:json error:json started_at:ts "
         "first_started_at:ts finished_at:ts",
         "task_id step_key",
+    ),
+    _table(
+        "session_steps",
+        "session_key:text call_id:text status:text attempt:int owner:text result_seq:int error:json "
+        "started_at:ts finished_at:ts",
+        "session_key call_id",
     ),
     # The audit chain is copied byte for byte (data is canonical JSON text, hashed as such).
     _table(

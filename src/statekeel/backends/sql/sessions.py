@@ -37,6 +37,8 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         version=row["version"],
         created_at=tx.ts_out(row["created_at"]),
         updated_at=tx.ts_out(row["updated_at"]),
+        open_calls=row["open_calls"],
+        calls_owner=row["calls_owner"],
     )
 
 
@@ -220,6 +222,8 @@ async def op_append_messages(
     lease: SessionLease | None = None,
     expected_created_at: dt.datetime | None = None,
     expected_version: int | None = None,
+    open_calls: int | None = None,
+    calls_owner: str | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -236,6 +240,8 @@ async def op_append_messages(
         status,
         None if expected_created_at is None else tx.ts_in(expected_created_at),
         expected_version,
+        open_calls,
+        calls_owner,
     )
     if row is None:
         current = await _require_session(tx, key)
@@ -461,6 +467,8 @@ class SqlSessions(SqlBackend, SessionBackend):
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
         expected_version: int | None = None,
+        open_calls: int | None = None,
+        calls_owner: str | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
@@ -469,6 +477,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             check_int(expected_version, "expected_version")
         if expected_created_at is not None:
             check_aware(expected_created_at, "expected_created_at")
+        if open_calls is not None:
+            check_int(open_calls, "open_calls", minimum=-1)
         return await self._write(
             op_append_messages,
             key,
@@ -480,6 +490,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             lease,
             expected_created_at,
             expected_version,
+            open_calls,
+            calls_owner if open_calls else None,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:

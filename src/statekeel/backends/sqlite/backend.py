@@ -40,6 +40,7 @@ from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
+from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.workflows import SqlWorkflows
 from . import damage
@@ -115,6 +116,7 @@ class SqliteBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlToolCalls,
     SqlCopy,
     SqlTasks,
     SqlWorkflows,

@@ -276,7 +276,8 @@ def _scan_by_parent(
 
 
 def _distinct(parent: tuple[str, str]) -> str:
-    return f"SELECT DISTINCT {_q(parent[1])} FROM {_q(parent[0])}"
+    # In key order: without ORDER BY the planner may walk any covering index (sessions by updated_at).
+    return f"SELECT DISTINCT {_q(parent[1])} FROM {_q(parent[0])} ORDER BY {_q(parent[1])}"
 
 
 def _parent_of(conn: sqlite3.Connection, table: str, column: str) -> tuple[str, str] | None:
