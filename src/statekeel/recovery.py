@@ -10,7 +10,8 @@ One pass, idempotent (a second run finds nothing to repair):
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
    open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
-6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store);
+7. sources whose vectors lag behind them are counted (``lagging_vectors``; ``vectors.rebuild`` catches up).
 
 With ``repair=False`` nothing is written; the report says what a repair would do.
 
@@ -67,6 +68,7 @@ class RecoveryReport:
     open_contradictions: list[Contradiction] = field(default_factory=list)
     drifted_files: list[Drift] = field(default_factory=list)  # only when recover() was given files_root
     traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
+    lagging_vectors: int = 0  # sources whose vectors are missing or older (derived: rebuild catches up)
     repaired: bool = True
 
     @property
@@ -99,6 +101,7 @@ class RecoveryReport:
             "open_contradictions": len(self.open_contradictions),
             "drifted_files": len(self.drifted_files),
             "traces_dropped": self.traces_dropped,
+            "lagging_vectors": self.lagging_vectors,
         }
 
 
@@ -188,6 +191,8 @@ async def recover(
     if files_root is not None:
         report.drifted_files = await store.files.check(files_root)
     report.traces_dropped = await store.traces.total_dropped()
+    # Reading the memories' latest changes into the index writes: only when repairing.
+    report.lagging_vectors = await store.vectors.count_lagging(sync=repair)
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())
     return report

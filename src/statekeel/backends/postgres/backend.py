@@ -36,9 +36,11 @@ from ..sql.files import SqlFiles
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.retention import SqlRetention
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.traces import SqlTraces
+from ..sql.vectors import SqlVectors
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
 from .schema import MIGRATION_LOCK_ID, PgSchema
@@ -142,6 +144,8 @@ class PostgresBackend(
     SqlMemory,
     SqlFiles,
     SqlTraces,
+    SqlVectors,
+    SqlRetention,
     SqlCheckpoints,
 ):
     """PostgreSQL storage over an asyncpg pool.
@@ -275,6 +279,10 @@ class PostgresBackend(
                     "file_changes",
                     "traces",
                     "trace_counters",
+                    "vector_models",
+                    "vectors",
+                    "vector_sources",
+                    "vector_cursors",
                     "checkpoints",
                     "checkpoint_blobs",
                     "checkpoint_writes",
