@@ -186,14 +186,27 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
             if (after := batch.after) is None:
                 break
         after = None
+        parents: set[str] = set()
         while True:
             batch = await backend.purge_tasks(
-                cutoff, limit=limit, after=after, dry_run=dry_run, doomed=frozenset(doomed)
+                cutoff, limit=limit, after=after, dry_run=dry_run, doomed=doomed
             )
             tally.add(batch)
             doomed.update(batch.purged)
+            parents.update(batch.parents)
             if (after := batch.after) is None:
                 break
+        # Parents listed before their last child went: each round frees the next generation up.
+        while parents := parents - doomed:
+            todo = sorted(parents)
+            parents = set()
+            for i in range(0, len(todo), limit):
+                batch = await backend.purge_tasks(
+                    cutoff, limit=limit, after=None, dry_run=dry_run, doomed=doomed, ids=todo[i : i + limit]
+                )
+                tally.add(batch)
+                doomed.update(batch.purged)
+                parents.update(batch.parents)
 
     if retention.memories is not None:
         cutoff = _before(when, retention.memories)
@@ -211,7 +224,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
         after = None
         while True:
             batch = await backend.purge_vector_sources(
-                cutoff, limit=limit, after=after, dry_run=dry_run, doomed=frozenset(memories)
+                cutoff, limit=limit, after=after, dry_run=dry_run, doomed=memories
             )
             tally.add(batch)
             if (after := batch.after) is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -775,11 +776,13 @@ class RetentionBackend(abc.ABC):
         limit: int,
         after: tuple[Any, ...] | None,
         dry_run: bool,
-        doomed: frozenset[str] = frozenset(),
+        doomed: AbstractSet[str] = frozenset(),
+        ids: Sequence[str] | None = None,
     ) -> PurgeBatch:
         """Finished tasks outside workflows completed before ``before`` whose child tasks are all gone (or
-        in ``doomed``), with their steps and their file ledger records (each path's last record is kept).
-        ``purged``: the ids of those that have a parent."""
+        in ``doomed``: purged earlier in this purge), with their steps and their file ledger records (each
+        path's last record is kept). With ``ids``, only those tasks (parents freed by a batch).
+        ``purged``: their ids; ``parents``: the parents of those, which may be free to go now."""
 
     @abc.abstractmethod
     async def purge_memories(
@@ -804,7 +807,7 @@ class RetentionBackend(abc.ABC):
         limit: int,
         after: tuple[Any, ...] | None,
         dry_run: bool,
-        doomed: frozenset[str] = frozenset(),
+        doomed: AbstractSet[str] = frozenset(),
     ) -> PurgeBatch:
         """Sources marked gone before ``before``, with their vectors (those in ``doomed`` were counted
         already)."""

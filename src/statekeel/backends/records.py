@@ -673,6 +673,7 @@ class PurgeBatch:
     after: tuple[Any, ...] | None
     seconds: float
     purged: tuple[str, ...] = ()
+    parents: tuple[str, ...] = ()  # tasks: the parents of those purged, which may be free to go now
 
 
 @dataclass(frozen=True, slots=True)

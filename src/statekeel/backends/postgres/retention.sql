@@ -124,3 +124,7 @@ DELETE FROM memories WHERE id = $1;
 SELECT source_id, gone_at FROM vector_sources
 WHERE gone_at IS NOT NULL AND gone_at < $1 AND (gone_at, source_id) > ($2, $3)
 ORDER BY gone_at, source_id LIMIT $4;
+
+-- name: purge_task_candidate
+SELECT id, parent_task_id, completed_at FROM tasks
+WHERE id = $1 AND status IN ('success', 'failed', 'cancelled') AND completed_at < $2 AND workflow_id IS NULL;

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..base import PurgeBatch, RetentionBackend
@@ -110,19 +112,25 @@ async def op_purge_tasks(
     limit: int,
     after: tuple[Any, ...] | None,
     dry_run: bool,
-    doomed: frozenset[str],
+    doomed: AbstractSet[str],
+    ids: Sequence[str] | None,
 ) -> PurgeBatch:
     began = time.perf_counter()
     cutoff = tx.ts_in(before)
-    rows = await tx.fetchall("purge_tasks_candidates", cutoff, *_key(tx, after, before), limit)
+    if ids is None:
+        rows = await tx.fetchall("purge_tasks_candidates", cutoff, *_key(tx, after, before), limit)
+    else:
+        rows = [r for task_id in ids for r in await tx.fetchall("purge_task_candidate", task_id, cutoff)]
     counts = {"tasks": 0, "steps": 0, "file_changes": 0}
     purged: list[str] = []
-    gone = set(doomed)
+    parents: set[str] = set()
     for row in rows:
         task_id = row["id"]
+        if task_id in doomed or task_id in purged:
+            continue  # counted already (a dry run deletes nothing)
         # A parent stays while a child does (deleting it would cut the child's link): children go first.
         children = await tx.fetchall("purge_task_children", task_id)
-        if any(c["id"] not in gone for c in children):
+        if any(c["id"] not in doomed and c["id"] not in purged for c in children):
             continue
         steps = await _count(tx, "purge_task_steps_count", task_id)
         files = await _file_records(tx, "purge_task_files", task_id, dry_run)
@@ -131,11 +139,12 @@ async def op_purge_tasks(
         counts["tasks"] += 1
         counts["steps"] += steps
         counts["file_changes"] += files
-        gone.add(task_id)
+        purged.append(task_id)
         if row["parent_task_id"] is not None:
-            purged.append(task_id)
+            parents.add(row["parent_task_id"])
+    after_key = _next(tx, rows, limit, "completed_at", "id") if ids is None else None
     return PurgeBatch(
-        counts, _next(tx, rows, limit, "completed_at", "id"), time.perf_counter() - began, tuple(purged)
+        counts, after_key, time.perf_counter() - began, tuple(purged), tuple(sorted(parents - set(purged)))
     )
 
 
@@ -191,7 +200,7 @@ async def op_purge_vector_sources(
     limit: int,
     after: tuple[Any, ...] | None,
     dry_run: bool,
-    doomed: frozenset[str],
+    doomed: AbstractSet[str],
 ) -> PurgeBatch:
     began = time.perf_counter()
     rows = await tx.fetchall("purge_vector_sources_gone", tx.ts_in(before), *_key(tx, after, before), limit)
@@ -234,9 +243,10 @@ class SqlRetention(SqlBackend, RetentionBackend):
         limit: int,
         after: tuple[Any, ...] | None,
         dry_run: bool,
-        doomed: frozenset[str] = frozenset(),
+        doomed: AbstractSet[str] = frozenset(),
+        ids: Sequence[str] | None = None,
     ) -> PurgeBatch:
-        return await self._purge(op_purge_tasks, dry_run, before, limit, after, dry_run, doomed)
+        return await self._purge(op_purge_tasks, dry_run, before, limit, after, dry_run, doomed, ids)
 
     async def purge_memories(
         self,
@@ -259,6 +269,6 @@ class SqlRetention(SqlBackend, RetentionBackend):
         limit: int,
         after: tuple[Any, ...] | None,
         dry_run: bool,
-        doomed: frozenset[str] = frozenset(),
+        doomed: AbstractSet[str] = frozenset(),
     ) -> PurgeBatch:
         return await self._purge(op_purge_vector_sources, dry_run, before, limit, after, dry_run, doomed)

@@ -279,17 +279,11 @@ class SqliteBackend(
         def reclaim(conn: sqlite3.Connection) -> int:
             if int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
                 return 0
-            # One short write transaction per call: the caller loops, other writers go in between.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                before = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-                conn.execute(f"PRAGMA incremental_vacuum({int(max_pages)})").fetchall()
-                after = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return before - after
+            before = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+            # One short write transaction per call (the caller loops, other writers go in between).
+            # executescript steps the pragma to completion: execute() would free a single page.
+            conn.executescript(f"PRAGMA incremental_vacuum({int(max_pages)});")
+            return before - int(conn.execute("PRAGMA freelist_count").fetchone()[0])
 
         return await self._call(self._require_open(), reclaim)
 
