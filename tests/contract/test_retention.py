@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import statekeel
 from statekeel.retention import purge
@@ -302,3 +304,136 @@ async def test_an_older_sqlite_file_reports_its_free_pages_until_vacuum(tmp_path
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)
     conn.close()
+
+
+# --- whatever the mix, a protected row stays ---------------------------------------------------------------
+
+STATUS_PATHS = {
+    "pending": [],
+    "queued": ["queued"],
+    "running": ["running"],
+    "suspended": ["running", "suspended"],
+    "interrupted": ["running", "interrupted"],
+    "success": ["running", "success"],
+    "failed": ["running", "failed"],
+    "cancelled": ["cancelled"],
+}
+UNFINISHED = {"pending", "queued", "running", "suspended", "interrupted"}
+
+task_spec = st.tuples(st.sampled_from(sorted(STATUS_PATHS)), st.none() | st.integers(0, 4))
+memory_spec = st.tuples(
+    st.sampled_from(["live", "updated", "forgotten", "expired", "superseded"]), st.booleans()
+)
+mix = st.fixed_dictionaries(
+    {
+        "tasks": st.lists(task_spec, max_size=10),
+        "workflows": st.lists(st.sampled_from(["cancelled", "started", "pending"]), max_size=3),
+        "sessions": st.lists(st.sampled_from(["active", "expired", "archived"]), max_size=4),
+        "memories": st.lists(memory_spec, max_size=8),
+        "contradictions": st.lists(
+            st.tuples(st.integers(0, 7), st.integers(0, 7), st.booleans()), max_size=3
+        ),
+        "approvals": st.lists(st.booleans(), max_size=2),
+        "batch_size": st.integers(1, 4),
+        "aged": st.booleans(),
+    }
+)
+
+
+async def _build(store: statekeel.Store, spec: dict[str, Any]) -> dict[str, Any]:
+    """Create the mix; return what must survive any purge."""
+    keep: dict[str, Any] = {"tasks": set(), "sessions": {}, "memories": {}}
+    tasks: list[Any] = []
+    for status, parent in spec["tasks"]:
+        parent_id = tasks[parent].id if parent is not None and parent < len(tasks) else None
+        task = await store.tasks.create(status, parent_task_id=parent_id)
+        for step in STATUS_PATHS[status]:
+            await store.tasks.transition(task.id, step)
+        await store.files.record(f"f{len(tasks) % 3}.txt", "a" * 64, 1, task_id=task.id)
+        tasks.append(task)
+        if status in UNFINISHED:
+            # The task, and every ancestor (deleting one would cut the child's link).
+            t: Any = task
+            while t is not None:
+                keep["tasks"].add(t.id)
+                t = await store.tasks.get(t.parent_task_id) if t.parent_task_id else None
+    for how in spec["workflows"]:
+        wf = await store.workflows.create("wf", [{"name": "a"}, {"name": "b", "depends_on": ["a"]}])
+        if how == "cancelled":
+            await store.workflows.cancel(wf.id)
+        else:
+            if how == "started":
+                await store.workflows.start(wf.id)
+            keep["tasks"].update(step.task.id for step in wf.steps)
+    for i, status in enumerate(spec["sessions"]):
+        key = f"s{i}"
+        s = await store.sessions.get_or_create(key)
+        s.add_message("user", "hi")
+        await store.sessions.save(s)
+        if status == "expired":
+            await store.sessions.expire(key)
+        elif status == "archived":
+            await store.sessions.archive(key)
+        if status != "archived":
+            keep["sessions"][key] = 1
+    memories: list[Any] = []
+    for i, (state, vector) in enumerate(spec["memories"]):
+        expires = dt.datetime.now(dt.UTC) if state == "expired" else None
+        m = await store.memory.put("user", f"k{i}", "v", expires_at=expires)
+        if state == "updated":
+            m = await store.memory.put("user", f"k{i}", "v2")
+        elif state == "forgotten":
+            await store.memory.forget(m.id, reason="r", actor="a")
+        elif state == "superseded" and memories:
+            await store.memory.supersede(m.id, memories[0].id, reason="r", actor="a")
+        if vector:
+            await store.vectors.upsert(f"v{i}", m.id, [1.0, float(i)], model="m", source_version=m.version)
+        memories.append(m)
+        if state in ("live", "updated", "superseded"):
+            keep["memories"][m.id] = len(await store.memory.history(m.id))
+    for a, b, resolved in spec["contradictions"]:
+        if a < len(memories) and b < len(memories) and a != b:
+            c = await store.memory.record_contradiction(memories[a].id, memories[b].id, "x")
+            if resolved:
+                await store.memory.resolve_contradiction(c.id, "settled")
+            else:
+                for m in (memories[a], memories[b]):
+                    keep["memories"][m.id] = len(await store.memory.history(m.id))
+    for decided in spec["approvals"]:
+        ap = await store.approvals.request("subj", "act", {"n": 1}, "agent")
+        if decided:
+            await store.approvals.decide(ap.id, True, "alice")
+    await store.audit.append("note", "agent", "subj", {"n": 1})
+    store.traces.record("t", {"span_id": "s", "name": "x", "started_at": T0})
+    await store.traces.flush()
+    await store.vectors.lagging()  # the index reads the memories' changes (gone sources)
+    keep["audit"] = await store.backend.count_rows("audit_log")
+    keep["approvals"] = await store.backend.count_rows("approvals")
+    keep["files"] = {(r.path, r.seq) for r in await store.files.list() if r.task_id in keep["tasks"]}
+    return keep
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(spec=mix)
+def test_purge_never_removes_a_protected_row_whatever_the_mix(spec: dict[str, Any]) -> None:
+    async def run() -> None:
+        async with statekeel.open_store("memory://") as store:
+            keep = await _build(store, spec)
+            now = dt.datetime.now(dt.UTC) + (2 * HOUR if spec["aged"] else dt.timedelta(0))
+            everything = statekeel.Retention(
+                traces=HOUR, tasks=HOUR, sessions=HOUR, memories=HOUR, batch_size=spec["batch_size"]
+            )
+            await purge_checked(store, everything, now)
+            for task_id in keep["tasks"]:
+                assert await store.tasks.get(task_id) is not None, "a protected task was purged"
+            for key, n in keep["sessions"].items():
+                assert len(await store.backend.read_messages(key)) == n
+            for memory_id, events in keep["memories"].items():
+                assert await store.memory.get(memory_id, include_forgotten=True) is not None
+                assert len(await store.memory.history(memory_id)) == events
+            assert await store.backend.count_rows("audit_log") == keep["audit"]
+            assert await store.backend.count_rows("approvals") == keep["approvals"]
+            assert (await store.audit.verify()).ok
+            assert keep["files"] <= {(r.path, r.seq) for r in await store.files.list()}
+
+    asyncio.run(run())
