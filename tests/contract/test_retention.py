@@ -377,6 +377,8 @@ async def _build(store: statekeel.Store, spec: dict[str, Any]) -> dict[str, Any]
         if status != "archived":
             keep["sessions"][key] = 1
     memories: list[Any] = []
+    anchor = await store.memory.put("user", "anchor", "what superseded memories point at")
+    keep["memories"][anchor.id] = 1
     for i, (state, vector) in enumerate(spec["memories"]):
         expires = dt.datetime.now(dt.UTC) if state == "expired" else None
         m = await store.memory.put("user", f"k{i}", "v", expires_at=expires)
@@ -384,8 +386,8 @@ async def _build(store: statekeel.Store, spec: dict[str, Any]) -> dict[str, Any]
             m = await store.memory.put("user", f"k{i}", "v2")
         elif state == "forgotten":
             await store.memory.forget(m.id, reason="r", actor="a")
-        elif state == "superseded" and memories:
-            await store.memory.supersede(m.id, memories[0].id, reason="r", actor="a")
+        elif state == "superseded":
+            await store.memory.supersede(m.id, anchor.id, reason="r", actor="a")
         if vector:
             await store.vectors.upsert(f"v{i}", m.id, [1.0, float(i)], model="m", source_version=m.version)
         memories.append(m)
@@ -399,6 +401,8 @@ async def _build(store: statekeel.Store, spec: dict[str, Any]) -> dict[str, Any]
             else:
                 for m in (memories[a], memories[b]):
                     keep["memories"][m.id] = len(await store.memory.history(m.id))
+    for memory_id in list(keep["memories"]):  # events written since (a supersede) count too
+        keep["memories"][memory_id] = len(await store.memory.history(memory_id))
     for decided in spec["approvals"]:
         ap = await store.approvals.request("subj", "act", {"n": 1}, "agent")
         if decided:
