@@ -19,8 +19,7 @@ import statekeel
 N = 120
 BATCH = 10
 
-CHILD = (
-    """
+CHILD = """
 import asyncio, sys
 import statekeel
 
@@ -40,10 +39,8 @@ async def main(url, block_at, batch):
     await store.vectors.rebuild(embed_factory(int(block_at)), model="m", batch_size=int(batch))
     print("done", flush=True)
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+asyncio.run(main(*sys.argv[1:4]))
 """
-    % BATCH
-)
 
 
 def embed(texts: list[str]) -> list[list[float]]:
