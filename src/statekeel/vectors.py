@@ -199,6 +199,7 @@ class _ModelCache:
         self.norms_py: list[float] = []
         self.matrix: Any = None  # numpy path: float32 (capacity x dim), the first len(ids) rows in use
         self.norms: Any = None  # float64, canonical norms
+        self.masks: dict[str, Any] = {}  # filter -> which rows match, until the next change
         self.lock = asyncio.Lock()
 
     def load(self, found: VectorRows) -> None:
@@ -231,6 +232,7 @@ class _ModelCache:
             self.metadata.append(metadata)
         self.generation = found.state.generation
         self.removals = found.state.removals
+        self.masks = {}
 
     def _load_numpy(self, new: list[Any], changed: list[Any]) -> None:
         n = len(self.ids)
@@ -255,7 +257,7 @@ class _ModelCache:
 
     def search(self, query: tuple[float, ...], k: int, wanted: Mapping[str, Any] | None) -> list[Hit]:
         qnorm = exact_norm(query)
-        keep = None if wanted is None else [_matches(m, wanted) for m in self.metadata]
+        keep = None if wanted is None else self._mask(wanted)
         if self.use_numpy:
             return self._search_numpy(query, qnorm, k, keep)
         rows, norms, ids, sources, metas = self.rows, self.norms_py, self.ids, self.sources, self.metadata
@@ -266,9 +268,18 @@ class _ModelCache:
         )
         return _ranked(candidates, k)
 
-    def _search_numpy(
-        self, query: tuple[float, ...], qnorm: float, k: int, keep: list[bool] | None
-    ) -> list[Hit]:
+    def _mask(self, wanted: Mapping[str, Any]) -> Any:
+        # An agent filters by the same few keys again and again: each filter is evaluated once per change.
+        key = repr(sorted(wanted.items()))
+        mask = self.masks.get(key)
+        if mask is None:
+            mask = [_matches(m, wanted) for m in self.metadata]
+            if self.use_numpy:
+                mask = np.asarray(mask, dtype=bool)
+            self.masks[key] = mask
+        return mask
+
+    def _search_numpy(self, query: tuple[float, ...], qnorm: float, k: int, keep: Any) -> list[Hit]:
         n = len(self.ids)
         if n == 0:
             return []
@@ -283,7 +294,7 @@ class _ModelCache:
             fast = np.concatenate([m.astype(np.float64) @ q64 for m in _chunks(matrix)]) / (norms * qnorm)
         bound = (self.dim + 4) * 2.0**-23 if safe else (self.dim + 4) * 2.0**-50
         if keep is not None:
-            fast[~np.asarray(keep, dtype=bool)] = -np.inf
+            fast[~keep] = -np.inf
             live = int(np.count_nonzero(np.isfinite(fast)))
         else:
             live = n

@@ -80,8 +80,14 @@ ON CONFLICT (name) DO UPDATE SET at = excluded.at, id = excluded.id
 WHERE (excluded.at, excluded.id) > (vector_cursors.at, vector_cursors.id);
 
 -- name: vector_memory_changes
-SELECT id, version, updated_at, deleted_at, superseded_by FROM memories
-WHERE (updated_at, id) > ($1, $2) ORDER BY updated_at, id LIMIT $3;
+-- Changes the sources table does not hold yet (a memory read before at its version is skipped here).
+SELECT m.id, m.version, m.updated_at, m.deleted_at, m.superseded_by FROM memories m
+LEFT JOIN vector_sources s ON s.source_id = m.id
+WHERE (m.updated_at, m.id) > ($1, $2) AND (s.source_id IS NULL OR s.version < m.version)
+ORDER BY m.updated_at, m.id LIMIT $3;
+
+-- name: vector_memory_newest
+SELECT updated_at, id FROM memories ORDER BY updated_at DESC, id DESC LIMIT 1;
 
 -- name: vector_lagging
 -- Read from the partial index vector_sources_lagging: sources up to date are never visited.

@@ -228,11 +228,13 @@ async def op_sync_sources(
         if gone is None and m["superseded_by"] is not None:
             gone = m["updated_at"]
         await tx.execute("vector_source_memory", m["id"], int(m["version"]), m["updated_at"], gone)
+    # The cursor moves to the newest change once all are read; the overlap covers writers still in flight.
+    last = changes[-1] if len(changes) == limit else await tx.fetchone("vector_memory_newest")
+    if last is not None:
+        await tx.execute("vector_cursor_set", _MEMORIES, last["updated_at"], last["id"])
     if not changes:
         return 0, None
-    last = changes[-1]
-    await tx.execute("vector_cursor_set", _MEMORIES, last["updated_at"], last["id"])
-    return len(changes), (tx.ts_out(last["updated_at"]), last["id"])
+    return len(changes), (tx.ts_out(changes[-1]["updated_at"]), changes[-1]["id"])
 
 
 def lag_from_row(tx: Tx, row: Row) -> Lag:
