@@ -245,7 +245,8 @@ class _ModelCache:
             block = _block([r[2] for r in new], self.dim)
             need = n + len(new)
             if self.matrix is None or need > self.matrix.shape[0]:
-                capacity = max(need, 2 * (0 if self.matrix is None else self.matrix.shape[0]), 64)
+                # Room to grow: a vector stored after a full load must not copy the whole matrix.
+                capacity = max(need + need // 4, 2 * (0 if self.matrix is None else self.matrix.shape[0]), 64)
                 matrix = np.empty((capacity, self.dim), dtype=np.float32)
                 norms = np.empty(capacity, dtype=np.float64)
                 if n:
