@@ -65,7 +65,16 @@ def _age(value: Any, what: str) -> dt.timedelta | None:
             f"Retention.{what} must be a finite, non-negative age, got {value!r}; use None to keep forever",
             value=value,
         )
-    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
+    if isinstance(value, dt.timedelta):
+        return value
+    try:
+        return dt.timedelta(seconds=seconds)
+    except OverflowError:
+        raise InvalidArgument(
+            f"Retention.{what} of {value!r} seconds is longer than a timedelta holds; use None to keep "
+            "forever",
+            value=value,
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
