@@ -32,13 +32,14 @@ them (``free_pages``) until one ``await store.vacuum()`` (``statekeel gc --vacuu
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
 import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import FreeSpace, PurgeBatch
+from .backends.base import FreeSpace, PurgeBatch, StorageBackend
 from .errors import InvalidArgument
 from .validation import check_aware, check_int
 
@@ -144,15 +145,19 @@ _KINDS = frozenset(
 
 @dataclass(slots=True)
 class _Tally:
+    backend: StorageBackend
+    dry_run: bool
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
     batches: int = 0
     longest: float = 0.0
 
-    def add(self, batch: PurgeBatch) -> None:
+    async def add(self, batch: PurgeBatch) -> None:
         for kind, n in batch.counts.items():
             self.counts[kind] += n
         self.batches += 1
         self.longest = max(self.longest, batch.seconds)
+        if not self.dry_run and (pause := self.backend.batch_pause(batch.seconds)) > 0:
+            await asyncio.sleep(pause)  # other processes' writers take the lock in between
 
 
 async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry_run: bool) -> PurgeReport:
@@ -164,12 +169,12 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
     when = dt.datetime.now(dt.UTC) if now is None else now
     began = time.perf_counter()
     backend, limit = store.backend, retention.batch_size
-    tally = _Tally()
+    tally = _Tally(backend, dry_run)
 
     if retention.traces is not None:
         while True:
             batch = await backend.purge_traces(_before(when, retention.traces), limit=limit, dry_run=dry_run)
-            tally.add(batch)
+            await tally.add(batch)
             if batch.after is None:
                 break
 
@@ -179,7 +184,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
             batch = await backend.purge_sessions(
                 _before(when, retention.sessions), limit=limit, after=after, dry_run=dry_run
             )
-            tally.add(batch)
+            await tally.add(batch)
             if (after := batch.after) is None:
                 break
 
@@ -190,7 +195,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
         after = None
         while True:
             batch = await backend.purge_workflows(cutoff, limit=limit, after=after, dry_run=dry_run)
-            tally.add(batch)
+            await tally.add(batch)
             doomed.update(batch.purged)
             if (after := batch.after) is None:
                 break
@@ -200,7 +205,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
             batch = await backend.purge_tasks(
                 cutoff, limit=limit, after=after, dry_run=dry_run, doomed=doomed
             )
-            tally.add(batch)
+            await tally.add(batch)
             doomed.update(batch.purged)
             parents.update(batch.parents)
             if (after := batch.after) is None:
@@ -213,7 +218,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
                 batch = await backend.purge_tasks(
                     cutoff, limit=limit, after=None, dry_run=dry_run, doomed=doomed, ids=todo[i : i + limit]
                 )
-                tally.add(batch)
+                await tally.add(batch)
                 doomed.update(batch.purged)
                 parents.update(batch.parents)
 
@@ -226,7 +231,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
                 batch = await backend.purge_memories(
                     cutoff, cutoff, expired=expired, limit=limit, after=after, dry_run=dry_run
                 )
-                tally.add(batch)
+                await tally.add(batch)
                 memories.update(batch.purged)
                 if (after := batch.after) is None:
                     break
@@ -235,7 +240,7 @@ async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry
             batch = await backend.purge_vector_sources(
                 cutoff, limit=limit, after=after, dry_run=dry_run, doomed=memories
             )
-            tally.add(batch)
+            await tally.add(batch)
             if (after := batch.after) is None:
                 break
 
@@ -269,10 +274,12 @@ async def _space(store: Store, dry_run: bool, *, deleted: bool) -> tuple[FreeSpa
     reclaimed = 0
     if space is not None and space.incremental and not dry_run:
         while True:
+            began = time.perf_counter()
             n = await backend.reclaim_space(RECLAIM_PAGES)
             reclaimed += n
             if n < RECLAIM_PAGES:
                 break
+            await asyncio.sleep(backend.batch_pause(time.perf_counter() - began))
         space = await backend.free_space()
     if deleted and not dry_run:
         await backend.shrink_log()

@@ -812,6 +812,11 @@ class RetentionBackend(abc.ABC):
         """Sources marked gone before ``before``, with their vectors (those in ``doomed`` were counted
         already)."""
 
+    def batch_pause(self, held: float) -> float:
+        """Seconds to leave the write lock free after a batch that held it ``held`` seconds, so that other
+        processes' writers get it (0 where writers do not share one lock)."""
+        return 0.0
+
     async def free_space(self) -> FreeSpace | None:
         """Free pages inside the database file; None when the store has no file of its own."""
         return None
