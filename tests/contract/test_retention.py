@@ -72,6 +72,18 @@ async def test_bad_retention_options_are_refused_before_anything_is_opened(tmp_p
     assert statekeel.Retention().traces == dt.timedelta(days=30)
 
 
+async def test_store_purge_follows_the_retention_given_to_open_store(tmp_path: Path) -> None:
+    retention = statekeel.Retention(traces=HOUR, tasks=None, sessions=None, memories=None, batch_size=3)
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'r.db'}", retention=retention) as store:
+        assert store.options.retention is retention
+        for n in range(7):
+            store.traces.record("t", {"span_id": f"s{n}", "name": "x", "started_at": T0 + n * HOUR})
+        await store.traces.flush()
+        report = await store.purge(T0 + 5 * HOUR)
+        assert (report.traces, report.batches) == (4, 2)
+        assert [s.span_id for s in await store.traces.get("t")] == ["s4", "s5", "s6"]
+
+
 async def test_bad_purge_arguments_are_refused(store: statekeel.Store) -> None:
     with pytest.raises(statekeel.InvalidArgument):
         await store.purge(now=dt.datetime(2026, 1, 1))  # naive
