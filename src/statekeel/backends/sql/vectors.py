@@ -223,8 +223,9 @@ async def op_sync_sources(
         row = await tx.fetchone("vector_cursor_get", _MEMORIES)
         start = _START if row is None else (max(tx.ts_out(row["at"]) - overlap, _START[0]), "")
     changes = await tx.fetchall("vector_memory_changes", tx.ts_in(start[0]), start[1], limit)
-    for m in changes:
-        gone = m["deleted_at"] if m["deleted_at"] is not None else None
+    # By id: the order every writer of the sources table locks its rows in (no deadlock on PostgreSQL).
+    for m in sorted(changes, key=lambda row: row["id"]):
+        gone = m["deleted_at"]
         if gone is None and m["superseded_by"] is not None:
             gone = m["updated_at"]
         await tx.execute("vector_source_memory", m["id"], int(m["version"]), m["updated_at"], gone)
