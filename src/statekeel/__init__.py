@@ -17,8 +17,10 @@ from .errors import (
     AuditTampered,
     BackendUnavailable,
     ConflictError,
+    DimensionMismatch,
     InvalidArgument,
     InvalidConfig,
+    InvalidEmbedding,
     InvalidKey,
     InvalidTransition,
     LeaseLost,
@@ -40,10 +42,12 @@ from .errors import (
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
+from .retention import PurgeReport, Retention
 from .sessions import Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
+from .vectors import ExactSearch, Hit, Lag, SearchEngine, SearchRequest, Vector, VectorIndex
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
 __version__ = "0.1.0"
@@ -59,14 +63,19 @@ __all__ = [
     "ConflictError",
     "Contradiction",
     "CopyReport",
+    "DimensionMismatch",
     "Drift",
     "Episode",
+    "ExactSearch",
     "FileLedger",
     "FileRecord",
+    "Hit",
     "InvalidArgument",
     "InvalidConfig",
+    "InvalidEmbedding",
     "InvalidKey",
     "InvalidTransition",
+    "Lag",
     "LeaseLost",
     "LockTimeout",
     "Memory",
@@ -76,9 +85,13 @@ __all__ = [
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",
+    "PurgeReport",
     "Relation",
     "ReplayReport",
+    "Retention",
     "SchemaTooNew",
+    "SearchEngine",
+    "SearchRequest",
     "SerializationError",
     "Session",
     "SessionLock",
@@ -98,6 +111,8 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Vector",
+    "VectorIndex",
     "Workflow",
     "WorkflowEngine",
     "WorkflowStep",

@@ -111,6 +111,20 @@ class InvalidKey(InvalidArgument):
     hint = "Nothing was written. Keys are non-empty str of at most 512 UTF-8 bytes without NUL."
 
 
+class InvalidEmbedding(InvalidArgument):
+    """An embedding or a search query is not a usable vector: empty, not numbers, NaN or infinite (also
+    once rounded to float32), or all zeros (it has no direction to compare). Nothing was written."""
+
+    hint = "Nothing was written; pass a finite, non-zero list of numbers (or a 1-D numpy array)."
+
+
+class DimensionMismatch(InvalidEmbedding):
+    """An embedding or query has another dimension than its model's (fixed by the model's first vector).
+    Fields: ``model``, ``expected``, ``got``."""
+
+    hint = "Nothing was written; embed with the model the index holds, or store it under another model name."
+
+
 class TranscriptError(InvalidArgument):
     """A message would make the transcript's tool calls and results inconsistent (an empty or reused call
     id, a result in a place the provider refuses). Fields: ``call_id``, ``dialect``, ``index``."""
@@ -190,8 +204,10 @@ __all__ = [
     "AuditTampered",
     "BackendUnavailable",
     "ConflictError",
+    "DimensionMismatch",
     "InvalidArgument",
     "InvalidConfig",
+    "InvalidEmbedding",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",

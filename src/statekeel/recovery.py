@@ -18,7 +18,8 @@ One pass, idempotent (a second run finds nothing to repair):
 4. running tasks whose lease expired become ``interrupted``;
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
    open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
-6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store).
+6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store);
+7. sources whose vectors lag behind them are counted (``lagging_vectors``; ``vectors.rebuild`` catches up).
 
 With ``repair=False`` nothing is written; the report says what a repair would do. Arguments are checked
 before anything is read or written. ``recover()`` raises only when the store cannot be read at all.
@@ -86,6 +87,7 @@ class RecoveryReport:
     open_contradictions: list[Contradiction] = field(default_factory=list)
     drifted_files: list[Drift] = field(default_factory=list)  # only when recover() was given files_root
     traces_dropped: int = 0  # spans lost to a full trace buffer, over the life of the store
+    lagging_vectors: int = 0  # sources whose vectors are missing or older (derived: rebuild catches up)
     repaired: bool = True
     # Tables with damaged pages: which rows no longer read (SQLite); damaged indexes rebuilt by this run.
     damage: list[Damage] = field(default_factory=list)
@@ -138,6 +140,7 @@ class RecoveryReport:
             "indexes_rebuilt": len(self.indexes_rebuilt),
             "incidents": len(self.incidents),
             "skipped": len(self.skipped),
+            "lagging_vectors": self.lagging_vectors,
         }
 
 
@@ -269,6 +272,10 @@ async def recover(
     report.open_contradictions = await _guarded(report, "memory", store.memory.open_contradictions, [])
     if files_root is not None:
         report.drifted_files = await store.files.check(files_root)
+    # Reading the memories' latest changes into the index writes: only when repairing.
+    report.lagging_vectors = await _guarded(
+        report, "vectors", lambda: store.vectors.count_lagging(sync=repair), 0
+    )
     report.advice = _advice(store, report)
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())

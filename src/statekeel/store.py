@@ -14,7 +14,7 @@ import asyncio
 import datetime as dt
 import os
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -28,10 +28,12 @@ from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
 from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
+from .retention import PurgeReport, Retention, purge
 from .sessions import SessionManager
 from .tasks import TaskManager
 from .traces import TraceLog
 from .validation import check_int, check_key
+from .vectors import VectorIndex
 from .workflows import WorkflowEngine
 
 
@@ -47,6 +49,7 @@ class StoreOptions:
     encryption_key: bytes | None = None
     migrate: bool = True
     audit_key: bytes | None = None
+    retention: Retention = field(default_factory=Retention)
 
     def __post_init__(self) -> None:
         check_int(self.cache_size, "cache_size", minimum=1)
@@ -58,6 +61,8 @@ class StoreOptions:
             raise InvalidArgument(f"fallback_dir must be a path, got {type(self.fallback_dir).__name__}")
         if type(self.migrate) is not bool:
             raise InvalidArgument(f"migrate must be True or False, got {self.migrate!r}")
+        if not isinstance(self.retention, Retention):
+            raise InvalidArgument(f"retention must be a statekeel.Retention, got {self.retention!r}")
         if self.encryption_key is not None:
             raise InvalidArgument(
                 "encryption_key is not supported by this version of statekeel; open the store without it"
@@ -207,6 +212,7 @@ class Store:
         self.memory = MemoryStore(self.backend, self.codec)
         self.files = FileLedger(self.backend)
         self.traces = TraceLog(self.backend, self.codec)
+        self.vectors = VectorIndex(self.backend, self.codec)
         self._closed = False
 
     async def _open(self) -> Store:
@@ -252,6 +258,23 @@ class Store:
                 hint="",
             )
         return done
+
+    async def purge(self, now: dt.datetime | None = None, *, dry_run: bool = False) -> PurgeReport:
+        """Delete what the store's ``retention`` allows at ``now`` (default: the current time), in short
+        batches, never a protected row; with ``dry_run`` write nothing and report the same counts. See
+        :mod:`statekeel.retention`.
+
+        report = await store.purge(dry_run=True)
+        print(report.counts, report.longest_batch_seconds)
+        """
+        return await purge(self, self.options.retention, now, dry_run)
+
+    async def vacuum(self) -> int | None:
+        """Rewrite a SQLite file without its free pages (``VACUUM``: it holds the write lock until done)
+        and switch it to incremental auto-vacuum, so that later purges give space back by themselves.
+        Returns the free pages left (0), or None for a store without a file of its own."""
+        space = await self.backend.vacuum()
+        return None if space is None else space.free_pages
 
     async def info(self, *, check_integrity: bool = True) -> StoreInfo:
         """Schema and health facts: schema version and migrations, counts per state kind, file sizes,
@@ -344,6 +367,7 @@ def open_store(
     encryption_key: bytes | None = None,
     migrate: bool = True,
     audit_key: bytes | None = None,
+    retention: Retention | None = None,
 ) -> _Opener:
     """Open (creating and migrating if needed) the store at ``url``.
 
@@ -358,6 +382,7 @@ def open_store(
     entry appended gets an HMAC of its hash, and ``audit.verify()`` / ``recover()`` then detect a rewrite
     of the whole chain too. Every process writing the store must use the same key. See
     :mod:`statekeel.audit` for what each mode proves.
+    ``retention`` says what :meth:`Store.purge` may delete and when (default ``Retention()``).
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,
@@ -368,6 +393,7 @@ def open_store(
         encryption_key=encryption_key,
         migrate=migrate,
         audit_key=audit_key,
+        retention=Retention() if retention is None else retention,
     )
     if not isinstance(url, str):  # here, not at the await: a bad call fails where it is made
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")

@@ -71,6 +71,13 @@ async def _populate(store: statekeel.Store, *, sessions: int = 7, turns: int = 5
         )
     await store.traces.flush()
     await store.backend.write_spans([], dropped=3)  # spans a full buffer lost
+    # Vectors with their model, a source announced ahead of its vector, and the index's memory cursor.
+    memory = await store.memory.put("user", "drink", "tea")
+    await store.vectors.upsert(
+        "vec-é", memory.id, [0.5, -1.25, 3.0], model="mini", source_version=1, metadata={"big": 2**70}
+    )
+    await store.vectors.source_changed("doc-é", 2)
+    await store.vectors.lagging()
 
 
 async def _dump(backend: StorageBackend) -> dict[str, list[tuple[Any, ...]]]:
@@ -114,6 +121,8 @@ async def _assert_same(src: statekeel.Store, dst: statekeel.Store) -> None:
     spans = await dst.backend.read_trace("trace-é")
     assert len(spans) == 7 and spans == await src.backend.read_trace("trace-é")
     assert await dst.backend.spans_dropped() == 3
+    assert await dst.vectors.search([0.5, -1.25, 3.0]) == await src.vectors.search([0.5, -1.25, 3.0])
+    assert [lag.source_id for lag in await dst.vectors.lagging()] == ["doc-é"]
 
 
 @pytest.mark.postgres

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -40,7 +41,9 @@ from statekeel.backends.records import (
     Drift,
     Episode,
     FileRecord,
+    FreeSpace,
     Incident,
+    Lag,
     LoadedSession,
     Memory,
     MemoryAccess,
@@ -55,6 +58,7 @@ from statekeel.backends.records import (
     NewWorkflowStep,
     OpenCalls,
     Page,
+    PurgeBatch,
     Relation,
     RowPage,
     SessionLease,
@@ -66,6 +70,10 @@ from statekeel.backends.records import (
     TaskChange,
     TaskRecord,
     TypedBlob,
+    Vector,
+    VectorModelState,
+    VectorRows,
+    VectorWrite,
     WorkflowRecord,
     WorkflowStepRecord,
 )
@@ -100,8 +108,10 @@ __all__ = [
     "Episode",
     "FileBackend",
     "FileRecord",
+    "FreeSpace",
     "Incident",
     "IncidentBackend",
+    "Lag",
     "LifecycleBackend",
     "LoadedSession",
     "Memory",
@@ -118,7 +128,9 @@ __all__ = [
     "NewWorkflowStep",
     "OpenCalls",
     "Page",
+    "PurgeBatch",
     "Relation",
+    "RetentionBackend",
     "RowPage",
     "SessionBackend",
     "SessionLease",
@@ -134,6 +146,11 @@ __all__ = [
     "ToolCallBackend",
     "TraceBackend",
     "TypedBlob",
+    "Vector",
+    "VectorBackend",
+    "VectorModelState",
+    "VectorRows",
+    "VectorWrite",
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
@@ -838,6 +855,156 @@ class TraceBackend(abc.ABC):
         """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""
 
 
+class VectorBackend(abc.ABC):
+    """Embeddings (the derived tier) and the sources they follow."""
+
+    @abc.abstractmethod
+    async def upsert_vectors(self, writes: Sequence[VectorWrite], *, at: dt.datetime) -> list[str]:
+        """Store the vectors in one transaction; returns their ids. The first vector of a model fixes its
+        dimension: ``DimensionMismatch`` for another one, ``InvalidArgument`` for an id stored under another
+        model (nothing written either way). Each source's ``indexed_version`` follows its vectors."""
+
+    @abc.abstractmethod
+    async def delete_vector(self, vec_id: str) -> bool:
+        """Delete one vector; False when there was none."""
+
+    @abc.abstractmethod
+    async def vectors_by_source(self, source_id: str) -> list[Vector]:
+        """The source's vectors, by model then id."""
+
+    @abc.abstractmethod
+    async def vector_models(self) -> list[VectorModelState]:
+        """Every model of the index, by name."""
+
+    @abc.abstractmethod
+    async def vector_model(self, model: str) -> VectorModelState | None: ...
+
+    @abc.abstractmethod
+    async def load_vectors(self, model: str, *, since: tuple[int, int] | None = None) -> VectorRows:
+        """The model's state and its vectors: all of them, or — given ``since``, the ``(generation,
+        removals)`` a cache holds — those written after that generation, unless a vector was deleted since
+        (``removals`` moved on), when all of them are read (``full``)."""
+
+    @abc.abstractmethod
+    async def source_changed(self, source_id: str, version: int, *, at: dt.datetime) -> None:
+        """Record that a source is at ``version`` (an older version than the one recorded is ignored; a
+        source marked gone comes back)."""
+
+    @abc.abstractmethod
+    async def sources_gone(self, source_ids: Sequence[str], *, at: dt.datetime) -> int:
+        """Mark sources gone (their vectors are purged later); returns how many were not gone yet."""
+
+    @abc.abstractmethod
+    async def sync_vector_sources(
+        self, *, overlap: dt.timedelta, start: tuple[dt.datetime, str] | None, limit: int
+    ) -> tuple[int, tuple[dt.datetime, str] | None]:
+        """Read up to ``limit`` memory changes after ``start`` (None: from the stored cursor less
+        ``overlap``) into the sources table, in one transaction, and move the cursor. Returns the number of
+        changes read and the key of the last one."""
+
+    @abc.abstractmethod
+    async def lagging_sources(self, *, limit: int, after: tuple[dt.datetime, str] | None = None) -> list[Lag]:
+        """Sources (not gone) whose vectors are missing or older, by ``changed_at`` then id, after
+        ``after``."""
+
+    @abc.abstractmethod
+    async def count_lagging(self) -> int: ...
+
+
+class RetentionBackend(abc.ABC):
+    """Deleting what retention allows, one short transaction per batch, never a protected row.
+
+    Each method handles one batch: up to ``limit`` candidates in key order after ``after``; with
+    ``dry_run`` nothing is deleted and the counts are what a real batch would delete.
+    """
+
+    @abc.abstractmethod
+    async def purge_traces(self, before: dt.datetime, *, limit: int, dry_run: bool) -> PurgeBatch:
+        """Spans started before ``before`` (a dry run counts them all at once)."""
+
+    @abc.abstractmethod
+    async def purge_sessions(
+        self, before: dt.datetime, *, limit: int, after: tuple[Any, ...] | None, dry_run: bool
+    ) -> PurgeBatch:
+        """Archived sessions last updated before ``before``, with their messages and archive, and the file
+        ledger records only they made (each path's last record is kept)."""
+
+    @abc.abstractmethod
+    async def purge_workflows(
+        self, before: dt.datetime, *, limit: int, after: tuple[Any, ...] | None, dry_run: bool
+    ) -> PurgeBatch:
+        """Finished workflows completed before ``before`` whose tasks are all finished and have no child
+        task outside the workflow, with their tasks and steps. ``purged``: the tasks' ids."""
+
+    @abc.abstractmethod
+    async def purge_tasks(
+        self,
+        before: dt.datetime,
+        *,
+        limit: int,
+        after: tuple[Any, ...] | None,
+        dry_run: bool,
+        doomed: AbstractSet[str] = frozenset(),
+        ids: Sequence[str] | None = None,
+    ) -> PurgeBatch:
+        """Finished tasks outside workflows completed before ``before`` whose child tasks are all gone (or
+        in ``doomed``: purged earlier in this purge), with their steps and their file ledger records (each
+        path's last record is kept). With ``ids``, only those tasks (parents freed by a batch).
+        ``purged``: their ids; ``parents``: the parents of those, which may be free to go now."""
+
+    @abc.abstractmethod
+    async def purge_memories(
+        self,
+        forgotten_before: dt.datetime | None,
+        expired_before: dt.datetime | None,
+        *,
+        expired: bool,
+        limit: int,
+        after: tuple[Any, ...] | None,
+        dry_run: bool,
+    ) -> PurgeBatch:
+        """Memories forgotten before ``forgotten_before`` (or, with ``expired``, expired before
+        ``expired_before`` and not already among the former) that no open contradiction names, with their
+        history, access log entries and vectors. ``purged``: their ids."""
+
+    @abc.abstractmethod
+    async def purge_vector_sources(
+        self,
+        before: dt.datetime,
+        *,
+        limit: int,
+        after: tuple[Any, ...] | None,
+        dry_run: bool,
+        doomed: AbstractSet[str] = frozenset(),
+    ) -> PurgeBatch:
+        """Sources marked gone before ``before``, with their vectors (those in ``doomed`` were counted
+        already)."""
+
+    def batch_pause(self, held: float) -> float:
+        """Seconds to leave the write lock free after a batch that held it ``held`` seconds, so that other
+        processes' writers get it (0 where writers do not share one lock)."""
+        return 0.0
+
+    async def free_space(self) -> FreeSpace | None:
+        """Free pages inside the database file; None when the store has no file of its own."""
+        return None
+
+    async def reclaim_space(self, max_pages: int) -> int:
+        """Give up to ``max_pages`` free pages back to the file system in one short transaction (only where
+        the file allows it: ``FreeSpace.incremental``); returns how many."""
+        return 0
+
+    async def shrink_log(self) -> None:
+        """Give back the space of a write-ahead log that a large purge grew (SQLite: a TRUNCATE
+        checkpoint, best effort); nothing where there is none."""
+        return None
+
+    async def vacuum(self) -> FreeSpace | None:
+        """Rewrite the database file without its free pages (SQLite ``VACUUM``; it holds the write lock
+        throughout) and let later purges give space back by themselves. None where there is no file."""
+        return None
+
+
 class CopyBackend(abc.ABC):
     """Verbatim table access for ``statekeel.copy_store``: moving a whole store to another backend.
 
@@ -996,6 +1163,8 @@ class StorageBackend(
     MemoryBackend,
     FileBackend,
     TraceBackend,
+    VectorBackend,
+    RetentionBackend,
     CheckpointBackend,
     CopyBackend,
     abc.ABC,

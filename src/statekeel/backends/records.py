@@ -668,3 +668,99 @@ class CheckpointLineage:
     parent_checkpoint_id: str | None
     values: dict[str, TypedBlob]
     writes: tuple[CheckpointWrite, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """A stored embedding. ``embedding`` holds its float32 values (as Python floats); ``source_version``
+    is the version of the source it was computed from (None: not said)."""
+
+    vec_id: str
+    model: str
+    source_id: str
+    source_version: int | None
+    embedding: tuple[float, ...]
+    metadata: dict[str, Any]
+    updated_at: dt.datetime
+
+    @property
+    def dim(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(frozen=True, slots=True)
+class VectorWrite:
+    """A validated embedding to store: ``embedding`` is ``dim`` little-endian float32 values.
+
+    ``vec_id=None`` (a rebuild) replaces every vector of the source in ``model`` by this one, keeping the
+    first one's id and metadata. ``metadata`` is codec-encoded JSON; None keeps what is stored (``{}`` for a
+    new vector)."""
+
+    vec_id: str | None
+    model: str
+    source_id: str
+    source_version: int | None
+    embedding: bytes
+    dim: int
+    metadata: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VectorModelState:
+    """An embedding model of the index: its dimension and its change counters (``generation`` grows at
+    every change of its vectors, ``removals`` at every deletion)."""
+
+    model: str
+    dim: int
+    generation: int
+    removals: int
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRows:
+    """Vectors of one model read on one snapshot with the model's state: all of them (``full``), or those
+    written after a given generation. Each row is ``(vec_id, source_id, embedding, metadata, generation)``."""
+
+    state: VectorModelState | None
+    full: bool
+    rows: list[tuple[str, str, bytes, dict[str, Any], int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """A source whose vectors are behind it: ``kind`` is "memory" (a memory's id) or "external" (announced
+    with ``source_changed``); ``version`` is the source's version, ``indexed_version`` the newest version
+    among its vectors (None: no vector says one). ``changed_at`` orders the listing."""
+
+    source_id: str
+    kind: str
+    version: int
+    indexed_version: int | None
+    changed_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeBatch:
+    """What one purge transaction deleted (or, in a dry run, would delete), by kind; ``after`` is where the
+    next batch starts (None when this one was the last); ``seconds`` is how long it held the transaction;
+    ``purged`` names the rows of the batch's kind it deleted that later batches must know of."""
+
+    counts: dict[str, int]
+    after: tuple[Any, ...] | None
+    seconds: float
+    purged: tuple[str, ...] = ()
+    parents: tuple[str, ...] = ()  # tasks: the parents of those purged, which may be free to go now
+
+
+@dataclass(frozen=True, slots=True)
+class FreeSpace:
+    """Unused space inside an embedded database file: free pages and their size, and whether the file
+    gives them back by itself after a purge (``incremental``: SQLite's ``auto_vacuum=INCREMENTAL``)."""
+
+    free_pages: int
+    page_size: int
+    incremental: bool
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size

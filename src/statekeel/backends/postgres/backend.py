@@ -37,10 +37,12 @@ from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.retention import SqlRetention
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
+from ..sql.vectors import SqlVectors
 from ..sql.workflows import SqlWorkflows
 from .errors import CONNECTION_ERRORS, translate, unknown_outcome
 from .schema import MIGRATION_LOCK_ID, PgSchema
@@ -146,6 +148,8 @@ class PostgresBackend(
     SqlMemory,
     SqlFiles,
     SqlTraces,
+    SqlVectors,
+    SqlRetention,
     SqlCheckpoints,
 ):
     """PostgreSQL storage over an asyncpg pool.
@@ -279,6 +283,10 @@ class PostgresBackend(
                     "file_changes",
                     "traces",
                     "trace_counters",
+                    "vector_models",
+                    "vectors",
+                    "vector_sources",
+                    "vector_cursors",
                     "checkpoints",
                     "checkpoint_blobs",
                     "checkpoint_writes",

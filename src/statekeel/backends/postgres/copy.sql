@@ -527,3 +527,93 @@ SELECT count(*) AS n FROM checkpoint_writes;
 
 -- name: copy_checkpoint_writes_clear
 DELETE FROM checkpoint_writes;
+
+-- Vectors and the sources they follow.
+
+-- name: copy_vector_models_first
+SELECT model, dim, generation, removals, created_at
+FROM vector_models ORDER BY model COLLATE "C" LIMIT $1;
+
+-- name: copy_vector_models_after
+SELECT model, dim, generation, removals, created_at
+FROM vector_models WHERE model COLLATE "C" > $1
+ORDER BY model COLLATE "C" LIMIT $2;
+
+-- name: copy_vector_models_last
+SELECT model FROM vector_models ORDER BY model COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_vector_models_insert
+INSERT INTO vector_models (model, dim, generation, removals, created_at)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: copy_vector_models_count
+SELECT count(*) AS n FROM vector_models;
+
+-- name: copy_vector_models_clear
+DELETE FROM vector_models;
+
+-- name: copy_vectors_first
+SELECT vec_id, model, source_id, source_version, embedding, metadata, generation, updated_at
+FROM vectors ORDER BY vec_id COLLATE "C" LIMIT $1;
+
+-- name: copy_vectors_after
+SELECT vec_id, model, source_id, source_version, embedding, metadata, generation, updated_at
+FROM vectors WHERE vec_id COLLATE "C" > $1
+ORDER BY vec_id COLLATE "C" LIMIT $2;
+
+-- name: copy_vectors_last
+SELECT vec_id FROM vectors ORDER BY vec_id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_vectors_insert
+INSERT INTO vectors (vec_id, model, source_id, source_version, embedding, metadata, generation, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: copy_vectors_count
+SELECT count(*) AS n FROM vectors;
+
+-- name: copy_vectors_clear
+DELETE FROM vectors;
+
+-- name: copy_vector_sources_first
+SELECT source_id, kind, version, indexed_version, changed_at, gone_at
+FROM vector_sources ORDER BY source_id COLLATE "C" LIMIT $1;
+
+-- name: copy_vector_sources_after
+SELECT source_id, kind, version, indexed_version, changed_at, gone_at
+FROM vector_sources WHERE source_id COLLATE "C" > $1
+ORDER BY source_id COLLATE "C" LIMIT $2;
+
+-- name: copy_vector_sources_last
+SELECT source_id FROM vector_sources ORDER BY source_id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_vector_sources_insert
+INSERT INTO vector_sources (source_id, kind, version, indexed_version, changed_at, gone_at)
+VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: copy_vector_sources_count
+SELECT count(*) AS n FROM vector_sources;
+
+-- name: copy_vector_sources_clear
+DELETE FROM vector_sources;
+
+-- name: copy_vector_cursors_first
+SELECT name, at, id
+FROM vector_cursors ORDER BY name COLLATE "C" LIMIT $1;
+
+-- name: copy_vector_cursors_after
+SELECT name, at, id
+FROM vector_cursors WHERE name COLLATE "C" > $1
+ORDER BY name COLLATE "C" LIMIT $2;
+
+-- name: copy_vector_cursors_last
+SELECT name FROM vector_cursors ORDER BY name COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_vector_cursors_insert
+INSERT INTO vector_cursors (name, at, id)
+VALUES ($1, $2, $3);
+
+-- name: copy_vector_cursors_count
+SELECT count(*) AS n FROM vector_cursors;
+
+-- name: copy_vector_cursors_clear
+DELETE FROM vector_cursors;

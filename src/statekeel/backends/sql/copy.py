@@ -151,6 +151,19 @@ TABLES: tuple[CopyTable, ...] = (
         "trace_id span_id",
     ),
     _table("trace_counters", "name:text value:int", "name"),
+    _table("vector_models", "model:text dim:int generation:int removals:int created_at:ts", "model"),
+    _table(
+        "vectors",
+        "vec_id:text model:text source_id:text source_version:int embedding:bytes metadata:json "
+        "generation:int updated_at:ts",
+        "vec_id",
+    ),
+    _table(
+        "vector_sources",
+        "source_id:text kind:text version:int indexed_version:int changed_at:ts gone_at:ts",
+        "source_id",
+    ),
+    _table("vector_cursors", "name:text at:ts id:text", "name"),
     _table(
         "checkpoints",
         "thread_id:text checkpoint_ns:text checkpoint_id:text parent_checkpoint_id:text run_id:text "

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument
-from ..base import Damage, DatabaseFiles, MigrationInfo
+from ..base import Damage, DatabaseFiles, FreeSpace, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
@@ -38,10 +38,12 @@ from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
+from ..sql.retention import SqlRetention
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
+from ..sql.vectors import SqlVectors
 from ..sql.workflows import SqlWorkflows
 from . import damage
 from .errors import translate
@@ -125,6 +127,8 @@ class SqliteBackend(
     SqlMemory,
     SqlFiles,
     SqlTraces,
+    SqlVectors,
+    SqlRetention,
     SqlCheckpoints,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
@@ -175,7 +179,10 @@ class SqliteBackend(
             if self.path is not None:
                 # Before anything that writes (switching to WAL rewrites the header): another
                 # application's database must be left exactly as it is.
-                self._refuse_foreign(conn)
+                if not self._refuse_foreign(conn) and not read_only:
+                    # Only possible before the first table exists: a purge then gives space back with
+                    # incremental_vacuum (older files need one VACUUM: Store.vacuum()).
+                    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise BackendUnavailable(f"{self._where}: could not enable WAL (journal_mode={mode})")
@@ -330,6 +337,65 @@ class SqliteBackend(
 
         return await self._call(self._require_open(), reindex)
 
+    # --- space --------------------------------------------------------------------------------------------
+
+    def batch_pause(self, held: float) -> float:
+        # Another process waiting for the lock polls it (SQLite's busy handler naps 1 to 100 ms): with no
+        # gap between batches it would find it taken every time. Free half the time, it gets in quickly.
+        return 0.0 if self.path is None else held
+
+    async def free_space(self) -> FreeSpace | None:
+        if self.path is None:
+            return None
+
+        def read(conn: sqlite3.Connection) -> FreeSpace:
+            free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+            size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            mode = int(conn.execute("PRAGMA auto_vacuum").fetchone()[0])
+            return FreeSpace(free, size, incremental=mode == 2)
+
+        return await self._call(self._require_open(), read)
+
+    async def reclaim_space(self, max_pages: int) -> int:
+        if self.path is None:
+            return 0
+
+        def reclaim(conn: sqlite3.Connection) -> int:
+            if int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
+                return 0
+            before = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+            # One short write transaction per call (the caller loops, other writers go in between).
+            # executescript steps the pragma to completion: execute() would free a single page.
+            conn.executescript(f"PRAGMA incremental_vacuum({int(max_pages)});")
+            return before - int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+
+        return await self._call(self._require_open(), reclaim)
+
+    async def shrink_log(self) -> None:
+        if self.path is None:
+            return
+
+        def checkpoint(conn: sqlite3.Connection) -> None:
+            # PASSIVE copies the log without blocking other writers; TRUNCATE, which does block them
+            # while it runs, then has almost nothing left to copy.
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+        await self._call(self._require_open(), checkpoint)
+
+    async def vacuum(self) -> FreeSpace | None:
+        if self.path is None:
+            return None
+
+        def vacuum(conn: sqlite3.Connection) -> None:
+            # VACUUM applies a changed auto_vacuum mode: later purges then give space back by themselves.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+        await self._call(self._require_open(), vacuum)
+        return await self.free_space()
+
     # --- operations -----------------------------------------------------------------------------------
 
     def _job(self, op: Op[T], args: tuple[Any, ...]) -> Callable[[sqlite3.Connection], T]:
@@ -359,6 +425,15 @@ class SqliteBackend(
                 loop.call_soon(self._flush_pending)
             return await future
         result = await writer.submit(Job(WRITE, job, loop))
+        return result
+
+    async def _write_bulk(self, op: Op[T], *args: Any) -> T:
+        """A write that may take a while (a purge batch): on the writer thread, never inline on the
+        caller's (the event loop would stall for it)."""
+        writer = self._require_open()
+        if self._current.get() is not None:
+            return await self._write(op, *args)
+        result: T = await writer.submit(Job(WRITE, self._job(op, args), asyncio.get_running_loop()))
         return result
 
     def _flush_pending(self) -> None:
