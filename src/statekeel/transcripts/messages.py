@@ -1,0 +1,343 @@
+"""The shapes of tool calls and results, and the reading of one message in each dialect."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeGuard, TypeVar
+
+from ..errors import (
+    TranscriptError,
+)
+
+_M = TypeVar("_M", bound=Mapping[str, Any])
+
+INTERRUPTED_TEXT = "interrupted: the agent stopped before this tool call returned a result"
+
+
+class Dialect(StrEnum):
+    """A provider's transcript format."""
+
+    OPENAI_CHAT = "openai-chat"
+    OPENAI_RESPONSES = "openai-responses"
+    ANTHROPIC = "anthropic"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call: ``index`` is the number of the message that makes it; ``kind`` is the chat tool call's
+    ``type`` (``function``, ``custom``), the Responses item type, or ``tool_use``."""
+
+    call_id: str
+    dialect: Dialect
+    kind: str
+    name: str | None
+    index: int
+    # A Responses call made by a program (``caller``) gets an output naming the same caller.
+    caller: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """One tool result: ``index`` is its message's number, ``call_index`` its call's (None: answers none)."""
+
+    call_id: str
+    dialect: Dialect
+    kind: str
+    index: int
+    call_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptState:
+    """What :func:`analyze` found.
+
+    ``unanswered`` are calls without a result where their provider accepts it; ``pending`` those of them
+    that appending results can still answer in place (the last turn's; every Responses call after the last
+    user message), starting at message ``pending_from``. ``orphans`` are results that answer no call, or
+    answer one a second time or out of place; ``malformed`` the numbers of messages whose tool calls or
+    results cannot be read (no id, wrong types).
+    """
+
+    calls: tuple[ToolCall, ...]
+    results: tuple[ToolResult, ...]
+    unanswered: tuple[ToolCall, ...]
+    pending: tuple[ToolCall, ...]
+    orphans: tuple[ToolResult, ...]
+    malformed: tuple[int, ...]
+    pending_from: int | None
+
+    @property
+    def consistent(self) -> bool:
+        """Every call has exactly one well-placed result and every result answers a call."""
+        return not self.unanswered and not self.orphans and not self.malformed
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """The results that answer every unanswered call of a transcript (see :func:`plan_repair`).
+
+    ``append`` goes at the end, in order. ``insert`` holds ``(n, message)`` pairs for calls whose turn
+    was followed by other messages: each goes right before message number ``n``. ``offset`` is the number
+    of the first message of the list the repair was planned for.
+    """
+
+    calls: tuple[ToolCall, ...]
+    append: tuple[dict[str, Any], ...]
+    insert: tuple[tuple[int, dict[str, Any]], ...] = ()
+    offset: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def apply(self, messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The repaired transcript: ``messages`` with the inserted and appended results (a new list)."""
+        if not self.insert:
+            return [*messages, *self.append]
+        out: list[Mapping[str, Any]] = []
+        pending = iter(self.insert)
+        nxt = next(pending, None)
+        for i, message in enumerate(messages):
+            while nxt is not None and nxt[0] - self.offset == i:
+                out.append(nxt[1])
+                nxt = next(pending, None)
+            out.append(message)
+        while nxt is not None:  # positions at the end of the list
+            out.append(nxt[1])
+            nxt = next(pending, None)
+        out.extend(self.append)
+        return out
+
+
+# --- the Responses item types that are tool calls a client answers ---------------------------------------
+
+# call item type -> the output item type an interrupted answer uses
+_RESPONSES_ANSWER = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "function_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "tool_search_call": "tool_search_output",
+}
+# output item type -> the call item types it answers
+_RESPONSES_ANSWERS = {
+    "function_call_output": frozenset({"function_call", "local_shell_call"}),
+    "custom_tool_call_output": frozenset({"custom_tool_call"}),
+    "computer_call_output": frozenset({"computer_call"}),
+    "local_shell_call_output": frozenset({"local_shell_call"}),
+    "shell_call_output": frozenset({"shell_call"}),
+    "apply_patch_call_output": frozenset({"apply_patch_call"}),
+    "tool_search_output": frozenset({"tool_search_call"}),
+}
+# Tool search runs on the server unless the item says otherwise; only a client's search needs an answer.
+_CLIENT_ONLY = frozenset({"tool_search_call", "tool_search_output"})
+
+
+def _blank_png_data_url() -> str:
+    """A 1x1 white PNG: the only answer a computer call's output can hold is a screenshot."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)  # 1x1, 8-bit greyscale
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff"))  # filter byte, one white pixel
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+_BLANK_SCREENSHOT = _blank_png_data_url()
+
+
+# --- reading one message ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Parsed:
+    index: int
+    strict: bool  # raise on what cannot be read (a message being added), or mark it (a stored one)
+    role: str | None
+    calls: list[ToolCall]
+    # (result, leading): an Anthropic tool_result block counts only before every other block of its message
+    results: list[tuple[ToolResult, bool]]
+    user_start: bool  # a user message that starts a turn (holds no tool results)
+    only_results: bool  # an Anthropic user message whose content is tool_result blocks only
+    malformed: bool = False
+
+
+def _fail(parsed: _Parsed, message: str, **fields: Any) -> None:
+    if parsed.strict:
+        raise TranscriptError(message, **fields)
+    parsed.malformed = True
+
+
+def _valid_id(value: Any) -> TypeGuard[str]:
+    return type(value) is str and value != ""
+
+
+def _checked_id(p: _Parsed, value: Any, dialect: Dialect, what: str, wanted: str) -> str | None:
+    """``value`` if it is a usable call id; otherwise the error (strict) or a malformed mark."""
+    if _valid_id(value):
+        return value
+    what = what.format(where=f"messages[{p.index}]")  # built only here: this runs for every message
+    _fail(p, f"{what} is {value!r}; it must be {wanted}", call_id=value, dialect=dialect.value, index=p.index)
+    return None
+
+
+def _parse(message: Mapping[str, Any], i: int, strict: bool) -> _Parsed:
+    role = message.get("role")
+    role = role if type(role) is str else None
+    kind = message.get("type")
+    kind = kind if type(kind) is str else None
+    p = _Parsed(i, strict, role=role, calls=[], results=[], user_start=False, only_results=False)
+    client_side = message.get("execution") == "client"
+
+    if kind in _RESPONSES_ANSWER and (kind not in _CLIENT_ONLY or client_side):
+        call_id = _checked_id(
+            p,
+            message.get("call_id"),
+            Dialect.OPENAI_RESPONSES,
+            f"{{where}} is a {kind} item whose call_id",
+            "a non-empty str",
+        )
+        if call_id is not None:
+            name = message.get("name")
+            name = name if type(name) is str else None
+            caller = message.get("caller")
+            p.calls.append(ToolCall(call_id, Dialect.OPENAI_RESPONSES, kind, name, i, caller=caller))
+        return p
+    if kind in _RESPONSES_ANSWERS and (kind not in _CLIENT_ONLY or client_side):
+        call_id = message.get("call_id")
+        if call_id is None and kind == "local_shell_call_output":
+            call_id = message.get("id")  # the type definitions name the call's id ``id`` here
+        call_id = _checked_id(
+            p,
+            call_id,
+            Dialect.OPENAI_RESPONSES,
+            f"{{where}} is a {kind} item whose call_id",
+            "the non-empty call_id of the call it answers",
+        )
+        if call_id is not None:
+            p.results.append((ToolResult(call_id, Dialect.OPENAI_RESPONSES, kind, i), True))
+        return p
+
+    if role == "tool":
+        call_id = _checked_id(
+            p,
+            message.get("tool_call_id"),
+            Dialect.OPENAI_CHAT,
+            "{where} is a tool message whose tool_call_id",
+            "the non-empty id of the assistant tool call it answers",
+        )
+        if call_id is not None:
+            p.results.append((ToolResult(call_id, Dialect.OPENAI_CHAT, "tool", i), True))
+        return p
+
+    tool_calls = message.get("tool_calls")
+    if role == "assistant" and tool_calls is not None:
+        _parse_chat_calls(tool_calls, p)
+
+    content = message.get("content")
+    if role in ("assistant", "user") and type(content) is list:
+        _parse_blocks(content, p)
+    p.user_start = role == "user" and not p.results and kind in (None, "message")
+    return p
+
+
+def _parse_chat_calls(tool_calls: Any, p: _Parsed) -> None:
+    i = p.index
+    if type(tool_calls) is not list:
+        _fail(
+            p,
+            f"messages[{i}].tool_calls must be a list of tool calls, got {type(tool_calls).__name__}",
+            call_id=None,
+            dialect=Dialect.OPENAI_CHAT.value,
+            index=i,
+        )
+        return
+    for n, entry in enumerate(tool_calls):
+        call_id = _checked_id(
+            p,
+            entry.get("id") if type(entry) is dict else None,
+            Dialect.OPENAI_CHAT,
+            f"{{where}}.tool_calls[{n}].id",
+            "a non-empty str",
+        )
+        if call_id is None:
+            continue
+        kind = entry.get("type")
+        kind = kind if type(kind) is str else "function"
+        detail = entry.get(kind)
+        name = detail.get("name") if type(detail) is dict else None
+        p.calls.append(ToolCall(call_id, Dialect.OPENAI_CHAT, kind, name if type(name) is str else None, i))
+
+
+def _parse_blocks(content: list[Any], p: _Parsed) -> None:
+    i = p.index
+    leading = True
+    only_results = bool(content)
+    chat_calls = bool(p.calls)
+    for n, block in enumerate(content):
+        kind = block.get("type") if type(block) is dict else None
+        if kind == "tool_use" and p.role == "assistant":
+            call_id = _checked_id(
+                p, block.get("id"), Dialect.ANTHROPIC, f"{{where}}.content[{n}].id", "a non-empty str"
+            )
+            if call_id is not None:
+                name = block.get("name")
+                name = name if type(name) is str else None
+                p.calls.append(ToolCall(call_id, Dialect.ANTHROPIC, "tool_use", name, i))
+            only_results = False
+        elif kind == "tool_result" and p.role == "user":
+            call_id = _checked_id(
+                p,
+                block.get("tool_use_id"),
+                Dialect.ANTHROPIC,
+                f"{{where}}.content[{n}].tool_use_id",
+                "the non-empty id of the tool_use block it answers",
+            )
+            if call_id is not None:
+                p.results.append((ToolResult(call_id, Dialect.ANTHROPIC, "tool_result", i), leading))
+        elif kind in ("tool_use", "tool_result"):
+            _fail(
+                p,
+                f"messages[{i}].content[{n}] is a {kind} block in a {p.role} message; tool_use blocks "
+                "belong to assistant messages and tool_result blocks to user messages",
+                call_id=None,
+                dialect=Dialect.ANTHROPIC.value,
+                index=i,
+            )
+            leading = only_results = False
+        else:
+            leading = only_results = False
+    p.only_results = only_results and p.role == "user"
+    if chat_calls and any(c.dialect is Dialect.ANTHROPIC for c in p.calls):
+        _fail(
+            p,
+            f"messages[{i}] holds both chat tool_calls and Anthropic tool_use blocks; use one format "
+            "per message",
+            call_id=None,
+            dialect=None,
+            index=i,
+        )
+
+
+def dialect_of(message: Mapping[str, Any]) -> Dialect | None:
+    """The dialect a message is written in, or None for a plain ``role``/``content`` message that every
+    dialect accepts (a user question, an assistant answer without tool calls)."""
+    p = _parse(message, 0, strict=False)
+    for call in p.calls:
+        return call.dialect
+    for result, _ in p.results:
+        return result.dialect
+    kind = message.get("type")
+    return Dialect.OPENAI_RESPONSES if type(kind) is str and kind else None
