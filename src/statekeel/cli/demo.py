@@ -10,6 +10,8 @@ import random
 import shutil
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,9 +22,10 @@ from rich.markup import escape
 from ..demo import workspace
 from ..demo.report import render
 from ..demo.runner import DemoFailed, run_demo
-from ..demo.story import StoryFailed, run_story
+from ..demo.story import run_story
 from ..demo.story_agent import CRASH_POINTS
 from ..demo.story_report import StoryPrinter, as_json
+from ..errors import StatekeelError
 from . import main, redact_url
 
 
@@ -114,9 +117,13 @@ def demo(
             "a postgresql:// database",
         )
     console = Console(highlight=False)
-    tmpdir = tempfile.mkdtemp(prefix="statekeel-demo-")  # mode 0700
+    started = time.perf_counter()
+    # The story's project lives in a temporary directory even on a given store; the stress demo needs
+    # one only for its database.
+    tmpdir = tempfile.mkdtemp(prefix="statekeel-demo-") if url is None or not stress else None  # 0700
     try:
         if url is None:
+            assert tmpdir is not None
             db = os.path.join(tmpdir, "demo.db" if stress else "state.db")
             url = "sqlite:///" + db
             where = db + ("" if keep else " (temporary, removed afterwards)")
@@ -125,9 +132,11 @@ def demo(
         if stress:
             _stress(ctx, console, url, where, sessions or 3, cycles or 1, seed_value)
         else:
-            _story(ctx, console, url, where, Path(tmpdir), crash_value, seed_value, as_json_output, keep)
+            assert tmpdir is not None
+            story = _Story(url, where, Path(tmpdir), crash_value, seed_value, as_json_output, keep, started)
+            _story(ctx, console, story)
     finally:
-        if not keep:
+        if tmpdir is not None and not keep:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -143,42 +152,45 @@ def _stress(
     ctx.exit(0 if result.ok else 1)
 
 
-def _story(
-    ctx: click.Context,
-    console: Console,
-    url: str,
-    where: str,
-    tmpdir: Path,
-    crash_at: int | None,
-    seed: int | None,
-    as_json_output: bool,
-    keep: bool,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Story:
+    url: str
+    where: str
+    tmpdir: Path
+    crash_at: int | None
+    seed: int | None
+    as_json: bool
+    keep: bool
+    started: float
+
+
+def _story(ctx: click.Context, console: Console, opts: _Story) -> None:
+    seed = opts.seed
+    crash_at = opts.crash_at
     if crash_at is None:
         if seed is None:
-            seed = random.SystemRandom().randrange(2**31)  # printed, so a run can be replayed
+            seed = random.SystemRandom().randrange(2**31)  # printed, so that a run can be replayed
         crash_at = random.Random(seed).randint(1, len(CRASH_POINTS))
-        shown_seed: int | None = seed
     else:
-        shown_seed = None
-    root = workspace.create(tmpdir)
-    shown_root = str(root) + ("" if keep or as_json_output else " (temporary)")
+        seed = None  # the crash point was chosen: no seed was used
+    root = workspace.create(opts.tmpdir)
     printer = None
-    if not as_json_output:
+    if not opts.as_json:
         printer = StoryPrinter(console)
-        printer.header(store=where, workspace=shown_root, crash_at=crash_at, seed=shown_seed)
+        shown = str(root) + ("" if opts.keep else " (temporary)")
+        printer.header(store=opts.where, workspace=shown, crash_at=crash_at, seed=seed)
     try:
-        result = asyncio.run(run_story(url, root, crash_at=crash_at, listen=printer))
-    except StoryFailed as exc:
-        if as_json_output:
+        result = asyncio.run(run_story(opts.url, root, crash_at=crash_at, listen=printer))
+    except StatekeelError as exc:  # StoryFailed, or a store that cannot be opened
+        if opts.as_json:
             click.echo(json.dumps({"ok": False, "error": str(exc)}))
         else:
             console.print(f"[red bold]demo could not run[/red bold]: {escape(str(exc))}")
         ctx.exit(1)
-    if as_json_output:
-        sys.stdout.write(
-            json.dumps(as_json(result, store=where, workspace=str(root), seed=shown_seed)) + "\n"
-        )
+    result.elapsed_s = time.perf_counter() - opts.started  # the whole demo, workspace included
+    if opts.as_json:
+        account = as_json(result, store=opts.where, workspace=str(root), seed=seed)
+        sys.stdout.write(json.dumps(account) + "\n")
     else:
         assert printer is not None
         printer.verdict(result)
