@@ -126,7 +126,7 @@ def demo(
             assert tmpdir is not None
             db = os.path.join(tmpdir, "demo.db" if stress else "state.db")
             url = "sqlite:///" + db
-            where = db + ("" if keep else " (temporary, removed afterwards)")
+            where = db + ("" if keep else " (temporary, removed afterwards)" if stress else " (temporary)")
         else:
             where = redact_url(url)
         if stress:
@@ -177,7 +177,7 @@ def _story(ctx: click.Context, console: Console, opts: _Story) -> None:
     printer = None
     if not opts.as_json:
         printer = StoryPrinter(console)
-        shown = str(root) + ("" if opts.keep else " (temporary)")
+        shown = str(root)
         printer.header(store=opts.where, workspace=shown, crash_at=crash_at, seed=seed)
     try:
         result = asyncio.run(run_story(opts.url, root, crash_at=crash_at, listen=printer))

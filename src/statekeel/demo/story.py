@@ -237,9 +237,8 @@ def _effects_check(effects: Counter[str]) -> Check:
     ok = all(n == 1 for n in once.values()) and all(n >= 1 for n in again.values())
     detail = (
         ", ".join(f"{e} {n}x" for e, n in once.items())
-        + " (exactly once); "
+        + "; idempotent: "
         + ", ".join(f"{e} {n}x" for e, n in again.items())
-        + " (idempotent: a re-run is safe)"
     )
     return Check("effects_exactly_once", ok, detail)
 

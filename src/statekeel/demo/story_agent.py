@@ -43,7 +43,7 @@ from ..transcripts import INTERRUPTED_TEXT, ToolCall
 from . import workspace as ws
 
 AGENT = "demo-agent"
-REQUEST = f"The calc tests fail (see {ws.LOG_PATH}). Find out why, fix it, and release a patch version."
+REQUEST = f"The calc tests fail (see {ws.LOG_PATH}). Fix them, then release a patch."
 STEP_EDIT = f"edit {ws.CALC_PATH}"
 STEP_TESTS = "run the tests after the edit"
 STEP_ASK = "ask for approval: release"
@@ -61,20 +61,20 @@ class Point(NamedTuple):
 
 # The moments of a first run, in the order it reaches them: ``--crash-at N`` kills it at the N-th.
 USER_SAVED = Point("the job is claimed and the user's request saved")
-CALL_SAVED = Point("the model asked to read the log: the call is saved, not run yet")
+CALL_SAVED = Point("the model asked to read the log; the call is saved, not run yet")
 LOG_READ = Point("the log was read; its result is not in the transcript yet")
 EDIT_STARTED = Point(
     f"the edit of {ws.CALC_PATH} is journaled as started; the file is not changed yet", STEP_EDIT
 )
 EDIT_DONE = Point(f"{ws.CALC_PATH} is changed; the step's result is not recorded", STEP_EDIT)
-EDIT_RECORDED = Point("the edit is recorded and the lesson saved; the tool's result is not in the transcript")
+EDIT_RECORDED = Point("the edit is recorded, the lesson saved; the tool result is not in the transcript")
 TESTS_RAN = Point("the tests ran; the step's result is not recorded", STEP_TESTS)
 ASKED = Point("the approval request is stored; the step's result is not recorded", STEP_ASK)
 PENDING = Point("the approval is asked for; nobody has decided yet")
 GRANTED = Point("the approval is granted; the command has not run")
 RELEASED = Point("the release command ran; the step's result is not recorded", STEP_RELEASE)
 RELEASE_RECORDED = Point("the release is recorded; the model has not answered yet")
-ANSWERED = Point("the final answer is saved; the task is not marked done yet")
+ANSWERED = Point("the final answer is saved; the task is not marked done")
 CRASH_POINTS = (
     USER_SAVED,
     CALL_SAVED,
@@ -306,15 +306,14 @@ class Agent:
                 session.add_item(message)
                 await sessions.save(session)
                 self.ack_messages(session)
-                text = message["content"] or ""
                 if message.get("tool_calls"):
                     call = message["tool_calls"][0]
                     asked = f"{call['function']['name']}({_short(json.loads(call['function']['arguments']))})"
-                    self.say(f"model: {text} -> calls {asked}".replace(":  ->", ":"), "model")
+                    self.say(f"model: {message['content'] or f'calls {asked}'}", "model")
                     if call["id"] == "call_read_log":
                         await self.point(CALL_SAVED)
                 else:
-                    self.say(f"model: {text}", "model")
+                    self.say(f"model: {message['content']}", "model")
             await self.finish(session)
 
     async def finish(self, session: Session) -> None:
@@ -502,7 +501,7 @@ class Agent:
         if step_key == STEP_EDIT:
             text = (self.root / ws.CALC_PATH).read_text(encoding="utf-8")
             done = ws.FIXED_LINE in text
-            why = f"{ws.CALC_PATH} {'already holds' if done else 'does not hold'} the fix"
+            why = f"the file {'already holds' if done else 'does not hold'} the fix"
             if done:
                 result = {"path": ws.CALC_PATH, "sha256": await self.ensure_recorded(ws.CALC_PATH)}
         elif step_key == STEP_RELEASE:
@@ -531,7 +530,7 @@ class Agent:
         self.send(ack="step", task_id=self.task_id, step_key=step_key, status=outcome)
         self.send(resolved=step_key, outcome=outcome, why=why)
         after = "not run again" if done else "it runs again"
-        self.say(f"in doubt: {step_key!r}; {why}: resolved {outcome}, {after}", "resolve")
+        self.say(f"{step_key!r} was in doubt; {why}: resolved {outcome}, {after}", "resolve")
 
     async def ensure_recorded(self, rel: str) -> str:
         """The file's checksum, recorded in the ledger unless its last record already says so."""
@@ -559,7 +558,9 @@ def _gist(tool: str | None, output: str) -> str:
     """The line of a tool's output worth showing in the story."""
     lines = output.strip().splitlines() or [""]
     if tool == "read_log":
-        return next((line for line in lines if "Error" in line or line.startswith("FAIL")), lines[0])
+        return next((line for line in lines if "Error" in line), lines[0])
+    if tool == "edit_file":
+        return lines[0].split(": ", 1)[-1].split(" (sha256")[0]
     return lines[0]
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from .story import StoryResult
 from .story_agent import CRASH_POINTS
@@ -60,14 +61,12 @@ class StoryPrinter:
 
     def header(self, *, store: str, workspace: str, crash_at: int, seed: int | None) -> None:
         c = self.console
-        c.print(
-            "[bold]statekeel demo[/bold]: an agent fixing a failing test is killed with SIGKILL, and resumes"
-        )
-        c.print(f"  store      {escape(store)}")
-        c.print(f"  workspace  {escape(workspace)} — calc: add() subtracts, 1 of 3 tests fails")
+        c.print("[bold]statekeel demo[/bold]: an agent fixing a failing test is killed, and resumes")
+        c.print(f"  store     {escape(store)}")
+        c.print(f"  project   {escape(workspace)}: add() subtracts, 1 of 3 tests fails")
         how = "chosen" if seed is None else f"seed {seed}"
-        label = CRASH_POINTS[crash_at - 1].label
-        c.print(f"  crash at   point {crash_at} of {len(CRASH_POINTS)} ({how}): {escape(label)}")
+        c.print(f"  crash at  point {crash_at} of {len(CRASH_POINTS)} ({how}):")
+        c.print(f"            {escape(CRASH_POINTS[crash_at - 1].label)}")
 
     def __call__(self, index: int, event: dict[str, Any]) -> None:
         c = self.console
@@ -82,17 +81,20 @@ class StoryPrinter:
             mark = _MARK.get(event.get("tag", "ok"), "·")
             c.print(f"  {mark} {escape(_one_line(event['say']))}")
         elif "approval" in event:
-            c.print(
-                f"  {_MARK['approval']} approval asked to run `{escape(' '.join(event['args']['argv']))}`: "
-                "the demo grants it, bound to exactly these arguments"
-            )
+            argv = escape(" ".join(event["args"]["argv"]))
+            c.print(f"  {_MARK['approval']} asks approval for `{argv}`: granted (for these args only)")
 
     def verdict(self, result: StoryResult) -> None:
         c = self.console
-        c.print("\n[bold]checks[/bold]")
+        c.print()
+        table = Table(title="checks", title_justify="left", title_style="bold", box=None, show_header=False)
+        table.add_column(no_wrap=True)
+        table.add_column(no_wrap=True)
+        table.add_column()
         for check in result.checks:
             mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
-            c.print(f"  {mark} {check.name}: {escape(check.detail)}")
+            table.add_row(mark, check.name, escape(check.detail))
+        c.print(table)
         if result.ok:
             c.print(f"[green bold]ok[/green bold]: every check passed in {result.elapsed_s:.1f} s")
         else:

@@ -29,7 +29,7 @@ FIXED_LINE = "    return a + b"
 FIRST_VERSION = "0.1.0"
 NEXT_VERSION = "0.1.1"
 # What the agent runs; "python" stands for the interpreter running the demo.
-TEST_ARGV = ("python", "-m", "unittest", "discover", "-s", "tests", "-t", ".")
+TEST_ARGV = ("python", "-m", "unittest")
 RELEASE_ARGV = ("python", "tools/release.py", "patch")
 # Effects that must happen exactly once; the others are idempotent (a re-run after a crash is fine).
 NON_IDEMPOTENT = ("edit", "release")
