@@ -148,20 +148,23 @@ async def _agent(
                 acks.items.append({"ack": "approval", "id": granted.id, "status": granted.status})
                 await answer("decided")
 
+    ended = False
     try:
         await asyncio.wait_for(converse(), AGENT_TIMEOUT_S)
+        ended = True
     except TimeoutError:
-        proc.kill()
         raise StoryFailed(
             f"the agent (pid {proc.pid}) did not finish within {AGENT_TIMEOUT_S:.0f} s"
         ) from None
     finally:
-        if proc.returncode is None and run.killed_at is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), AGENT_TIMEOUT_S)
-        if proc.returncode is None:
+        if not ended and proc.returncode is None:
+            proc.kill()  # timed out, or the demo was interrupted: never leave an agent behind
+        try:
+            # Its output ended (it exited, or was just killed): only its exit status is left to read.
+            run.returncode = await asyncio.wait_for(proc.wait(), AGENT_TIMEOUT_S)
+        except TimeoutError:
             proc.kill()
-        run.returncode = await proc.wait()
+            run.returncode = await proc.wait()
         run.stderr = (await errors).decode("utf-8", "replace")
     if run.killed_at is None and run.returncode != 0:
         tail = "\n".join(run.stderr.strip().splitlines()[-15:])
