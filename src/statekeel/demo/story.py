@@ -49,6 +49,7 @@ class AgentRun:
 
     pid: int
     killed_at: int | None = None
+    killed_label: str | None = None
     returncode: int | None = None
     recovery: dict[str, Any] | None = None
     resolved: list[dict[str, Any]] = field(default_factory=list)
@@ -136,6 +137,7 @@ async def _agent(
             if "point" in event and event["point"] == kill_at:
                 proc.send_signal(signal.SIGKILL)
                 run.killed_at = kill_at
+                run.killed_label = event["label"]
                 listen(index, {"killed": kill_at, "label": event["label"]})
                 return
             listen(index, event)
@@ -197,8 +199,16 @@ async def run_story(
         killed = await _agent(
             store, url, root, run_id, workflow.id, index=1, kill_at=crash_at, acks=acks, listen=listen
         )
+        expected = CRASH_POINTS[crash_at - 1].label
         if killed.killed_at is None:
             raise StoryFailed(f"the agent finished without reaching crash point {crash_at}")
+        if killed.killed_label != expected:
+            # The table of crash points and the agent's run disagree: every check would be judged
+            # against the wrong moment.
+            raise StoryFailed(
+                f"crash point {crash_at} should be {expected!r}, but the agent was there: "
+                f"{killed.killed_label!r}"
+            )
         resumed = await _agent(
             store, url, root, run_id, workflow.id, index=2, kill_at=None, acks=acks, listen=listen
         )

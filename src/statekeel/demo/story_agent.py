@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from ..errors import StepInDoubt
 from ..files import checksum_file
 from ..holders import holder_is_dead, new_owner_id
+from ..recovery import RecoveryReport
 from ..sessions.session import Session
 from ..store import Store, open_store
 from ..tasks import Task
@@ -165,7 +166,7 @@ class Agent:
         self.acked_seq = 0
         self.task: Task | None = None
         self.unacked_spans: list[str] = []
-        self.span_starts: dict[str, Any] = {}
+        self.span_starts: dict[str, dt.datetime] = {}
 
     # --- talking to the demo ----------------------------------------------------------------------------
 
@@ -234,6 +235,11 @@ class Agent:
         assert self.task is not None
         return self.task.id
 
+    @property
+    def lease_epoch(self) -> int:
+        assert self.task is not None
+        return self.task.lease_epoch
+
     # --- the job -----------------------------------------------------------------------------------------
 
     async def claim(self) -> bool:
@@ -263,7 +269,7 @@ class Agent:
         self.say(f"claimed the task {claimed.title!r} (lease epoch {claimed.lease_epoch})")
         return True
 
-    def describe(self, report: Any, task_id: str) -> dict[str, Any]:
+    def describe(self, report: RecoveryReport, task_id: str) -> dict[str, Any]:
         """What ``recover()`` found that concerns this run (the store may hold other agents' state)."""
         key = self.names["session"]
         return {
@@ -323,7 +329,7 @@ class Agent:
             "success",
             result={"answer": session.messages[-1]["content"]},
             worker_id=self.worker,
-            lease_epoch=self.task.lease_epoch if self.task else None,
+            lease_epoch=self.lease_epoch,
         )
         self.send(ack="task", task_id=task.id, status=task.status)
         await self.store.workflows.advance(self.workflow_id)
@@ -371,11 +377,11 @@ class Agent:
             await self.point(RELEASE_RECORDED)
 
     async def step(self, key: str, fn: Callable[[], Awaitable[Any]], *, idempotent: bool = False) -> Any:
-        assert self.task is not None
+        """A step of the task's journal, fenced by this process's lease."""
         result = await self.store.tasks.step(
-            self.task.id, key, fn, idempotent=idempotent, lease_epoch=self.task.lease_epoch
+            self.task_id, key, fn, idempotent=idempotent, lease_epoch=self.lease_epoch
         )
-        self.send(ack="step", task_id=self.task.id, step_key=key, status="succeeded")
+        self.send(ack="step", task_id=self.task_id, step_key=key, status="succeeded")
         return result
 
     async def record_file(self, rel: str) -> str:
