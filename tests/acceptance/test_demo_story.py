@@ -16,15 +16,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 from click.testing import CliRunner
 from test_demo import run_cli
 
+import statekeel
+from helpers import CHAT, assert_accepted
 from statekeel.cli import main
 from statekeel.demo import story
 from statekeel.demo import story_agent as agent
 from statekeel.demo import workspace as ws
 from statekeel.store import Store
+from statekeel.transcripts import INTERRUPTED_TEXT, Dialect
 
 POINTS = len(agent.CRASH_POINTS)
 CHECKS = {
@@ -223,3 +227,42 @@ def test_demo_story_runs_on_postgres(tmp_path: Path, pg_database: str) -> None:
     assert account["effects"]["release"] == 1
     assert account["runs"][1]["recovery"]["steps_in_doubt"] == [agent.STEP_RELEASE]
     assert account["store"].startswith("postgresql://")
+
+
+async def test_demo_story_leaves_each_kind_of_state_in_the_store(
+    tmp_path: Path, provider_types: dict[Dialect, pydantic.TypeAdapter[Any]]
+) -> None:
+    """After a kill before the first tool ran (its call answered 'interrupted', then asked again), the
+    store holds what an agent run leaves: a transcript OpenAI's own types accept, the trace, the memory,
+    the file ledger, one approval used once, and its audit entries."""
+    db = tmp_path / "state.db"
+    crash_at = agent.CRASH_POINTS.index(agent.CALL_SAVED) + 1
+    story_json("--crash-at", str(crash_at), "--db", f"sqlite:///{db}", cwd=tmp_path)
+    async with statekeel.open_store(f"sqlite:///{db}") as store:
+        (record,) = (await store.sessions.list()).items
+        session = await store.sessions.load(record.key)
+        assert session is not None
+        assert_accepted(provider_types, CHAT, session.messages)
+        assert_accepted(provider_types, CHAT, session.history(), window=True)
+        calls = [c["id"] for m in session.messages for c in m.get("tool_calls") or ()]
+        assert calls == ["call_read_log", "call_read_log-again", "call_edit", "call_tests", "call_release"]
+        assert session.messages[2] == {
+            "role": "tool",
+            "tool_call_id": "call_read_log",
+            "content": INTERRUPTED_TEXT,
+        }
+
+        spans = await store.traces.get(record.key)
+        assert {s.name for s in spans} == {"agent run", "read_log", "edit_file", "run_tests", "shell"}
+        assert len([s for s in spans if s.name == "agent run"]) == 2  # one per process; the killed one open
+        assert all(s.ended_at is not None for s in spans if s.kind == "tool")
+
+        memories = (await store.memory.query(type="semantic")).items
+        assert [m.key for m in memories] == ["calc.add"]
+        assert [r.path for r in await store.files.list()] == [ws.CALC_PATH, "VERSION", "CHANGELOG.md"]
+        entries = await store.audit.query()
+        assert [e.kind for e in entries] == ["approval.requested", "approval.granted", "approval.consumed"]
+        approval = await store.approvals.get(entries[0].data["approval_id"])
+        assert approval is not None
+        assert approval.args == {"argv": list(ws.RELEASE_ARGV)}
+        assert approval.consumed_by == agent.AGENT
