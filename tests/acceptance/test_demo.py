@@ -1,4 +1,4 @@
-"""``statekeel demo`` as a user runs it: a subprocess, no terminal, exit code and account checked.
+"""``statekeel demo --stress`` as a user runs it: a subprocess, no terminal, exit code and account checked.
 
 The verifier itself is tested against a lost and a tampered message: a demo that cannot fail proves
 nothing.
@@ -45,8 +45,8 @@ def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> subp
     )
 
 
-def test_demo_kills_the_writer_and_verifies_every_acknowledged_message(tmp_path: Path) -> None:
-    result = run_cli("demo", cwd=tmp_path)
+def test_stress_demo_kills_the_writer_and_verifies_every_acknowledged_message(tmp_path: Path) -> None:
+    result = run_cli("demo", "--stress", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # rich wraps lines at 80 columns without a terminal
     assert "killed with SIGKILL" in out
@@ -62,9 +62,11 @@ def test_demo_kills_the_writer_and_verifies_every_acknowledged_message(tmp_path:
     assert temp_dir and not os.path.exists(temp_dir.group(1))
 
 
-def test_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_path: Path) -> None:
+def test_stress_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    result = run_cli("demo", "--db", f"sqlite:///{db}", "--cycles", "3", "--sessions", "2", cwd=tmp_path)
+    result = run_cli(
+        "demo", "--stress", "--db", f"sqlite:///{db}", "--cycles", "3", "--sessions", "2", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())
     assert out.count("killed with SIGKILL") == 3
@@ -80,8 +82,8 @@ def test_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_path: Pat
     conn.close()
 
 
-def test_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None:
-    result = run_cli("demo", "--keep", cwd=tmp_path)
+def test_stress_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None:
+    result = run_cli("demo", "--stress", "--keep", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())
     match = re.search(r"store: (\S+/demo\.db)", out)
@@ -97,13 +99,13 @@ def test_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None:
         db.parent.rmdir()
 
 
-def test_demo_refuses_an_in_memory_store(tmp_path: Path) -> None:
-    result = run_cli("demo", "--db", "memory://", cwd=tmp_path)
+def test_stress_demo_refuses_an_in_memory_store(tmp_path: Path) -> None:
+    result = run_cli("demo", "--stress", "--db", "memory://", cwd=tmp_path)
     assert result.returncode == 2
     assert "another process" in result.stderr
 
 
-def test_demo_exits_non_zero_when_an_acknowledged_message_is_lost(
+def test_stress_demo_exits_non_zero_when_an_acknowledged_message_is_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real demo, with the store losing one acknowledged message between the kill and the check."""
@@ -121,7 +123,7 @@ def test_demo_exits_non_zero_when_an_acknowledged_message_is_lost(
         return await real(url, acked)
 
     monkeypatch.setattr(demo_runner, "reopen_and_verify", lose_one_then_verify)
-    result = CliRunner().invoke(main, ["demo", "--db", f"sqlite:///{tmp_path / 'd.db'}"])
+    result = CliRunner().invoke(main, ["demo", "--stress", "--db", f"sqlite:///{tmp_path / 'd.db'}"])
     assert lost, result.output
     assert result.exit_code == 1, result.output
     out = " ".join(result.output.split())
