@@ -9,7 +9,6 @@ write, and a run killed with a tool call waiting comes back with a valid transcr
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -22,22 +21,13 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, Runner, function_tool, set_tracing_disabled
-from agents.items import ModelResponse
+from agents import Agent, Runner, set_tracing_disabled
 from agents.memory import Session as SdkSession
 from agents.memory import SessionSettings
-from agents.models.interface import Model
-from agents.usage import Usage
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-    ResponseReasoningItem,
-)
-from openai.types.responses.response_reasoning_item import Summary
 
 import statekeel
 from helpers import assert_accepted, kill9_when, run_together
+from sdk_fakes import ScriptedModel, add, call, reasoning, said
 from statekeel.integrations.openai_agents import HIDDEN_KEY, StatekeelSession
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect
 
@@ -50,45 +40,6 @@ def _no_sdk_tracing() -> None:
 @pytest.fixture
 async def session(store: statekeel.Store) -> AsyncIterator[StatekeelSession]:
     yield StatekeelSession.from_store(store, "user-42")
-
-
-def call(call_id: str, name: str = "add", arguments: str = '{"a": 1, "b": 2}') -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(
-        id=f"fc_{call_id}", call_id=call_id, name=name, arguments=arguments, type="function_call",
-        status="completed",
-    )  # fmt: skip
-
-
-def reasoning(text: str = "think") -> ResponseReasoningItem:
-    summary = [Summary(text=text, type="summary_text")]
-    return ResponseReasoningItem(id="rs_1", type="reasoning", summary=summary)
-
-
-def said(text: str, item_id: str = "msg_1") -> ResponseOutputMessage:
-    return ResponseOutputMessage(
-        id=item_id, type="message", role="assistant", status="completed",
-        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
-    )  # fmt: skip
-
-
-class ScriptedModel(Model):
-    """A model that answers from a script (no network) and keeps the input of every call."""
-
-    def __init__(self, *turns: list[Any]) -> None:
-        self.turns = list(turns)
-        self.inputs: list[list[dict[str, Any]]] = []
-
-    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
-        self.inputs.append(json.loads(json.dumps(input)) if isinstance(input, list) else [input])
-        return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("these tests run the model without streaming")
-
-
-@function_tool
-async def add(a: int, b: int) -> int:
-    return a + b
 
 
 def dumped(item: Any) -> dict[str, Any]:

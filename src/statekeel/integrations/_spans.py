@@ -56,6 +56,10 @@ class SpanSink:
             except RuntimeError:
                 pass
 
+    def count_refused(self) -> None:
+        with self._count_lock:
+            self.refused += 1
+
     def record(self, trace_id: str, span: Mapping[str, Any]) -> bool:
         try:
             try:
@@ -67,8 +71,7 @@ class SpanSink:
                 self.store.traces.record(trace_id, {**span, "attributes": _plain(attributes)})
             return True
         except Exception as exc:  # a tracing hook must never fail the agent
-            with self._count_lock:
-                self.refused += 1
+            self.count_refused()
             name = span.get("name")
             log.warning("%s: span %r of trace %r was not recorded: %s", self.owner, name, trace_id, exc)
             return False
