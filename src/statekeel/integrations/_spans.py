@@ -97,6 +97,22 @@ class SpanSink:
         return True
 
 
+class SinkOwner:
+    """What a trace adapter shows of its sink: the store it writes to and how many spans were refused."""
+
+    _sink: SpanSink
+
+    @property
+    def store(self) -> Store:
+        """The store the spans go to."""
+        return self._sink.store
+
+    @property
+    def refused(self) -> int:
+        """How many spans statekeel refused (logged, never raised)."""
+        return self._sink.refused
+
+
 def utc_from_iso(value: Any) -> dt.datetime | None:
     """An ISO 8601 time (as the Agents SDK gives) as an aware datetime; None when absent or unreadable."""
     if not isinstance(value, str):

@@ -50,7 +50,7 @@ from ..sessions import Session as StoredSession
 from ..store import Store, open_store
 from ..transcripts import normalize_item
 from ..validation import check_key
-from ._spans import SpanSink, utc_from_iso
+from ._spans import SinkOwner, SpanSink, utc_from_iso
 
 log = logging.getLogger("statekeel.integrations.openai_agents")
 
@@ -373,7 +373,7 @@ _KINDS = {
 }
 
 
-class StatekeelTracingProcessor(TracingProcessor):
+class StatekeelTracingProcessor(SinkOwner, TracingProcessor):
     """The Agents SDK's tracing processor writing into ``store.traces`` (the buffered tier):
 
         agents.add_trace_processor(StatekeelTracingProcessor(store))
@@ -395,15 +395,6 @@ class StatekeelTracingProcessor(TracingProcessor):
         self._sink = SpanSink(store, "StatekeelTracingProcessor")
         self._traces: dict[str, dt.datetime] = {}
         self._lock = threading.Lock()
-
-    @property
-    def store(self) -> Store:
-        return self._sink.store
-
-    @property
-    def refused(self) -> int:
-        """How many spans statekeel refused (logged, never raised)."""
-        return self._sink.refused
 
     def _trace_span(self, trace: SdkTrace, ended_at: dt.datetime | None) -> dict[str, Any]:
         exported = _export(trace)

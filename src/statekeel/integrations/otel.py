@@ -28,7 +28,7 @@ except ImportError as exc:  # an optional extra
     ) from exc
 
 from ..store import Store
-from ._spans import SpanSink, utc_from_ns
+from ._spans import SinkOwner, SpanSink, utc_from_ns
 
 log = logging.getLogger("statekeel.integrations.otel")
 
@@ -76,7 +76,7 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     return attributes
 
 
-class StatekeelSpanExporter(SpanExporter):
+class StatekeelSpanExporter(SinkOwner, SpanExporter):
     """An OpenTelemetry ``SpanExporter`` into ``store.traces``.
 
     Each finished span becomes a statekeel span: trace and span ids as OpenTelemetry's hex text, the
@@ -96,15 +96,6 @@ class StatekeelSpanExporter(SpanExporter):
     def __init__(self, store: Store) -> None:
         self._sink = SpanSink(store, "StatekeelSpanExporter")
         self._shut_down = False
-
-    @property
-    def store(self) -> Store:
-        return self._sink.store
-
-    @property
-    def refused(self) -> int:
-        """How many spans statekeel refused (logged, never raised)."""
-        return self._sink.refused
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shut_down:
