@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agents import function_tool
@@ -10,6 +11,8 @@ from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
     ResponseFunctionToolCall,
     ResponseOutputMessage,
     ResponseOutputText,
@@ -48,11 +51,23 @@ class ScriptedModel(Model):
         self.inputs.append(json.loads(json.dumps(input)) if isinstance(input, list) else [input])
         return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
 
-    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("these tests run the model without streaming")
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        # The whole answer as one completed event, which is what the SDK's run loop reads.
+        answer = await self.get_response(*args, **kwargs)
+        response = Response(
+            id=f"resp_{len(self.inputs)}", created_at=0, model="scripted", object="response",
+            output=answer.output, tool_choice="auto", tools=[], parallel_tool_calls=False,
+        )  # fmt: skip
+        yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=0)
 
 
 @function_tool
 async def add(a: int, b: int) -> int:
     """Add two numbers."""
     return a + b
+
+
+@function_tool(needs_approval=True)
+async def remove(path: str) -> str:
+    """Remove a file (after a human approved it)."""
+    return f"removed {path}"

@@ -27,7 +27,7 @@ from agents.memory import SessionSettings
 
 import statekeel
 from helpers import assert_accepted, kill9_when, run_together
-from sdk_fakes import ScriptedModel, add, call, reasoning, said
+from sdk_fakes import ScriptedModel, add, call, reasoning, remove, said
 from statekeel.integrations.openai_agents import HIDDEN_KEY, StatekeelSession
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect
 
@@ -147,6 +147,34 @@ async def test_runner_run_keeps_the_conversation_across_runs(
     assert second.final_output == "you asked to add 1 and 2"
     assert model.inputs[-1][:5] == items  # the second run sent the stored history to the model
     assert len(await stored(store)) == 7
+
+
+async def test_a_streamed_run_keeps_its_items(session: StatekeelSession) -> None:
+    model = ScriptedModel([call("call_1")], [said("3")])
+    result = Runner.run_streamed(Agent(name="calc", model=model, tools=[add]), "add 1 and 2", session=session)
+    async for _ in result.stream_events():
+        pass
+    assert result.final_output == "3"
+    items = await session.get_items()
+    assert [i.get("type") for i in items] == [None, "function_call", "function_call_output", "message"]
+
+
+async def test_an_approval_waits_in_the_session_and_the_resumed_run_answers_it(
+    session: StatekeelSession,
+) -> None:
+    model = ScriptedModel([call("call_rm", "remove", '{"path": "x"}')], [said("x is gone")])
+    agent = Agent(name="ops", model=model, tools=[remove])
+    first = await Runner.run(agent, "remove x", session=session)
+    assert len(first.interruptions) == 1
+    waiting = await session.get_items()  # this process is alive: its waiting call is not repaired
+    assert [i.get("type") for i in waiting] == [None, "function_call"]
+    state = first.to_state()
+    state.approve(first.interruptions[0])
+    second = await Runner.run(agent, state, session=session)
+    assert second.final_output == "x is gone"
+    items = await session.get_items()
+    assert items[2] == {"call_id": "call_rm", "output": "removed x", "type": "function_call_output"}
+    assert len(items) == 4
 
 
 async def test_one_line_from_a_url(tmp_path: Path) -> None:
