@@ -9,8 +9,6 @@ write, and a run killed with a tool call waiting comes back with a valid transcr
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -360,17 +358,3 @@ async def test_a_run_killed_with_a_tool_call_waiting_comes_back_with_a_valid_tra
         assert len(await session.get_items()) == 5
         outputs = [m for m in await stored(await session.store()) if m.get("type") == "function_call_output"]
         assert len(outputs) == 1  # the repair was stored once, not made again by every read
-
-
-def test_the_module_names_its_extra_when_the_sdk_is_missing(tmp_path: Path) -> None:
-    blocker = tmp_path / "agents"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('no SDK here')\n")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    out = subprocess.run(
-        [sys.executable, "-c", "import statekeel.integrations.openai_agents"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert out.returncode != 0 and "pip install 'statekeel[openai-agents]'" in out.stderr
