@@ -220,3 +220,12 @@ async def test_a_bad_filter_or_paging_is_a_value_error(lg: StatekeelStore) -> No
         await lg.asearch(("a",), limit=0)
     with pytest.raises(statekeel.InvalidConfig, match="max_depth"):
         await lg.alist_namespaces(max_depth=0)
+
+
+async def test_a_bad_configuration_is_a_value_error(store: statekeel.Store) -> None:
+    with pytest.raises(statekeel.InvalidConfig, match="memory_type must be one of"):
+        StatekeelStore(store, memory_type="notes")
+    with pytest.raises(statekeel.InvalidConfig, match="index needs 'dims' and 'embed'"):
+        StatekeelStore(store, index={"dims": 3})  # type: ignore[typeddict-item]
+    with pytest.raises(statekeel.InvalidConfig, match="needs an open statekeel Store"):
+        StatekeelStore("sqlite:///agent.db")  # type: ignore[arg-type]

@@ -49,6 +49,7 @@ except ImportError as exc:  # an optional extra
         f"statekeel.integrations.langgraph_store needs LangGraph: pip install 'statekeel[langgraph]' ({exc})"
     ) from exc
 
+from ..backends.base import MEMORY_TYPES
 from ..backends.records import Memory
 from ..errors import (
     InvalidConfig,
@@ -173,6 +174,8 @@ class StatekeelStore(BaseStore):
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidConfig(f"StatekeelStore needs an open statekeel Store, got {type(store).__name__}")
+        if memory_type not in MEMORY_TYPES:
+            raise InvalidConfig(f"memory_type must be one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}")
         self.store = store
         self.memory_type = memory_type
         self.model = check_key(model, "model")

@@ -332,13 +332,14 @@ def _is_hidden(item: Mapping[str, Any], seq: int, hidden: set[int], calls: set[s
 
 
 def _visible(session: StoredSession, limit: int | None) -> list[dict[str, Any]]:
-    """The live items minus the hidden ones; the latest ``limit`` of them."""
+    """The live, saved items minus the hidden ones; the latest ``limit`` of them. Items another task is
+    adding (in the session object, not committed yet) are not read."""
     hidden = _hidden(session)
-    messages = session.messages
+    first = session.head_seq - len(session.messages)
+    messages = session.messages[: session.saved_head - first]
     if not hidden:
         return list(messages if limit is None else messages[-limit:])
     calls = _hidden_calls(session, hidden)
-    first = session.head_seq - len(messages)
     out: list[dict[str, Any]] = []
     for i in range(len(messages) - 1, -1, -1):
         if limit is not None and len(out) >= limit:
