@@ -268,7 +268,7 @@ class StatekeelSession:
             return copy.deepcopy(item)
 
     async def clear_session(self) -> None:
-        """Clear the session: its items move into statekeel's message archive (``statekeel show`` and
+        """Clear the session: its items move into statekeel's message archive (``statekeel ui`` and
         ``store.sessions.archived(key)`` still list them), in one transaction."""
         async with self._writing() as (store, session):
             if session.saved_head > session.last_consolidated:
