@@ -9,6 +9,7 @@ write, and a run killed with a tool call waiting comes back with a valid transcr
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, Runner, set_tracing_disabled
+from agents import Agent, Runner, RunState, set_tracing_disabled
 from agents.memory import Session as SdkSession
 from agents.memory import SessionSettings
 
@@ -248,6 +249,17 @@ async def test_malformed_items_are_value_errors(
     assert await store.sessions.load("user-42") is None
 
 
+async def test_bad_options_are_value_errors(store: statekeel.Store) -> None:
+    with pytest.raises(statekeel.InvalidConfig, match="repair must be True or False"):
+        StatekeelSession.from_store(store, "s", repair="yes")  # type: ignore[arg-type]
+    with pytest.raises(statekeel.InvalidConfig, match="lock_timeout must be None or a number"):
+        StatekeelSession.from_store(store, "s", lock_timeout=-1)
+    with pytest.raises(statekeel.InvalidConfig, match="apply to a URL"):
+        StatekeelSession("s", store, durability="full")
+    with pytest.raises(statekeel.InvalidConfig, match="needs a store URL or an open statekeel Store"):
+        StatekeelSession("s", 42)  # type: ignore[arg-type]
+
+
 async def test_a_negative_limit_is_a_value_error(session: StatekeelSession) -> None:
     with pytest.raises(ValueError, match="limit must be None or an int >= 0"):
         await session.get_items(limit=-1)
@@ -303,7 +315,7 @@ async def test_two_processes_never_interleave_their_batches(shared_url: str) -> 
 
 WAITING_FOR_APPROVAL = textwrap.dedent(
     """
-    import asyncio, sys, time
+    import asyncio, json, os, sys, time
     from pathlib import Path
     from agents import Agent, Runner, function_tool, set_tracing_disabled
     from agents.items import ModelResponse
@@ -314,7 +326,7 @@ WAITING_FOR_APPROVAL = textwrap.dedent(
 
     class Asks(Model):
         async def get_response(self, *args, **kwargs):
-            item = ResponseFunctionToolCall(id="fc_1", call_id="call_rm", name="rm",
+            item = ResponseFunctionToolCall(id="fc_1", call_id="call_rm", name="remove",
                                             arguments='{"path": "x"}', type="function_call",
                                             status="completed")
             return ModelResponse(output=[item], usage=Usage(), response_id=None)
@@ -322,16 +334,18 @@ WAITING_FOR_APPROVAL = textwrap.dedent(
             raise NotImplementedError
 
     @function_tool(needs_approval=True)
-    async def rm(path: str) -> str:
-        return "removed"
+    async def remove(path: str) -> str:
+        return f"removed {path}"
 
     async def main(url, flag):
         set_tracing_disabled(True)
         async with StatekeelSession("user-42", url) as session:
-            agent = Agent(name="ops", model=Asks(), tools=[rm])
+            agent = Agent(name="ops", model=Asks(), tools=[remove])
             result = await Runner.run(agent, "remove x", session=session)
             assert result.interruptions, "the run should wait for an approval"
-            Path(flag).write_text("waiting")
+            # The run's state, kept for whoever resumes it after the approval (written whole, then named).
+            Path(flag + ".tmp").write_text(json.dumps(result.to_state().to_json()))
+            os.replace(flag + ".tmp", flag)
             time.sleep(3600)  # waits for a human, and is killed
 
     asyncio.run(main(sys.argv[1], sys.argv[2]))
@@ -339,17 +353,25 @@ WAITING_FOR_APPROVAL = textwrap.dedent(
 )
 
 
+async def kill_while_waiting_for_approval(url: str, tmp_path: Path) -> str:
+    """Run an agent whose tool needs an approval in a child process, kill it while it waits; the state
+    of its run, as JSON."""
+    flag = tmp_path / "state.json"
+    await asyncio.to_thread(
+        kill9_when, [WAITING_FOR_APPROVAL, url, str(flag)], flag.exists, "the approval wait"
+    )
+    return flag.read_text()
+
+
 async def test_a_run_killed_with_a_tool_call_waiting_comes_back_with_a_valid_transcript(
     shared_url: str, tmp_path: Path, provider_types: Any
 ) -> None:
-    flag = tmp_path / "waiting"
-    await asyncio.to_thread(
-        kill9_when, [WAITING_FOR_APPROVAL, shared_url, str(flag)], flag.exists, "the approval wait"
-    )
+    await kill_while_waiting_for_approval(shared_url, tmp_path)
     async with StatekeelSession("user-42", shared_url) as session:
         items = await session.get_items()
         assert [i.get("type") for i in items] == [None, "function_call", "function_call_output"]
         assert items[2]["call_id"] == "call_rm" and items[2]["output"] == INTERRUPTED_TEXT
+        assert items[1]["name"] == "remove"
         assert_accepted(provider_types, Dialect.OPENAI_RESPONSES, items)
         model = ScriptedModel([said("the removal was interrupted; shall I retry?")])
         result = await Runner.run(Agent(name="ops", model=model), "what happened?", session=session)
@@ -358,3 +380,19 @@ async def test_a_run_killed_with_a_tool_call_waiting_comes_back_with_a_valid_tra
         assert len(await session.get_items()) == 5
         outputs = [m for m in await stored(await session.store()) if m.get("type") == "function_call_output"]
         assert len(outputs) == 1  # the repair was stored once, not made again by every read
+
+
+async def test_without_repair_a_killed_run_waiting_for_approval_is_resumed_from_its_state(
+    shared_url: str, tmp_path: Path
+) -> None:
+    state_json = await kill_while_waiting_for_approval(shared_url, tmp_path)
+    async with StatekeelSession("user-42", shared_url, repair=False) as session:
+        assert [i.get("type") for i in await session.get_items()] == [None, "function_call"]  # still waiting
+        agent = Agent(name="ops", model=ScriptedModel([said("x is gone")]), tools=[remove])
+        state = await RunState.from_json(agent, json.loads(state_json))
+        state.approve(state.get_interruptions()[0])
+        result = await Runner.run(agent, state, session=session)
+        assert result.final_output == "x is gone"
+        items = await session.get_items()
+        assert items[2] == {"call_id": "call_rm", "output": "removed x", "type": "function_call_output"}
+        assert [i.get("type") for i in items] == [None, "function_call", "function_call_output", "message"]

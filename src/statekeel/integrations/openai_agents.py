@@ -94,7 +94,9 @@ class StatekeelSession:
 
     Reading a session a process that is gone left with a tool call and no output (a run killed inside a
     tool, or waiting for an approval) answers the call with an explicit interrupted
-    ``function_call_output``, stored once, so that the next model call is valid.
+    ``function_call_output``, stored once, so that the next model call is valid. ``repair=False`` leaves
+    such calls waiting: for an application that resumes a serialized ``RunState`` after an approval,
+    whose resumed run gives the call its real output.
     """
 
     session_settings: SessionSettings | None
@@ -106,9 +108,13 @@ class StatekeelSession:
         *,
         session_settings: SessionSettings | dict[str, Any] | None = None,
         lock_timeout: float | None = None,
+        repair: bool = True,
         **store_options: Any,
     ) -> None:
         self.session_id = _session_id(session_id)
+        if type(repair) is not bool:
+            raise InvalidConfig(f"repair must be True or False, got {repair!r}")
+        self.repair = repair
         self.session_settings = (
             coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
         )
@@ -143,11 +149,14 @@ class StatekeelSession:
         *,
         session_settings: SessionSettings | dict[str, Any] | None = None,
         lock_timeout: float | None = None,
+        repair: bool = True,
     ) -> StatekeelSession:
         """A session on an open store (the application closes it)."""
         if not isinstance(store, Store):
             raise InvalidConfig(f"from_store needs an open statekeel Store, got {type(store).__name__}")
-        return cls(session_id, store, session_settings=session_settings, lock_timeout=lock_timeout)
+        return cls(
+            session_id, store, session_settings=session_settings, lock_timeout=lock_timeout, repair=repair
+        )
 
     # --- the store --------------------------------------------------------------------------------------
 
@@ -200,12 +209,12 @@ class StatekeelSession:
         """The statekeel session, loaded (and repaired) under its lock, for one write."""
         store = await self.store()
         if self._holding:
-            yield store, await store.sessions.get_or_create(self.session_id)
+            yield store, await store.sessions.get_or_create(self.session_id, repair=self.repair)
             return
         lock = store.sessions.lock(self.session_id)
         await lock.acquire(self.lock_timeout)
         try:
-            yield store, await store.sessions.get_or_create(self.session_id)
+            yield store, await store.sessions.get_or_create(self.session_id, repair=self.repair)
         finally:
             await lock.release()
 
@@ -218,7 +227,7 @@ class StatekeelSession:
         if limit is None and self.session_settings is not None:
             limit = _check_limit(self.session_settings.limit)
         store = await self.store()
-        session = await store.sessions.load(self.session_id)
+        session = await store.sessions.load(self.session_id, repair=self.repair)
         if session is None or limit == 0:
             return []
         return copy.deepcopy(_visible(session, limit))
