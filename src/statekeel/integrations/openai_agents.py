@@ -1,0 +1,498 @@
+"""The OpenAI Agents SDK on a statekeel store: :class:`StatekeelSession` (the SDK's ``Session``) and
+:class:`StatekeelTracingProcessor` (its tracing processor, into ``store.traces``).
+
+One line to adopt each (``pip install 'statekeel[openai-agents]'``)::
+
+    from statekeel.integrations.openai_agents import StatekeelSession, StatekeelTracingProcessor
+
+    session = StatekeelSession("user-42", "sqlite:///agent.db")       # or memory://, postgresql://…
+    result = await Runner.run(agent, "run the tests", session=session)
+
+    agents.add_trace_processor(StatekeelTracingProcessor(store))
+
+A session's items are the messages of the statekeel session of the same key, in the OpenAI Responses
+format the SDK hands over: ``statekeel show``, ``store.recover()`` and ``store.sessions.load`` work on it
+as on any other session. The stored history is append-only: ``pop_item`` hides the last item (the hidden
+sequence numbers are in the session's metadata) and ``clear_session`` moves the items into the message
+archive; neither deletes a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+try:
+    from agents.memory.session_settings import SessionSettings, coerce_session_settings
+    from agents.tracing import Span as SdkSpan
+    from agents.tracing import Trace as SdkTrace
+    from agents.tracing import TracingProcessor
+except ImportError as exc:  # an optional extra
+    raise ImportError(
+        "statekeel.integrations.openai_agents needs the OpenAI Agents SDK: "
+        f"pip install 'statekeel[openai-agents]' ({exc})"
+    ) from exc
+
+from ..errors import (
+    InvalidArgument,
+    InvalidConfig,
+    InvalidKey,
+    SerializationError,
+    UnserializableValue,
+)
+from ..sessions import Session as StoredSession
+from ..store import Store, open_store
+from ..transcripts import normalize_item
+from ..validation import check_key
+from ._spans import SinkOwner, SpanSink, utc_from_iso
+
+log = logging.getLogger("statekeel.integrations.openai_agents")
+
+# Where a session keeps the sequence numbers pop_item hid (a list of ints, in its metadata).
+HIDDEN_KEY = "openai_agents.popped"
+# The summary of the compression clear_session makes.
+CLEARED = "cleared by the OpenAI Agents SDK (clear_session)"
+# Response item types that answer a call by its call_id (a hidden call hides its answers too).
+_OUTPUT_SUFFIX = "_output"
+
+
+def _session_id(value: Any) -> str:
+    try:
+        return check_key(value, "session_id")
+    except InvalidKey as exc:
+        raise InvalidConfig(exc.message, value=value) from None
+
+
+def _check_limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    if type(limit) is not int or limit < 0:
+        raise InvalidConfig(f"limit must be None or an int >= 0, got {limit!r}", value=limit)
+    return limit
+
+
+class StatekeelSession:
+    """The OpenAI Agents SDK's ``Session`` protocol on a statekeel session.
+
+    ``StatekeelSession(session_id, url)`` opens the store at ``url`` on first use (close it with
+    ``await session.aclose()`` or ``async with``); ``StatekeelSession.from_store(store, session_id)`` (or
+    ``StatekeelSession(session_id, store)``) uses a store the application opened and closes. ``open_store``
+    options pass as keywords with a URL.
+
+    Each ``add_items`` is one transaction that appends its items after what the store holds (a failure
+    appends none of them); ``pop_item`` and ``clear_session`` are one transaction each. Every write takes
+    statekeel's session lock for its duration, so the writes of two processes on one session are
+    serialized, never interleaved; ``async with session.hold():`` keeps the lock for a whole run, so that
+    another process's run on the same session waits for it (or, past ``lock_timeout``, gets
+    :class:`~statekeel.errors.LockTimeout`, a ``ConflictError``).
+
+    Reading a session a process that is gone left with a tool call and no output (a run killed inside a
+    tool, or waiting for an approval) answers the call with an explicit interrupted
+    ``function_call_output``, stored once, so that the next model call is valid. ``repair=False`` leaves
+    such calls waiting: for an application that resumes a serialized ``RunState`` after an approval,
+    whose resumed run gives the call its real output.
+    """
+
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        session_id: str,
+        store: str | Store,
+        *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        lock_timeout: float | None = None,
+        repair: bool = True,
+        **store_options: Any,
+    ) -> None:
+        self.session_id = _session_id(session_id)
+        if type(repair) is not bool:
+            raise InvalidConfig(f"repair must be True or False, got {repair!r}")
+        self.repair = repair
+        self.session_settings = (
+            coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
+        )
+        if lock_timeout is not None and (type(lock_timeout) not in (int, float) or not lock_timeout >= 0):
+            raise InvalidConfig(f"lock_timeout must be None or a number >= 0, got {lock_timeout!r}")
+        self.lock_timeout = lock_timeout
+        self._store: Store | None = None
+        self._opener: Any = None
+        self._opening: asyncio.Lock | None = None
+        self._owns_store = False
+        self._holding = 0
+        if isinstance(store, Store):
+            if store_options:
+                raise InvalidConfig(
+                    f"open_store options ({', '.join(sorted(store_options))}) apply to a URL, not to an "
+                    "open store"
+                )
+            self._store = store
+        elif isinstance(store, str):
+            self._opener = open_store(store, **store_options)  # a bad URL or option fails here
+            self._owns_store = True
+        else:
+            raise InvalidConfig(
+                f"StatekeelSession needs a store URL or an open statekeel Store, got {type(store).__name__}"
+            )
+
+    @classmethod
+    def from_store(
+        cls,
+        store: Store,
+        session_id: str,
+        *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        lock_timeout: float | None = None,
+        repair: bool = True,
+    ) -> StatekeelSession:
+        """A session on an open store (the application closes it)."""
+        if not isinstance(store, Store):
+            raise InvalidConfig(f"from_store needs an open statekeel Store, got {type(store).__name__}")
+        return cls(
+            session_id, store, session_settings=session_settings, lock_timeout=lock_timeout, repair=repair
+        )
+
+    # --- the store --------------------------------------------------------------------------------------
+
+    async def store(self) -> Store:
+        """The statekeel store, opened on first use when this session was made from a URL."""
+        if self._store is not None:
+            return self._store
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._store is None:
+                self._store = await self._opener
+        return self._store
+
+    async def aclose(self) -> None:
+        """Close the store if this session opened it (from a URL); a store passed in is left open."""
+        if self._owns_store and self._store is not None:
+            store, self._store = self._store, None
+            await store.close()
+
+    async def __aenter__(self) -> StatekeelSession:
+        await self.store()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @asynccontextmanager
+    async def hold(self, timeout: float | None = None) -> AsyncIterator[StatekeelSession]:
+        """Hold statekeel's session lock for the block (in this process and across processes):
+
+            async with session.hold():
+                await Runner.run(agent, "run the tests", session=session)
+
+        Another process's writes to this session wait until the block ends (``LockTimeout`` past
+        ``timeout``, default the session's ``lock_timeout``).
+        """
+        store = await self.store()
+        lock = store.sessions.lock(self.session_id)
+        await lock.acquire(self.lock_timeout if timeout is None else timeout)
+        self._holding += 1
+        try:
+            yield self
+        finally:
+            self._holding -= 1
+            await lock.release()
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[tuple[Store, StoredSession]]:
+        """The statekeel session, loaded (and repaired) under its lock, for one write."""
+        store = await self.store()
+        if self._holding:
+            yield store, await store.sessions.get_or_create(self.session_id, repair=self.repair)
+            return
+        lock = store.sessions.lock(self.session_id)
+        await lock.acquire(self.lock_timeout)
+        try:
+            yield store, await store.sessions.get_or_create(self.session_id, repair=self.repair)
+        finally:
+            await lock.release()
+
+    # --- the Session protocol ---------------------------------------------------------------------------
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        """The session's items in order: the latest ``limit`` (default ``session_settings.limit``; None:
+        all). Items ``pop_item`` hid are left out, and so are the outputs answering a hidden call."""
+        limit = _check_limit(limit)
+        if limit is None and self.session_settings is not None:
+            limit = _check_limit(self.session_settings.limit)
+        store = await self.store()
+        session = await store.sessions.load(self.session_id, repair=self.repair)
+        if session is None or limit == 0:
+            return []
+        return copy.deepcopy(_visible(session, limit))
+
+    async def add_items(self, items: list[Any]) -> None:
+        """Append ``items`` (dicts or the SDK's pydantic items) in one transaction, after what the store
+        holds. Refused before anything is written: a non-list (``InvalidConfig``), an item that is not a
+        Responses item (``InvalidConfig``) or cannot be serialized (``UnserializableValue``, a
+        ``TypeError`` as ``json.dumps`` raises, and a ``ValueError``), a tool output that answers no call
+        or one already answered (``UnknownToolCall``, ``ToolCallAlreadyAnswered``)."""
+        if not isinstance(items, Sequence) or isinstance(items, str | bytes):
+            raise InvalidConfig(f"items must be a list of items, got {type(items).__name__}")
+        if not items:
+            return
+        store = await self.store()
+        messages = [_normalized(item, i, store) for i, item in enumerate(items)]
+        async with self._writing() as (store, session):
+            before = len(session.messages)
+            try:
+                for message in messages:
+                    session.add_item(message)
+                await store.sessions.save(session)
+            except BaseException:
+                # Nothing of this batch may stay behind, unsaved, for a later write to save.
+                saved = session.saved_head - (session.head_seq - len(session.messages))
+                if saved <= before:
+                    del session.messages[before:]
+                raise
+
+    async def pop_item(self) -> Any | None:
+        """Remove and return the most recent item (None for an empty session). The stored history keeps
+        it: its sequence number joins the hidden ones in the session's metadata, in one transaction."""
+        async with self._writing() as (store, session):
+            first = session.head_seq - len(session.messages)
+            hidden = _hidden(session)
+            found = _last_visible(session, hidden)
+            if found is None:
+                return None
+            seq, item = found
+            kept = sorted(s for s in hidden | {seq} if s >= first)
+            session.metadata[HIDDEN_KEY] = kept
+            try:
+                await store.sessions.save(session)
+            except BaseException:
+                _set_hidden(session, hidden, first)
+                raise
+            return copy.deepcopy(item)
+
+    async def clear_session(self) -> None:
+        """Clear the session: its items move into statekeel's message archive (``statekeel ui`` and
+        ``store.sessions.archived(key)`` still list them), in one transaction."""
+        async with self._writing() as (store, session):
+            if session.saved_head > session.last_consolidated:
+                await store.sessions.compress(self.session_id, session.saved_head, CLEARED)
+
+    def __repr__(self) -> str:
+        return f"StatekeelSession(session_id={self.session_id!r})"
+
+
+def _normalized(item: Any, i: int, store: Store) -> dict[str, Any]:
+    """An item as the dict statekeel stores, checked before anything is written."""
+    try:
+        message = normalize_item(item)
+    except SerializationError as exc:
+        raise UnserializableValue(f"items[{i}]: {exc.message}", index=i) from None
+    except InvalidArgument as exc:
+        raise InvalidConfig(f"items[{i}]: {exc.message}", index=i) from None
+    try:
+        store.codec.encode(message, where=f"items[{i}]")
+    except SerializationError as exc:
+        if type(exc) is not SerializationError:
+            raise  # PayloadTooLarge and the like keep their own type
+        raise UnserializableValue(exc.message, index=i) from None
+    return message
+
+
+def _hidden(session: StoredSession) -> set[int]:
+    value = session.metadata.get(HIDDEN_KEY)
+    if not isinstance(value, list):
+        return set()
+    return {s for s in value if type(s) is int}
+
+
+def _set_hidden(session: StoredSession, hidden: set[int], first: int) -> None:
+    kept = sorted(s for s in hidden if s >= first)
+    if kept:
+        session.metadata[HIDDEN_KEY] = kept
+    else:
+        session.metadata.pop(HIDDEN_KEY, None)
+
+
+def _hidden_calls(session: StoredSession, hidden: set[int]) -> set[str]:
+    """The call ids of the hidden items that are calls: their outputs are hidden with them."""
+    first = session.head_seq - len(session.messages)
+    calls = set()
+    for seq in hidden:
+        if first <= seq < session.head_seq:
+            item = session.messages[seq - first]
+            kind = item.get("type")
+            if isinstance(kind, str) and not kind.endswith(_OUTPUT_SUFFIX) and "call_id" in item:
+                calls.add(item["call_id"])
+    return calls
+
+
+def _is_hidden(item: Mapping[str, Any], seq: int, hidden: set[int], calls: set[str]) -> bool:
+    if seq in hidden:
+        return True
+    kind = item.get("type")
+    is_output = isinstance(kind, str) and kind.endswith(_OUTPUT_SUFFIX)
+    return bool(calls) and is_output and item.get("call_id") in calls
+
+
+def _visible(session: StoredSession, limit: int | None) -> list[dict[str, Any]]:
+    """The live, saved items minus the hidden ones; the latest ``limit`` of them. Items another task is
+    adding (in the session object, not committed yet) are not read."""
+    hidden = _hidden(session)
+    first = session.head_seq - len(session.messages)
+    messages = session.messages[: session.saved_head - first]
+    if not hidden:
+        return list(messages if limit is None else messages[-limit:])
+    calls = _hidden_calls(session, hidden)
+    out: list[dict[str, Any]] = []
+    for i in range(len(messages) - 1, -1, -1):
+        if limit is not None and len(out) >= limit:
+            break
+        if not _is_hidden(messages[i], first + i, hidden, calls):
+            out.append(messages[i])
+    out.reverse()
+    return out
+
+
+def _last_visible(session: StoredSession, hidden: set[int]) -> tuple[int, dict[str, Any]] | None:
+    calls = _hidden_calls(session, hidden)
+    first = session.head_seq - len(session.messages)
+    for i in range(len(session.messages) - 1, -1, -1):
+        if not _is_hidden(session.messages[i], first + i, hidden, calls):
+            return first + i, session.messages[i]
+    return None
+
+
+# The SDK's span types as statekeel span kinds (others are "custom").
+_KINDS = {
+    "agent": "agent",
+    "function": "tool",
+    "mcp_tools": "tool",
+    "generation": "generation",
+    "response": "response",
+    "handoff": "handoff",
+    "guardrail": "guardrail",
+    "custom": "custom",
+    "task": "task",
+    "turn": "step",
+}
+
+
+class StatekeelTracingProcessor(SinkOwner, TracingProcessor):
+    """The Agents SDK's tracing processor writing into ``store.traces`` (the buffered tier):
+
+        agents.add_trace_processor(StatekeelTracingProcessor(store))
+
+    A trace becomes a root span (``span_id`` = the trace id, kind ``workflow``, named after the workflow,
+    ``group_id`` and metadata as attributes); each SDK span is recorded when it starts (open) and again
+    when it ends, with ``parent_span_id`` its parent span or, at the top, the trace's root. Kinds: agent,
+    tool (function and MCP tool listing), generation, response, handoff, guardrail, task, step (a turn),
+    custom; the SDK's span data (``span_data.export()``) and error are the attributes. ``status`` is
+    ``error`` when the SDK set an error on the span, else ``ok``.
+
+    Recording never waits and never raises into the agent: a span statekeel refuses is logged and
+    counted in ``refused``. ``force_flush()`` waits for the spans to be committed when called from
+    another thread than the store's event loop; ``await processor.flush()`` does on the loop.
+    ``shutdown()`` flushes likewise and leaves the store open (the application closes it).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._sink = SpanSink(store, "StatekeelTracingProcessor")
+        self._traces: dict[str, dt.datetime] = {}
+        self._lock = threading.Lock()
+
+    def _trace_span(self, trace: SdkTrace, ended_at: dt.datetime | None) -> dict[str, Any]:
+        exported = _export(trace)
+        attributes = {k: v for k, v in exported.items() if k not in ("object", "id", "workflow_name")}
+        with self._lock:
+            if ended_at is None:
+                started = self._traces.setdefault(trace.trace_id, dt.datetime.now(dt.UTC))
+            else:
+                started = self._traces.pop(trace.trace_id, ended_at)
+        return {
+            "span_id": trace.trace_id,
+            "name": trace.name,
+            "kind": "workflow",
+            "status": "unset" if ended_at is None else "ok",
+            "attributes": attributes,
+            "started_at": started,
+            "ended_at": ended_at,
+        }
+
+    def on_trace_start(self, trace: SdkTrace) -> None:
+        self._sink.bind()
+        try:
+            span = self._trace_span(trace, None)
+        except Exception as exc:  # the SDK's own export failed: nothing to record
+            log.warning("trace %r could not be exported: %s", trace.trace_id, exc)
+            return
+        self._sink.record(trace.trace_id, span)
+
+    def on_trace_end(self, trace: SdkTrace) -> None:
+        try:
+            span = self._trace_span(trace, dt.datetime.now(dt.UTC))
+        except Exception as exc:
+            log.warning("trace %r could not be exported: %s", trace.trace_id, exc)
+            return
+        self._sink.record(trace.trace_id, span)
+
+    def _span(self, span: SdkSpan[Any]) -> dict[str, Any]:
+        data = span.span_data.export()
+        sdk_type = span.span_data.type
+        error = span.error
+        attributes: dict[str, Any] = {k: v for k, v in data.items() if k != "name"}
+        attributes["type"] = sdk_type
+        if error is not None:
+            attributes["error"] = error
+        ended = utc_from_iso(span.ended_at)
+        return {
+            "span_id": span.span_id,
+            "parent_span_id": span.parent_id or span.trace_id,
+            "name": data.get("name") if isinstance(data.get("name"), str) and data.get("name") else sdk_type,
+            "kind": _KINDS.get(sdk_type, "custom"),
+            "status": "error" if error is not None else ("ok" if ended is not None else "unset"),
+            "attributes": attributes,
+            "started_at": utc_from_iso(span.started_at) or dt.datetime.now(dt.UTC),
+            "ended_at": ended,
+        }
+
+    def _record_span(self, span: SdkSpan[Any]) -> None:
+        try:
+            record = self._span(span)
+        except Exception as exc:
+            log.warning("span %r could not be exported: %s", getattr(span, "span_id", None), exc)
+            return
+        self._sink.record(span.trace_id, record)
+
+    def on_span_start(self, span: SdkSpan[Any]) -> None:
+        self._sink.bind()
+        self._record_span(span)
+
+    def on_span_end(self, span: SdkSpan[Any]) -> None:
+        self._record_span(span)
+
+    async def flush(self) -> None:
+        """Return once every span recorded so far is committed (on the store's event loop)."""
+        await self.store.traces.flush()
+
+    def force_flush(self) -> None:
+        """Wait (up to 30 s) for the recorded spans to be committed, from another thread than the
+        store's event loop; on that loop, return at once (they are committed within 100 ms)."""
+        self._sink.flush(30.0)
+
+    def shutdown(self) -> None:
+        """Flush as :meth:`force_flush` does; the store stays open (its owner closes it)."""
+        self._sink.flush(30.0)
+
+
+def _export(trace: SdkTrace) -> dict[str, Any]:
+    exported = trace.export()
+    return dict(exported) if exported else {}
+
+
+__all__ = ["CLEARED", "HIDDEN_KEY", "StatekeelSession", "StatekeelTracingProcessor"]
