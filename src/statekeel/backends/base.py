@@ -60,6 +60,7 @@ from statekeel.backends.records import (
     Page,
     PurgeBatch,
     Relation,
+    ResealPage,
     RowPage,
     SessionLease,
     SessionRecord,
@@ -130,6 +131,7 @@ __all__ = [
     "Page",
     "PurgeBatch",
     "Relation",
+    "ResealPage",
     "RetentionBackend",
     "RowPage",
     "SessionBackend",
@@ -1151,6 +1153,17 @@ class IncidentBackend(abc.ABC):
         """Mark an incident acknowledged by ``by``; None when there is no such unacknowledged incident."""
 
 
+class EncryptionBackend(abc.ABC):
+    """Key rotation of the encrypted fields (see :mod:`statekeel.encryption`), one transaction per batch."""
+
+    @abc.abstractmethod
+    async def reseal_rows(self, table: str, *, after: tuple[Any, ...] | None, limit: int) -> ResealPage:
+        """Read up to ``limit`` rows of ``table`` (one of ``statekeel.encryption.ROTATION_TABLES``) in key
+        order after ``after`` (None: from the start) and re-seal under the codec's current key each encrypted
+        field that is under another key (or, in ``encrypt_existing`` mode, in plaintext), in one
+        transaction. A row changed meanwhile by its own writer keeps what that writer wrote."""
+
+
 class StorageBackend(
     LifecycleBackend,
     IncidentBackend,
@@ -1167,6 +1180,7 @@ class StorageBackend(
     RetentionBackend,
     CheckpointBackend,
     CopyBackend,
+    EncryptionBackend,
     abc.ABC,
 ):
     """Everything a store needs from storage. Other state kinds add their ABCs here as they land."""

@@ -753,6 +753,16 @@ class PurgeBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class ResealPage:
+    """One batch of key rotation on one table: rows read, rows re-encrypted under the current key, and the
+    cursor the next batch starts after (None when this one reached the end of the table)."""
+
+    scanned: int
+    rewritten: int
+    after: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
 class FreeSpace:
     """Unused space inside an embedded database file: free pages and their size, and whether the file
     gives them back by itself after a purge (``incremental``: SQLite's ``auto_vacuum=INCREMENTAL``)."""
