@@ -200,6 +200,11 @@ class SqlBackend(StorageBackend):
     async def _write(self, op: Op[T], *args: Any) -> T:
         """Run ``op(tx, *args)`` in a write transaction (or the caller's ``atomic()`` block)."""
 
+    async def _write_bulk(self, op: Op[T], *args: Any) -> T:
+        """A write that may take a while (a batch of a purge or a key rotation); SQLite runs it on its
+        writer thread rather than inline on the event loop's."""
+        return await self._write(op, *args)
+
     @abc.abstractmethod
     async def _read(self, op: Op[T], *args: Any) -> T:
         """Run ``op(tx, *args)`` on a consistent snapshot (or inside the caller's ``atomic()`` block)."""

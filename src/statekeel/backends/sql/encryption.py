@@ -123,4 +123,4 @@ class SqlEncryption(SqlBackend, EncryptionBackend):
     async def reseal_rows(self, table: str, *, after: tuple[Any, ...] | None, limit: int) -> ResealPage:
         if table not in _TABLES:
             raise InvalidArgument(f"no encrypted table {table!r}; one of {', '.join(ROTATION_TABLES)}")
-        return await self._write(op_reseal_rows, table, None if after is None else tuple(after), limit)
+        return await self._write_bulk(op_reseal_rows, table, None if after is None else tuple(after), limit)
