@@ -22,7 +22,6 @@ A key id is derived from the key (:func:`key_id`): the store never holds a key, 
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import hmac
@@ -103,7 +102,7 @@ def is_envelope(parsed: Any) -> bool:
 class Cipher:
     """Seals and opens the values of encrypted fields. One per store, made from its ``encryption_key``."""
 
-    __slots__ = ("_aeads", "_current", "_header", "allow_plaintext", "key_id", "key_ids")
+    __slots__ = ("_aeads", "_current", "_header", "_invalid_tag", "allow_plaintext", "key_id", "key_ids")
 
     def __init__(self, keys: Sequence[bytes], *, allow_plaintext: bool = False) -> None:
         keys = check_keys(list(keys))
@@ -114,12 +113,16 @@ class Cipher:
         kid = self.key_id.encode("ascii")
         self._header = bytes((VERSION, len(kid))) + kid
         self.allow_plaintext = allow_plaintext
+        from cryptography.exceptions import InvalidTag
+
+        self._invalid_tag = InvalidTag
 
     def seal(self, plaintext: bytes, kind: str, identity: Identity) -> bytes:
         """The stored JSON form of ``plaintext`` (codec bytes) for the record ``kind`` + ``identity``."""
         nonce = os.urandom(NONCE_BYTES)
         sealed = self._current.encrypt(nonce, plaintext, _associated(self._header, kind, identity))
-        return b'{"$sk":"enc","v":"' + base64.b64encode(self._header + nonce + sealed) + b'"}'
+        envelope = binascii.b2a_base64(self._header + nonce + sealed, newline=False)
+        return b'{"$sk":"enc","v":"' + envelope + b'"}'
 
     def stored_key_id(self, parsed: Any, kind: str, identity: Identity) -> str | None:
         """The key id a parsed stored value is sealed under, or None for plaintext."""
@@ -129,7 +132,7 @@ class Cipher:
 
     def _split(self, parsed: dict[str, Any], kind: str, identity: Identity) -> tuple[bytes, str, bytes]:
         try:
-            blob = base64.b64decode(parsed["v"], validate=True)
+            blob = binascii.a2b_base64(parsed["v"], strict_mode=True)
             version, size = blob[0], blob[1]
             kid = blob[2 : 2 + size].decode("ascii")
         except (KeyError, TypeError, IndexError, ValueError, binascii.Error):
@@ -171,12 +174,10 @@ class Cipher:
                 record=list(identity),
                 key_id=kid,
             )
-        from cryptography.exceptions import InvalidTag
-
         try:
             nonce, sealed = rest[:NONCE_BYTES], rest[NONCE_BYTES:]
             plain: bytes = aead.decrypt(nonce, sealed, _associated(header, kind, identity))
-        except InvalidTag:
+        except self._invalid_tag:
             raise DecryptionError(
                 f"the {_record(kind, identity)} does not authenticate under key id {kid}: it was altered, or "
                 "copied from another record",

@@ -133,11 +133,14 @@ def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[st
     if cipher is None:
         payloads: list[dict[str, Any]] = tx.json_out(row["arr"])
         return payloads
-    # Each element is sealed under its own identity: open them one by one, in seq order.
-    return [
-        cipher.decode(tx.codec, sealed, "message", (key, lo + i))
-        for i, sealed in enumerate(orjson.loads(row["arr"]))
+    # Each element is sealed under its own identity: open them one by one, in seq order, and decode the
+    # plaintexts as one array (one decode, as without a key).
+    plain = [
+        cipher.open_raw(sealed, "message", (key, seq))
+        for seq, sealed in enumerate(orjson.loads(row["arr"]), lo)
     ]
+    decoded: list[dict[str, Any]] = tx.codec.decode(b"[" + b",".join(plain) + b"]")
+    return decoded
 
 
 async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSession | None:
