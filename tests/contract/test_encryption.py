@@ -307,6 +307,20 @@ async def test_audit_verifies_over_encrypted_approvals_before_and_after_rotation
     assert (await store.audit.verify()).ok
 
 
+async def test_a_copy_of_an_encrypted_store_reads_with_the_same_key_only(
+    opener: Opener, tmp_path: Path
+) -> None:
+    store = await opener.open(KEY_A)
+    ids = await fill(store)
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    async with statekeel.open_store(url, encryption_key=KEY_A) as copy:
+        await statekeel.copy_store(store, copy)
+        await check_all(copy, ids)
+    async with statekeel.open_store(url, encryption_key=KEY_B) as copy:
+        with pytest.raises(statekeel.DecryptionError):
+            await copy.memory.get(ids["memory"])
+
+
 async def test_a_session_fallback_file_is_sealed_like_the_backend(tmp_path: Path) -> None:
     codec = Codec(cipher=make_cipher(KEY_A))
     files = FallbackDir(tmp_path / "fb", codec)
