@@ -295,15 +295,19 @@ async def test_a_wrong_key_raises_decryption_error_naming_the_stored_key_id(open
 
 async def test_audit_verifies_over_encrypted_approvals_before_and_after_rotation(opener: Opener) -> None:
     store = await opener.open(KEY_A)
+    used = await store.approvals.request("task:8", "deploy", ARGS, "agent")
+    await store.approvals.decide(used.id, True, "alice")
+    await store.approvals.consume(used.id, "agent")  # settled rows are re-encrypted too
     approval = await store.approvals.request("task:9", "deploy", ARGS, "agent")
     await store.approvals.decide(approval.id, True, "alice")
     verification = await store.audit.verify()
-    assert verification.ok and verification.approvals == 1
+    assert verification.ok and verification.approvals == 2
     store = await opener.open([KEY_B, KEY_A])
-    assert (await store.rotate_encryption_key()).rewritten["approvals"] == 1
+    assert (await store.rotate_encryption_key()).rewritten["approvals"] == 2
     store = await opener.open(KEY_B)
     assert (await store.audit.verify()).ok
     assert (await store.approvals.consume(approval.id, "agent")).consumed_by == "agent"
+    assert (await store.approvals.get(used.id)).args == ARGS  # type: ignore[union-attr]
     assert (await store.audit.verify()).ok
 
 
