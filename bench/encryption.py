@@ -3,7 +3,8 @@
 One run per configuration, on a SQLite file (durability ``normal``) and, with ``--pg``, on PostgreSQL:
 
 - save per turn: one session, a turn of four messages (bench/messages.py) then ``sessions.save``; every
-  save is timed, the figure is the median over all turns; without and with ``encryption_key``;
+  save is timed, the figure is the median over all turns; without and with ``encryption_key``, the two
+  stores saving in turn;
 - load: ``sessions.load`` of that session (4 x turns messages) by a store with an empty cache, median of 9
   (plain and encrypted alternated);
 - the cipher alone: us to seal and to open one message of that session;
@@ -40,19 +41,24 @@ NEW_KEY = os.urandom(32)
 LOADS = 9
 
 
-async def fill(url: str, turns: int, key: bytes | None) -> list[float]:
-    """Save ``turns`` turns of one session; the cost of each save (us)."""
-    saves: list[float] = []
-    async with statekeel.open_store(url, encryption_key=key) as store:
-        session = await store.sessions.get_or_create("agent")
+async def fill(plain_url: str, sealed_url: str, turns: int) -> tuple[list[float], list[float]]:
+    """Save ``turns`` turns of one session in each store, alternating (a busy machine slows both alike);
+    the cost of each save (us), plain and encrypted."""
+    costs: tuple[list[float], list[float]] = ([], [])
+    async with (
+        statekeel.open_store(plain_url) as plain,
+        statekeel.open_store(sealed_url, encryption_key=KEY) as sealed,
+    ):
+        sessions = [await store.sessions.get_or_create("agent") for store in (plain, sealed)]
         for i in range(turns):
-            for m in turn(i):
-                fields = {k: v for k, v in m.items() if k not in ("role", "content")}
-                session.add_message(m["role"], m["content"], **fields)
-            started = time.perf_counter()
-            await store.sessions.save(session)
-            saves.append((time.perf_counter() - started) * 1e6)
-    return saves
+            for store, session, saves in zip((plain, sealed), sessions, costs, strict=True):
+                for m in turn(i):
+                    fields = {k: v for k, v in m.items() if k not in ("role", "content")}
+                    session.add_message(m["role"], m["content"], **fields)
+                started = time.perf_counter()
+                await store.sessions.save(session)
+                saves.append((time.perf_counter() - started) * 1e6)
+    return costs
 
 
 async def load_ms(url: str, turns: int, key: bytes | None) -> float:
@@ -82,8 +88,7 @@ def seal_costs(turns: int) -> dict[str, float]:
 
 async def compare(make_url: Callable[[str], str], turns: int) -> dict[str, Any]:
     plain_url, sealed_url = make_url("plain"), make_url("sealed")
-    plain_saves = await fill(plain_url, turns, None)
-    sealed_saves = await fill(sealed_url, turns, KEY)
+    plain_saves, sealed_saves = await fill(plain_url, sealed_url, turns)
     plain_loads: list[float] = []
     sealed_loads: list[float] = []
     for _ in range(LOADS):  # alternated: a busy machine slows both alike
