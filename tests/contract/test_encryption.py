@@ -311,6 +311,20 @@ async def test_audit_verifies_over_encrypted_approvals_before_and_after_rotation
     assert (await store.audit.verify()).ok
 
 
+async def test_recover_answers_orphaned_tool_calls_of_an_encrypted_session(opener: Opener) -> None:
+    store = await opener.open(KEY_A)
+    session = await store.sessions.get_or_create("agent")
+    session.add_message("user", f"{SECRET} run the tests")
+    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    session.add_message("assistant", None, tool_calls=[call])
+    await store.sessions.save(session)
+    report = await store.recover()
+    assert report.orphaned_tool_calls == {"agent": ["c1"]}
+    messages = await store.backend.read_messages("agent")
+    assert [m.payload["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert all(SECRET not in v for (v,) in await opener.raw("SELECT CAST(payload AS TEXT) FROM messages"))
+
+
 async def test_a_copy_of_an_encrypted_store_reads_with_the_same_key_only(
     opener: Opener, tmp_path: Path
 ) -> None:
