@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import datetime as dt
+import logging
+import os
 import re
 import sqlite3
 import sys
@@ -19,10 +20,10 @@ from typing import Any
 import pytest
 
 import statekeel
-from helpers import kill9_when
+from helpers import database_write_locked, kill9_when
 from statekeel.codec import Codec
 from statekeel.encryption import VERSION, make_cipher
-from statekeel.fallback import FallbackDir, FallbackSnapshot
+from statekeel.fallback import FallbackDir
 
 Store = statekeel.Store
 KEY_A = bytes(range(32))
@@ -339,29 +340,36 @@ async def test_a_copy_of_an_encrypted_store_reads_with_the_same_key_only(
             await copy.memory.get(ids["memory"])
 
 
-async def test_a_session_fallback_file_is_sealed_like_the_backend(tmp_path: Path) -> None:
-    codec = Codec(cipher=make_cipher(KEY_A))
-    files = FallbackDir(tmp_path / "fb", codec)
-    snap = FallbackSnapshot(
-        key="s",
-        base_head=3,
-        in_backend=True,
-        status="active",
-        metadata={},
-        status_changed=False,
-        metadata_changed=False,
-        last_consolidated=0,
-        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-        updated_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-        messages=[{"role": "user", "content": f"{SECRET}-fallback"}],
-    )
-    path = files.write(snap)
-    with open(path, "rb") as f:
-        assert SECRET.encode() not in f.read()
-    read = files.read("s")
-    assert read is not None and read.messages == snap.messages
-    with pytest.raises(statekeel.DecryptionError):
-        FallbackDir(tmp_path / "fb", Codec(cipher=make_cipher(KEY_B))).read("s")
+async def test_a_save_during_an_outage_goes_to_a_sealed_fallback_file_and_is_replayed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db, fb = tmp_path / "store.db", tmp_path / "fallback"
+    url = f"sqlite:///{db}"
+    async with statekeel.open_store(
+        url, fallback_dir=str(fb), busy_timeout_ms=50, encryption_key=KEY_A
+    ) as store:
+        session = await store.sessions.get_or_create("s")
+        session.add_message("user", "before")
+        await store.sessions.save(session)
+        with database_write_locked(db), caplog.at_level(logging.WARNING, "statekeel.sessions"):
+            session.add_message("assistant", f"{SECRET}-during")
+            await store.sessions.save(session)  # the database is locked: the fallback file takes it
+            (name,) = os.listdir(fb)
+            on_disk = (fb / name).read_bytes()
+            assert SECRET.encode() not in on_disk and envelope_prefix(KEY_A).encode() in on_disk
+            other = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)
+            seen = await other.load("s")  # a manager without a cache merges the file
+            assert seen is not None and [m["content"] for m in seen.messages] == [
+                "before",
+                f"{SECRET}-during",
+            ]
+            with pytest.raises(statekeel.DecryptionError):  # another key does not open the file
+                FallbackDir(fb, Codec(cipher=make_cipher(KEY_B))).read("s")
+        assert (await store.sessions.replay_fallback()).replayed == {"s": 1}
+        assert [m.payload["content"] for m in await store.backend.read_messages("s")] == [
+            "before",
+            f"{SECRET}-during",
+        ]
 
 
 @pytest.mark.parametrize(
