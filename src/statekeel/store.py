@@ -47,7 +47,8 @@ class StoreOptions:
     durability: str = "normal"
     busy_timeout_ms: int = 5000
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    encryption_key: bytes | tuple[bytes, ...] | None = None
+    # Never in a repr (logs, tracebacks): the keys are the secret.
+    encryption_key: bytes | tuple[bytes, ...] | None = field(default=None, repr=False)
     encrypt_existing: bool = False
     migrate: bool = True
     audit_key: bytes | None = None

@@ -386,6 +386,12 @@ async def test_an_unusable_key_is_refused_before_anything_is_opened(key: Any, pr
         statekeel.open_store("memory://", encryption_key=key)
 
 
+async def test_the_keys_never_appear_in_the_store_options_repr(opener: Opener) -> None:
+    store = await opener.open([KEY_B, KEY_A])
+    shown = repr(store.options) + repr(store.codec.cipher)
+    assert repr(KEY_A) not in shown and repr(KEY_B) not in shown and KEY_A.hex() not in shown
+
+
 async def test_a_key_without_the_cryptography_package_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
