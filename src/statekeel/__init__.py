@@ -13,11 +13,14 @@ from __future__ import annotations
 from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
 from .copy import CopyReport, TableCopy, copy_store
+from .encryption import RotationReport, key_id
 from .errors import (
     AuditTampered,
     BackendUnavailable,
     ConflictError,
+    DecryptionError,
     DimensionMismatch,
+    EncryptionError,
     InvalidArgument,
     InvalidConfig,
     InvalidEmbedding,
@@ -28,6 +31,7 @@ from .errors import (
     MigrationError,
     NotFound,
     PayloadTooLarge,
+    PlaintextRefused,
     SchemaTooNew,
     SerializationError,
     StatekeelError,
@@ -63,8 +67,10 @@ __all__ = [
     "ConflictError",
     "Contradiction",
     "CopyReport",
+    "DecryptionError",
     "DimensionMismatch",
     "Drift",
+    "EncryptionError",
     "Episode",
     "ExactSearch",
     "FileLedger",
@@ -85,10 +91,12 @@ __all__ = [
     "MigrationError",
     "NotFound",
     "PayloadTooLarge",
+    "PlaintextRefused",
     "PurgeReport",
     "Relation",
     "ReplayReport",
     "Retention",
+    "RotationReport",
     "SchemaTooNew",
     "SearchEngine",
     "SearchRequest",
@@ -118,5 +126,6 @@ __all__ = [
     "WorkflowStep",
     "checksum_file",
     "copy_store",
+    "key_id",
     "open_store",
 ]

@@ -27,12 +27,15 @@ import sys
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import orjson
 
-from .errors import PayloadTooLarge, SerializationError
+from .errors import DecryptionError, PayloadTooLarge, SerializationError
+
+if TYPE_CHECKING:
+    from .encryption import Cipher
 
 TAG = "$sk"
 _TAG_BYTES = b'"$sk"'
@@ -320,6 +323,15 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
         for name, field_value in fields.items():
             object.__setattr__(obj, name, field_value)
         return obj
+    if tag == "enc":
+        # An encrypted field read by a store opened without its key (see statekeel.encryption).
+        raise DecryptionError(
+            "a stored value is encrypted, but this store was opened without an encryption key",
+            kind=None,
+            record=None,
+            key_id=None,
+            hint="Open the store with its encryption_key",
+        )
     custom = _custom_by_name.get(tag)
     if custom is not None:
         return custom[2](_from_json(v))
@@ -340,17 +352,26 @@ _BUILTIN_TAGS = frozenset(
         "bytes",
         "enum",
         "dataclass",
+        "enc",
     }
 )
 
 
 class Codec:
-    """Encodes values to JSON bytes with limits; decodes them back exactly."""
+    """Encodes values to JSON bytes with limits; decodes them back exactly.
 
-    __slots__ = ("max_depth", "max_record_bytes")
+    ``cipher`` (a store's :class:`~statekeel.encryption.Cipher`, None without ``encryption_key``) is what
+    the backends seal and open encrypted fields with; plain :meth:`encode` / :meth:`decode` never use it.
+    """
+
+    __slots__ = ("cipher", "max_depth", "max_record_bytes")
 
     def __init__(
-        self, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, max_depth: int = DEFAULT_MAX_DEPTH
+        self,
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        cipher: Cipher | None = None,
     ) -> None:
         if type(max_record_bytes) is not int or max_record_bytes <= 0:
             raise SerializationError(f"max_record_bytes must be a positive int, got {max_record_bytes!r}")
@@ -358,6 +379,7 @@ class Codec:
             raise SerializationError(f"max_depth must be a positive int, got {max_depth!r}")
         self.max_record_bytes = max_record_bytes
         self.max_depth = max_depth
+        self.cipher = cipher
 
     def to_json(self, value: Any, *, where: str = "") -> Any:
         """Validate ``value`` and return it as plain JSON types (tagging registered types)."""

@@ -170,6 +170,35 @@ class AuditTampered(StatekeelError):
     hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
 
 
+class EncryptionError(StatekeelError):
+    """Encryption at rest cannot work as configured: the ``cryptography`` package is missing, or a key is
+    unusable. Fields (when known): ``key_id``."""
+
+    hint = "Nothing was written; install statekeel[encryption] and pass 32-byte keys (os.urandom(32))."
+
+
+class DecryptionError(EncryptionError):
+    """A stored value cannot be decrypted: its key id is not among the keys given, the key is wrong, or the
+    ciphertext was altered or moved from another record (its identity is authenticated with it). Fields:
+    ``kind`` (message, memory, step, approval), ``record`` (the record's identity), ``key_id``."""
+
+    hint = (
+        "Open the store with the key whose id is named (keep old keys in encryption_key=[new, old] until "
+        "store.rotate_encryption_key() has finished); an authentication failure with the right key means "
+        "the stored bytes were changed outside statekeel"
+    )
+
+
+class PlaintextRefused(EncryptionError):
+    """A value that should be encrypted was found stored in plaintext while a key is configured: it was
+    written without encryption (or planted). Fields: ``kind``, ``record``."""
+
+    hint = (
+        "To encrypt a store written without a key, open it with encrypt_existing=True and run "
+        "store.rotate_encryption_key()"
+    )
+
+
 # Errors of the framework adapters (``statekeel.integrations``). Each is a statekeel error and also the
 # builtin type the framework's own code raises in that case, so callers written for the framework still
 # catch it.

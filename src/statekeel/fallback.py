@@ -182,9 +182,11 @@ class FallbackDir:
         }
         # Messages were validated by add_message/save; encoding here keeps their exact tagged values.
         lines = [self.codec.encode(header, where="fallback header")]
-        lines += [
-            self.codec.encode(m, where=f"messages[{snap.base_head + i}]") for i, m in enumerate(snap.messages)
-        ]
+        cipher = self.codec.cipher
+        for seq, m in enumerate(snap.messages, snap.base_head):
+            line = self.codec.encode(m, where=f"messages[{seq}]")
+            # Sealed as the backend seals them: the file is data at rest too.
+            lines.append(line if cipher is None else cipher.seal(line, "message", (snap.key, seq)))
         return b"\n".join(lines) + b"\n"
 
     def write(self, snap: FallbackSnapshot, *, replacing: str | None = ANY) -> str:
@@ -274,6 +276,18 @@ class FallbackDir:
             data = fh.read()
         return self.parse(path, data), _signature(data.split(b"\n", 1)[0], st)
 
+    def _messages(self, header: dict[str, Any], lines: list[bytes]) -> list[Any]:
+        cipher = self.codec.cipher
+        if cipher is None:
+            return [self.codec.decode(line) for line in lines]
+        key, base = header.get("key"), header.get("base_head")
+        if type(key) is not str or type(base) is not int:
+            raise SerializationError("the header names no session key and base head")
+        return [
+            cipher.decode(self.codec, orjson.loads(line), "message", (key, seq))
+            for seq, line in enumerate(lines, base)
+        ]
+
     def parse(self, path: str, data: bytes) -> FallbackSnapshot:
         lines = data.split(b"\n")
         if not lines or lines[-1] != b"":
@@ -281,11 +295,11 @@ class FallbackDir:
         lines.pop()
         try:
             header = self.codec.decode(lines[0]) if lines else None
-            messages = [self.codec.decode(line) for line in lines[1:]]
-        except SerializationError as exc:
+            if not isinstance(header, dict) or header.get("statekeel_fallback") != FORMAT:
+                raise FallbackCorrupt(f"fallback file {path} has no statekeel header", path=path)
+            messages = self._messages(header, lines[1:])
+        except (SerializationError, orjson.JSONDecodeError) as exc:
             raise FallbackCorrupt(f"fallback file {path} has an unreadable line: {exc}", path=path) from None
-        if not isinstance(header, dict) or header.get("statekeel_fallback") != FORMAT:
-            raise FallbackCorrupt(f"fallback file {path} has no statekeel header", path=path)
         try:
             snap = FallbackSnapshot(
                 key=header["key"],

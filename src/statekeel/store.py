@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -23,6 +23,7 @@ from .audit import AuditLog
 from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
+from .encryption import RotationReport, check_keys, make_cipher, rotate
 from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
@@ -46,7 +47,9 @@ class StoreOptions:
     durability: str = "normal"
     busy_timeout_ms: int = 5000
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    encryption_key: bytes | None = None
+    # Never in a repr (logs, tracebacks): the keys are the secret.
+    encryption_key: bytes | tuple[bytes, ...] | None = field(default=None, repr=False)
+    encrypt_existing: bool = False
     migrate: bool = True
     audit_key: bytes | None = None
     retention: Retention = field(default_factory=Retention)
@@ -63,10 +66,12 @@ class StoreOptions:
             raise InvalidArgument(f"migrate must be True or False, got {self.migrate!r}")
         if not isinstance(self.retention, Retention):
             raise InvalidArgument(f"retention must be a statekeel.Retention, got {self.retention!r}")
+        if type(self.encrypt_existing) is not bool:
+            raise InvalidArgument(f"encrypt_existing must be True or False, got {self.encrypt_existing!r}")
         if self.encryption_key is not None:
-            raise InvalidArgument(
-                "encryption_key is not supported by this version of statekeel; open the store without it"
-            )
+            check_keys(self.encryption_key)
+        elif self.encrypt_existing:
+            raise InvalidArgument("encrypt_existing=True needs an encryption_key to encrypt with")
         if self.audit_key is not None and (
             type(self.audit_key) is not bytes or len(self.audit_key) < MIN_AUDIT_KEY_BYTES
         ):
@@ -199,7 +204,10 @@ class Store:
     def __init__(self, url: str, options: StoreOptions) -> None:
         self.url = url
         self.options = options
-        self.codec = Codec(max_record_bytes=options.max_record_bytes)
+        self.codec = Codec(
+            max_record_bytes=options.max_record_bytes,
+            cipher=make_cipher(options.encryption_key, encrypt_existing=options.encrypt_existing),
+        )
         self.backend: StorageBackend = make_backend(url, options, self.codec)
         fallback_dir = options.fallback_dir if options.fallback_dir is not None else default_fallback_dir(url)
         self.sessions = SessionManager(
@@ -268,6 +276,22 @@ class Store:
         print(report.counts, report.longest_batch_seconds)
         """
         return await purge(self, self.options.retention, now, dry_run)
+
+    async def rotate_encryption_key(self, *, batch_size: int = 500) -> RotationReport:
+        """Re-encrypt every encrypted field that is not under the current key (the first of
+        ``encryption_key``) — and, in ``encrypt_existing`` mode, every plaintext one — in batches of
+        ``batch_size`` rows, each committed on its own. Interrupted (killed, failed), it is run again and
+        continues: rows already under the current key are left as they are. Once it returned, the old
+        keys can be dropped from ``encryption_key``. See :mod:`statekeel.encryption`.
+
+        store = await open_store(url, encryption_key=[new_key, old_key])
+        report = await store.rotate_encryption_key()
+        print(report.key_id, report.rewritten)
+        """
+        check_int(batch_size, "batch_size", minimum=1)
+        if self.codec.cipher is None:
+            raise InvalidArgument("rotate_encryption_key needs a store opened with an encryption_key")
+        return await rotate(self.backend, self.codec.cipher.key_id, batch_size)
 
     async def vacuum(self) -> int | None:
         """Rewrite a SQLite file without its free pages (``VACUUM``: it holds the write lock until done)
@@ -364,7 +388,8 @@ def open_store(
     durability: str = "normal",
     busy_timeout_ms: int = 5000,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-    encryption_key: bytes | None = None,
+    encryption_key: bytes | Sequence[bytes] | None = None,
+    encrypt_existing: bool = False,
     migrate: bool = True,
     audit_key: bytes | None = None,
     retention: Retention | None = None,
@@ -383,6 +408,13 @@ def open_store(
     of the whole chain too. Every process writing the store must use the same key. See
     :mod:`statekeel.audit` for what each mode proves.
     ``retention`` says what :meth:`Store.purge` may delete and when (default ``Retention()``).
+
+    ``encryption_key`` (32 bytes, e.g. ``os.urandom(32)``; keep it outside the database; needs
+    ``pip install 'statekeel[encryption]'``) encrypts message payloads, memory content and data, step results
+    and approval arguments with AES-256-GCM. A list ``[current, old, ...]`` reads values sealed under any of
+    them and writes under the first; :meth:`Store.rotate_encryption_key` moves everything to the first. With
+    a key, plaintext found on read is refused unless ``encrypt_existing=True`` (to encrypt a store written
+    without a key). See :mod:`statekeel.encryption`.
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,
@@ -390,7 +422,8 @@ def open_store(
         durability=durability,
         busy_timeout_ms=busy_timeout_ms,
         max_record_bytes=max_record_bytes,
-        encryption_key=encryption_key,
+        encryption_key=None if encryption_key is None else check_keys(encryption_key),
+        encrypt_existing=encrypt_existing,
         migrate=migrate,
         audit_key=audit_key,
         retention=Retention() if retention is None else retention,

@@ -42,6 +42,22 @@ async def test_a_grant_cannot_be_repointed_at_other_arguments_in_the_database(
     assert await store.approvals.check("task:1", "shell", {"cmd": "rm -rf build"}) == granted
 
 
+async def test_arguments_rewritten_alone_in_the_database_are_never_honoured(
+    store: statekeel.Store, store_url: str
+) -> None:
+    # The triggers let an update change the stored arguments alone (key rotation re-encrypts them in
+    # place); what was approved stays fixed by args_hash, which every use checks the arguments against.
+    granted = await granted_approval(store, "task:1", {"cmd": "rm -rf build"}, "agent")
+    await RawDb(store_url).execute(
+        f"UPDATE approvals SET args = '{{\"cmd\": \"rm -rf /\"}}' WHERE id = '{granted.id}'"
+    )
+    assert await store.approvals.check("task:1", "shell", {"cmd": "rm -rf /"}) is None
+    with pytest.raises(statekeel.AuditTampered, match="do not match their recorded hash"):
+        await store.approvals.check("task:1", "shell", {"cmd": "rm -rf build"})
+    with pytest.raises(statekeel.AuditTampered):
+        await store.approvals.consume(granted.id, "agent")
+
+
 async def test_a_decision_cannot_be_rewritten_nor_a_pending_approval_marked_consumed(
     store: statekeel.Store, store_url: str
 ) -> None:

@@ -252,7 +252,8 @@ async def test_unwritable_directory_is_backend_unavailable(tmp_path: Path) -> No
         {"busy_timeout_ms": "5000"},
         {"max_record_bytes": 0},
         {"cache_size": 0},
-        {"encryption_key": b"k" * 32},
+        {"encryption_key": b"k" * 16},
+        {"encrypt_existing": True},
     ],
     ids=repr,
 )

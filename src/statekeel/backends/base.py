@@ -27,6 +27,7 @@ from statekeel.backends.contract.checkpoints import (
     NewCheckpoint,
     TypedBlob,
 )
+from statekeel.backends.contract.encryption import EncryptionBackend, ResealPage
 from statekeel.backends.contract.memory import (
     FILE_ACTIONS,
     MEMORY_EVENTS,
@@ -124,6 +125,7 @@ __all__ = [
     "Damage",
     "DatabaseFiles",
     "Drift",
+    "EncryptionBackend",
     "Episode",
     "FileBackend",
     "FileRecord",
@@ -149,6 +151,7 @@ __all__ = [
     "Page",
     "PurgeBatch",
     "Relation",
+    "ResealPage",
     "RetentionBackend",
     "RowPage",
     "SessionBackend",
@@ -192,6 +195,7 @@ class StorageBackend(
     RetentionBackend,
     CheckpointBackend,
     CopyBackend,
+    EncryptionBackend,
     abc.ABC,
 ):
     """Everything a store needs from storage. Other state kinds add their ABCs here as they land."""

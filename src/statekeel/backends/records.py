@@ -17,6 +17,7 @@ from statekeel.backends.contract.checkpoints import (
     NewCheckpoint,
     TypedBlob,
 )
+from statekeel.backends.contract.encryption import ResealPage
 from statekeel.backends.contract.memory import (
     FILE_ACTIONS,
     MEMORY_EVENTS,
@@ -114,6 +115,7 @@ __all__ = [
     "Page",
     "PurgeBatch",
     "Relation",
+    "ResealPage",
     "RowPage",
     "SessionLease",
     "SessionRecord",

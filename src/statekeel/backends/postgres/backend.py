@@ -32,6 +32,7 @@ from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
+from ..sql.encryption import SqlEncryption
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
@@ -151,6 +152,7 @@ class PostgresBackend(
     SqlVectors,
     SqlRetention,
     SqlCheckpoints,
+    SqlEncryption,
 ):
     """PostgreSQL storage over an asyncpg pool.
 

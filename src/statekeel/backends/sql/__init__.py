@@ -23,6 +23,8 @@ from contextlib import AbstractAsyncContextManager
 from importlib import resources
 from typing import Any, Protocol, TypeVar
 
+import orjson
+
 from ...codec import Codec
 from ..base import StorageBackend
 
@@ -90,6 +92,21 @@ class Tx(abc.ABC):
     def json_out(self, value: Any) -> Any:
         """A stored JSON column back to Python values (tagged types restored)."""
         return self.codec.decode(value)
+
+    # Encrypted fields (see statekeel.encryption): ``kind`` and ``identity`` name the record, and are
+    # authenticated with the ciphertext, so a value moved to another row does not open.
+
+    def sealed_in(self, raw: bytes, kind: str, *identity: str | int) -> Any:
+        """:meth:`json_in` of an encrypted field: sealed under the store's current key, if it has one."""
+        cipher = self.codec.cipher
+        return self.json_in(raw if cipher is None else cipher.seal(raw, kind, identity))
+
+    def sealed_out(self, value: Any, kind: str, *identity: str | int) -> Any:
+        """:meth:`json_out` of an encrypted field: opened with the store's keys, if it has any."""
+        cipher = self.codec.cipher
+        if cipher is None:
+            return self.json_out(value)
+        return cipher.decode(self.codec, orjson.loads(value), kind, identity)
 
 
 Op = Callable[..., Coroutine[Any, Any, T]]
@@ -182,6 +199,11 @@ class SqlBackend(StorageBackend):
     @abc.abstractmethod
     async def _write(self, op: Op[T], *args: Any) -> T:
         """Run ``op(tx, *args)`` in a write transaction (or the caller's ``atomic()`` block)."""
+
+    async def _write_bulk(self, op: Op[T], *args: Any) -> T:
+        """A write that may take a while (a batch of a purge or a key rotation); SQLite runs it on its
+        writer thread rather than inline on the event loop's."""
+        return await self._write(op, *args)
 
     @abc.abstractmethod
     async def _read(self, op: Op[T], *args: Any) -> T:

@@ -42,13 +42,14 @@ _OLDEST = (from_micros(0), "")
 
 def memory_from_row(tx: Tx, row: Row) -> Memory:
     data = row["data"]
+    memory_id = row["id"]
     return Memory(
-        id=row["id"],
+        id=memory_id,
         type=row["type"],
         scope=row["scope"],
         key=row["key"],
-        content=tx.json_out(row["content"]),
-        data=None if data is None else tx.json_out(data),
+        content=tx.sealed_out(row["content"], "memory", memory_id, "content"),
+        data=None if data is None else tx.sealed_out(data, "memory", memory_id, "data"),
         confidence=float(row["confidence"]),
         source=row["source"],
         created_at=tx.ts_out(row["created_at"]),
@@ -117,14 +118,23 @@ def _same_json(stored: Any, new: bytes | None) -> bool:
     )
 
 
+def _plain(tx: Tx, row: Row, column: str) -> Any:
+    """A stored content or data column as its plaintext JSON (opened, when the store encrypts)."""
+    stored = row[column]
+    cipher = tx.codec.cipher
+    if stored is None or cipher is None:
+        return stored
+    return cipher.open_raw(orjson.loads(stored), "memory", (row["id"], column))
+
+
 def _unchanged(tx: Tx, row: Row, put: MemoryPut) -> bool:
     # SQLite stores a whole REAL as an integer, and RETURNING hands it back as one: compare as floats.
     return (
         float(row["confidence"]) == put.confidence
         and row["source"] == put.source
         and _micros(tx, row["expires_at"]) == (None if put.expires_at is None else to_micros(put.expires_at))
-        and _same_json(row["content"], put.content)
-        and _same_json(row["data"], put.data)
+        and _same_json(_plain(tx, row, "content"), put.content)
+        and _same_json(_plain(tx, row, "data"), put.data)
     )
 
 
@@ -150,13 +160,19 @@ async def _event(
 
 async def op_put_memory(tx: Tx, put: MemoryPut) -> tuple[Memory, str | None]:
     expires = ts_in_or_none(tx, put.expires_at)
-    content = tx.json_in(put.content)
-    data = None if put.data is None else tx.json_in(put.data)
+
+    def sealed(memory_id: str) -> tuple[Any, Any]:
+        # Sealed under the id of the row they go to: this put's new id, or the live memory's it updates.
+        content = tx.sealed_in(put.content, "memory", memory_id, "content")
+        data = None if put.data is None else tx.sealed_in(put.data, "memory", memory_id, "data")
+        return content, data
+
     for _ in range(_TRIES):
         row = None
         if put.key is not None:
             row = await tx.fetchone("memory_live_by_key", put.type, put.scope, put.key)
         if row is None:
+            content, data = sealed(put.id)
             added = await tx.fetchone(
                 "memory_insert",
                 put.id,
@@ -177,6 +193,7 @@ async def op_put_memory(tx: Tx, put: MemoryPut) -> tuple[Memory, str | None]:
         if _unchanged(tx, row, put):
             return memory_from_row(tx, row), None
         at = _not_before(tx, put.at, row)
+        content, data = sealed(row["id"])
         updated = await tx.fetchone(
             "memory_update",
             content,
@@ -313,6 +330,19 @@ async def op_supersede_memory(
     raise ConflictError(f"memory {old_id!r} kept changing while superseding it", memory_id=old_id)
 
 
+def _event_state(tx: Tx, memory_id: str, stored: Any) -> dict[str, Any]:
+    """A history event's stored state as values; its content and data are the memory's sealed columns."""
+    cipher = tx.codec.cipher
+    if cipher is None:
+        state: dict[str, Any] = tx.json_out(stored)
+        return state
+    state = orjson.loads(stored)
+    for column in ("content", "data"):
+        if state.get(column) is not None:
+            state[column] = cipher.decode(tx.codec, state[column], "memory", (memory_id, column))
+    return state
+
+
 def _fields(tx: Tx, state: dict[str, Any]) -> dict[str, Any]:
     out = dict(state)
     for name in ("expires_at", "deleted_at"):
@@ -328,7 +358,7 @@ async def op_memory_history(tx: Tx, memory_id: str) -> list[MemoryEvent]:
     events: list[MemoryEvent] = []
     before: dict[str, Any] | None = None
     for row in rows:
-        after = _fields(tx, tx.json_out(row["state"]))
+        after = _fields(tx, _event_state(tx, row["memory_id"], row["state"]))
         event = row["event"]
         events.append(
             MemoryEvent(

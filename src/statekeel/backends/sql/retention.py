@@ -216,9 +216,6 @@ class SqlRetention(SqlBackend, RetentionBackend):
     """The retention contract over the shared operations above. Batches go through ``_write_bulk``: on
     SQLite they run on the writer thread, never inline on the event loop's."""
 
-    async def _write_bulk(self, op: Any, *args: Any) -> Any:
-        return await self._write(op, *args)
-
     async def _purge(self, op: Any, dry_run: bool, *args: Any) -> PurgeBatch:
         batch: PurgeBatch = await (self._read(op, *args) if dry_run else self._write_bulk(op, *args))
         return batch

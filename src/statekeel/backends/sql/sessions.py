@@ -47,7 +47,7 @@ def message_from_row(tx: Tx, key: str, row: Row) -> MessageRecord:
         session_key=key,
         seq=row["seq"],
         role=row["role"],
-        payload=tx.json_out(row["payload"]),
+        payload=tx.sealed_out(row["payload"], "message", key, row["seq"]),
         created_at=tx.ts_out(row["created_at"]),
     )
 
@@ -129,8 +129,18 @@ def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[st
         )
     if not n:
         return []
-    payloads: list[dict[str, Any]] = tx.json_out(row["arr"])
-    return payloads
+    cipher = tx.codec.cipher
+    if cipher is None:
+        payloads: list[dict[str, Any]] = tx.json_out(row["arr"])
+        return payloads
+    # Each element is sealed under its own identity: open them one by one, in seq order, and decode the
+    # plaintexts as one array (one decode, as without a key).
+    plain = [
+        cipher.open_raw(sealed, "message", (key, seq))
+        for seq, sealed in enumerate(orjson.loads(row["arr"]), lo)
+    ]
+    decoded: list[dict[str, Any]] = tx.codec.decode(b"[" + b",".join(plain) + b"]")
+    return decoded
 
 
 async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSession | None:
@@ -273,7 +283,10 @@ async def op_append_messages(
     if messages:
         await tx.executemany(
             "message_insert",
-            [(key, expected_head + i, m.role, tx.json_in(m.payload), now) for i, m in enumerate(messages)],
+            [
+                (key, seq, m.role, tx.sealed_in(m.payload, "message", key, seq), now)
+                for seq, m in enumerate(messages, expected_head)
+            ],
         )
     return session_from_row(tx, row)
 
@@ -347,7 +360,7 @@ async def op_read_archive(tx: Tx, key: str, compression_id: str | None) -> list[
             session_key=key,
             compression_id=r["compression_id"],
             seq=r["seq"],
-            payload=tx.json_out(r["payload"]),
+            payload=tx.sealed_out(r["payload"], "message", key, r["seq"]),
             summary=r["summary"],
             created_at=tx.ts_out(r["created_at"]),
         )

@@ -59,12 +59,13 @@ def task_from_row(tx: Tx, row: Row) -> TaskRecord:
 
 
 def step_from_row(tx: Tx, row: Row) -> StepRecord:
+    result = row["result"]
     return StepRecord(
         task_id=row["task_id"],
         step_key=row["step_key"],
         status=row["status"],
         attempt=row["attempt"],
-        result=_json_or_none(tx, row["result"]),
+        result=None if result is None else tx.sealed_out(result, "step", row["task_id"], row["step_key"]),
         error=_json_or_none(tx, row["error"]),
         started_at=tx.ts_out(row["started_at"]),
         finished_at=ts_or_none(tx, row["finished_at"]),
@@ -229,7 +230,7 @@ async def op_finish_step(
     row = await tx.fetchone(
         "step_finish",
         status,
-        None if result is None else tx.json_in(result),
+        None if result is None else tx.sealed_in(result, "step", task_id, step_key),
         None if error is None else tx.json_in(error),
         tx.ts_in(utcnow()),
         task_id,

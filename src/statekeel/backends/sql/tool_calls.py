@@ -69,7 +69,7 @@ async def op_read_tails(tx: Tx, keys: Sequence[str], n: int) -> dict[str, list[d
     for key in keys:
         rows = await tx.fetchall("message_tail", key, n)
         if rows:
-            tails[key] = [tx.json_out(r["payload"]) for r in reversed(rows)]
+            tails[key] = [tx.sealed_out(r["payload"], "message", key, r["seq"]) for r in reversed(rows)]
     return tails
 
 

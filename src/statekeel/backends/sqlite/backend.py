@@ -33,6 +33,7 @@ from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
+from ..sql.encryption import SqlEncryption
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
@@ -130,6 +131,7 @@ class SqliteBackend(
     SqlVectors,
     SqlRetention,
     SqlCheckpoints,
+    SqlEncryption,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 

@@ -1,0 +1,250 @@
+"""Encryption at rest: message payloads, memory content and data, step results and approval arguments.
+
+    store = await statekeel.open_store(url, encryption_key=key)            # key = os.urandom(32)
+    store = await statekeel.open_store(url, encryption_key=[new, old])     # rotating: first one is current
+    report = await store.rotate_encryption_key()                           # re-encrypts under ``new``
+
+Each value is sealed with AES-256-GCM under a random 96-bit nonce. The stored form is a JSON object
+``{"$sk": "enc", "v": base64(envelope)}`` (so it fits every backend's JSON column) whose envelope is::
+
+    version (1 byte) | key id length (1 byte) | key id (ASCII) | nonce (12 bytes) | ciphertext + tag
+
+The associated data is the envelope's header plus the record's identity — ``["message", session_key,
+seq]``, ``["memory", id, "content"|"data"]``, ``["step", task_id, step_key]``, ``["approval", id]`` — so a
+ciphertext copied into another row, or given another key id, fails authentication with
+:class:`~statekeel.errors.DecryptionError` instead of decrypting into the wrong place. With a key
+configured, a plaintext value found on read raises :class:`~statekeel.errors.PlaintextRefused` unless the
+store was opened with ``encrypt_existing=True`` (the migration mode, in which
+:meth:`~statekeel.Store.rotate_encryption_key` also encrypts plaintext rows).
+
+A key id is derived from the key (:func:`key_id`): the store never holds a key, only the ids.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import DecryptionError, EncryptionError, InvalidArgument, PlaintextRefused
+
+if TYPE_CHECKING:
+    from .backends.base import StorageBackend
+    from .codec import Codec
+
+VERSION = 1
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG = "$sk"  # the codec's reserved key (statekeel.codec.TAG): a user object never carries it unescaped
+ENVELOPE = "enc"
+INSTALL_HINT = "pip install 'statekeel[encryption]'"
+
+Identity = tuple[str | int, ...]
+
+
+def key_id(key: bytes) -> str:
+    """The id under which values sealed with ``key`` are stored: 16 hex digits of an HMAC of a fixed
+    label, which names the key in errors and reports without revealing it."""
+    return hmac.new(key, b"statekeel encryption key id", hashlib.sha256).hexdigest()[:16]
+
+
+def check_keys(value: Any) -> tuple[bytes, ...]:
+    """``encryption_key`` as a tuple of keys, current first: one key (bytes) or a non-empty list of them."""
+    keys = (value,) if isinstance(value, bytes) else value
+    if not isinstance(keys, (list, tuple)) or not keys:
+        raise InvalidArgument(
+            "encryption_key must be 32 bytes (os.urandom(32)) or a non-empty list of such keys, current "
+            f"first; got {type(value).__name__}"
+        )
+    for key in keys:
+        if type(key) is not bytes or len(key) != KEY_BYTES:
+            size = f" of {len(key)} bytes" if isinstance(key, bytes) else ""
+            raise InvalidArgument(
+                f"each encryption key must be {KEY_BYTES} bytes (AES-256; os.urandom(32)), got "
+                f"{type(key).__name__}{size}"
+            )
+    ids = [key_id(k) for k in keys]
+    if len(set(ids)) != len(ids):
+        raise InvalidArgument("encryption_key lists the same key twice")
+    return tuple(keys)
+
+
+def _aead(key: bytes) -> Any:
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:
+        raise EncryptionError(
+            f"encryption_key needs the cryptography package, which is not installed: {INSTALL_HINT}",
+            hint="",
+        ) from None
+    return AESGCM(key)
+
+
+def _associated(header: bytes, kind: str, identity: Identity) -> bytes:
+    return header + orjson.dumps([kind, *identity])
+
+
+def _record(kind: str, identity: Identity) -> str:
+    return f"{kind} {'/'.join(str(part) for part in identity)}"
+
+
+def is_envelope(parsed: Any) -> bool:
+    """True if a parsed stored value is an encryption envelope (not plaintext)."""
+    return type(parsed) is dict and parsed.get(TAG) == ENVELOPE
+
+
+class Cipher:
+    """Seals and opens the values of encrypted fields. One per store, made from its ``encryption_key``."""
+
+    __slots__ = ("_aeads", "_current", "_header", "_invalid_tag", "allow_plaintext", "key_id", "key_ids")
+
+    def __init__(self, keys: Sequence[bytes], *, allow_plaintext: bool = False) -> None:
+        keys = check_keys(list(keys))
+        self._aeads = {key_id(k): _aead(k) for k in keys}
+        self.key_ids = tuple(self._aeads)
+        self.key_id = self.key_ids[0]
+        self._current = self._aeads[self.key_id]
+        kid = self.key_id.encode("ascii")
+        self._header = bytes((VERSION, len(kid))) + kid
+        self.allow_plaintext = allow_plaintext
+        from cryptography.exceptions import InvalidTag
+
+        self._invalid_tag = InvalidTag
+
+    def seal(self, plaintext: bytes, kind: str, identity: Identity) -> bytes:
+        """The stored JSON form of ``plaintext`` (codec bytes) for the record ``kind`` + ``identity``."""
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = self._current.encrypt(nonce, plaintext, _associated(self._header, kind, identity))
+        envelope = binascii.b2a_base64(self._header + nonce + sealed, newline=False)
+        return b'{"$sk":"enc","v":"' + envelope + b'"}'
+
+    def stored_key_id(self, parsed: Any, kind: str, identity: Identity) -> str | None:
+        """The key id a parsed stored value is sealed under, or None for plaintext."""
+        if not is_envelope(parsed):
+            return None
+        return self._split(parsed, kind, identity)[1]
+
+    def _split(self, parsed: dict[str, Any], kind: str, identity: Identity) -> tuple[bytes, str, bytes]:
+        try:
+            blob = binascii.a2b_base64(parsed["v"], strict_mode=True)
+            version, size = blob[0], blob[1]
+            kid = blob[2 : 2 + size].decode("ascii")
+        except (KeyError, TypeError, IndexError, ValueError, binascii.Error):
+            raise DecryptionError(
+                f"the encrypted {_record(kind, identity)} is malformed (not an envelope statekeel wrote)",
+                kind=kind,
+                record=list(identity),
+                key_id=None,
+            ) from None
+        if version != VERSION:
+            raise DecryptionError(
+                f"the encrypted {_record(kind, identity)} has envelope version {version}; this statekeel "
+                f"reads version {VERSION}: upgrade statekeel",
+                kind=kind,
+                record=list(identity),
+                key_id=kid,
+                hint="",
+            )
+        return blob[: 2 + size], kid, blob[2 + size :]
+
+    def open_raw(self, parsed: Any, kind: str, identity: Identity) -> bytes:
+        """The codec bytes of a parsed stored value; raises if it cannot be opened (or is refused)."""
+        if not is_envelope(parsed):
+            if self.allow_plaintext:
+                return orjson.dumps(parsed)
+            raise PlaintextRefused(
+                f"the {_record(kind, identity)} is stored in plaintext, but this store is opened with an "
+                "encryption key: refused",
+                kind=kind,
+                record=list(identity),
+            )
+        header, kid, rest = self._split(parsed, kind, identity)
+        aead = self._aeads.get(kid)
+        if aead is None:
+            raise DecryptionError(
+                f"the {_record(kind, identity)} is encrypted under key id {kid}, which is not among the keys "
+                f"given (key ids {', '.join(self.key_ids)})",
+                kind=kind,
+                record=list(identity),
+                key_id=kid,
+            )
+        try:
+            nonce, sealed = rest[:NONCE_BYTES], rest[NONCE_BYTES:]
+            plain: bytes = aead.decrypt(nonce, sealed, _associated(header, kind, identity))
+        except self._invalid_tag:
+            raise DecryptionError(
+                f"the {_record(kind, identity)} does not authenticate under key id {kid}: it was altered, or "
+                "copied from another record",
+                kind=kind,
+                record=list(identity),
+                key_id=kid,
+            ) from None
+        return plain
+
+    def decode(self, codec: Codec, parsed: Any, kind: str, identity: Identity) -> Any:
+        """The value of a parsed stored field (decrypted, then decoded by ``codec``)."""
+        if not is_envelope(parsed) and self.allow_plaintext:
+            return codec.from_json(parsed)
+        return codec.decode(self.open_raw(parsed, kind, identity))
+
+
+def make_cipher(encryption_key: Any, *, encrypt_existing: bool = False) -> Cipher | None:
+    """The store's cipher for its ``encryption_key`` option (None without a key)."""
+    if encryption_key is None:
+        return None
+    return Cipher(check_keys(encryption_key), allow_plaintext=encrypt_existing)
+
+
+# What rotate_encryption_key walks, in this order: a message moved to the archive, a memory event copied
+# from its memory, while the walk runs, is met again in a later table.
+ROTATION_TABLES = ("messages", "message_archive", "task_steps", "approvals", "memories", "memory_events")
+
+
+@dataclass(frozen=True, slots=True)
+class RotationReport:
+    """What :meth:`~statekeel.Store.rotate_encryption_key` did: the current ``key_id``; per table the rows
+    read (``scanned``) and the rows re-encrypted under the current key (``rewritten``, which counts
+    plaintext rows encrypted in ``encrypt_existing`` mode too)."""
+
+    key_id: str
+    scanned: Mapping[str, int] = field(default_factory=dict)
+    rewritten: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total_rewritten(self) -> int:
+        return sum(self.rewritten.values())
+
+
+async def rotate(backend: StorageBackend, current: str, batch_size: int) -> RotationReport:
+    """Re-seal every table's encrypted fields under the current key, batch by batch (see
+    :meth:`statekeel.Store.rotate_encryption_key`)."""
+    scanned = dict.fromkeys(ROTATION_TABLES, 0)
+    rewritten = dict.fromkeys(ROTATION_TABLES, 0)
+    for table in ROTATION_TABLES:
+        after: tuple[Any, ...] | None = None
+        while True:
+            page = await backend.reseal_rows(table, after=after, limit=batch_size)
+            scanned[table] += page.scanned
+            rewritten[table] += page.rewritten
+            if page.after is None:
+                break
+            after = page.after
+    return RotationReport(key_id=current, scanned=scanned, rewritten=rewritten)
+
+
+__all__ = [
+    "ROTATION_TABLES",
+    "Cipher",
+    "RotationReport",
+    "check_keys",
+    "is_envelope",
+    "key_id",
+    "make_cipher",
+    "rotate",
+]
