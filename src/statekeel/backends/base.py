@@ -298,6 +298,7 @@ class SessionBackend(abc.ABC):
         expected_version: int | None = None,
         open_calls: int | None = None,
         calls_owner: str | None = None,
+        write_id: str | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 
@@ -305,6 +306,10 @@ class SessionBackend(abc.ABC):
         and ``calls_owner`` the process that leaves them (None when there are none). A writer that does
         not count them (None) marks the count unknown (-1) when it appends messages, and keeps it as it is
         otherwise.
+
+        ``write_id`` is stored in the row (``SessionRecord.write_id``; None when not given), so that a
+        writer that never heard the outcome of its append (cancelled, or the COMMIT's answer lost) can tell
+        its own write from another writer's.
 
         ``ConflictError`` with ``current`` = the actual head when another writer appended first, when
         ``expected_created_at`` is given and the session was deleted and created again since, or when

@@ -39,7 +39,8 @@ class SessionRecord:
 
     ``open_calls`` counts the tool calls of the live transcript that still wait for a result (-1: not
     known, for messages appended by a writer that does not read transcripts); ``calls_owner`` is the
-    process (a lease owner id) that saved the session while they were waiting.
+    process (a lease owner id) that saved the session while they were waiting. ``write_id`` is the id the
+    last append was given (``append_messages(write_id=...)``; None when it gave none).
     """
 
     key: str
@@ -52,6 +53,7 @@ class SessionRecord:
     updated_at: dt.datetime
     open_calls: int = 0
     calls_owner: str | None = None
+    write_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
