@@ -13,6 +13,7 @@ import contextlib
 import random
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -165,6 +166,83 @@ async def test_a_lost_commit_answer_in_an_atomic_block_is_unknown_and_the_block_
         report = await store.audit.verify()
         assert report.ok and report.count == 1 and report.approvals == 1
         assert pending.args == {"env": "prod"}
+
+
+def fallback_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file()]
+
+
+async def _a_save_whose_commit_answer_is_lost(
+    store: statekeel.Store, proxy: CommitAnswerDropper, fallback: Path
+) -> statekeel.Session:
+    """Session "s" with "kept" saved, then "answer lost" saved by a save whose COMMIT answer was lost: it
+    committed, and the save (not knowing) also wrote it to the fallback file."""
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "kept")
+    await store.sessions.save(s)
+    s.add_message("assistant", "answer lost")
+    proxy.drop_next_commit_answer()
+    await store.sessions.save(s)
+    assert proxy.dropped == 1
+    assert len(fallback_files(fallback)) == 1
+    return s
+
+
+async def _contents(store: statekeel.Store) -> list[str]:
+    return [m.payload["content"] for m in await store.backend.read_messages("s")]
+
+
+@pytest.mark.postgres
+async def test_a_save_whose_commit_answer_was_lost_is_settled_by_the_next_save_and_its_fallback_file_removed(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with (
+        _through_proxy(pg_migrated) as (url, proxy),
+        statekeel.open_store(url, fallback_dir=fallback) as store,
+    ):
+        s = await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
+        s.add_message("user", "next")
+        await store.sessions.save(s)  # its own write, recognised: no ConflictError, nothing twice
+        assert await _contents(store) == ["kept", "answer lost", "next"]
+        assert fallback_files(fallback) == []
+        assert (await store.sessions.replay_fallback()).ok
+
+
+@pytest.mark.postgres
+async def test_the_fallback_file_of_a_lost_commit_answer_is_removed_by_replay_not_written_twice(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with (
+        _through_proxy(pg_migrated) as (url, proxy),
+        statekeel.open_store(url, fallback_dir=fallback) as store,
+    ):
+        s = await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
+        report = await store.sessions.replay_fallback()
+        assert report.ok and report.stale == ["s"] and not report.replayed
+        assert fallback_files(fallback) == []
+        assert await _contents(store) == ["kept", "answer lost"]
+        assert not s.is_dirty()
+        s.add_message("user", "next")
+        await store.sessions.save(s)
+        assert await _contents(store) == ["kept", "answer lost", "next"]
+
+
+@pytest.mark.postgres
+async def test_another_process_loading_after_a_lost_commit_answer_removes_the_covered_fallback_file(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with _through_proxy(pg_migrated) as (url, proxy):
+        async with statekeel.open_store(url, fallback_dir=fallback) as store:
+            await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
+        async with statekeel.open_store(pg_migrated, fallback_dir=fallback) as restarted:
+            s = await restarted.sessions.load("s")
+            assert s is not None and [m["content"] for m in s.messages] == ["kept", "answer lost"]
+            assert not s.is_dirty()
+            assert fallback_files(fallback) == []
+            assert await _contents(restarted) == ["kept", "answer lost"]
 
 
 # --- connections killed while writers run -------------------------------------------------------------
