@@ -380,10 +380,11 @@ class SessionManager:
             if in_block:
                 raise
             session._attempt_failed(write_id)
-            # A save of this session whose answer it never heard may have moved the row: then it is no
-            # conflict, and what is left unsaved is written now.
-            if session._unsure is None or not await self._settled(
-                session, await self.backend.load_session(session.key)
+            # A save of this session whose answer it never heard may have moved the row (and a load may
+            # have settled it meanwhile): then it is no conflict, and what is left unsaved is written now.
+            if session._head == changes.base and (
+                session._unsure is None
+                or not await self._settled(session, await self.backend.load_session(session.key))
             ):
                 raise
             return await self._save_now(session)
