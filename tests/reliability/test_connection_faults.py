@@ -245,6 +245,26 @@ async def test_another_process_loading_after_a_lost_commit_answer_removes_the_co
             assert await _contents(restarted) == ["kept", "answer lost"]
 
 
+@pytest.mark.postgres
+async def test_a_save_in_an_atomic_block_whose_commit_answer_was_lost_is_settled_by_the_next_save(
+    pg_migrated: str,
+) -> None:
+    async with _through_proxy(pg_migrated) as (url, proxy), statekeel.open_store(url) as store:
+        s = await store.sessions.get_or_create("s")
+        s.add_message("user", "kept")
+        await store.sessions.save(s)
+        s.add_message("assistant", "answer lost")
+        proxy.drop_next_commit_answer()
+        with pytest.raises(statekeel.BackendUnavailable):
+            async with store.backend.atomic():
+                await store.sessions.save(s)
+        assert s.unsaved() == [{"role": "assistant", "content": "answer lost"}]  # it cannot know
+        s.add_message("user", "next")
+        await store.sessions.save(s)
+        assert await _contents(store) == ["kept", "answer lost", "next"]
+        assert not s.is_dirty()
+
+
 # --- connections killed while writers run -------------------------------------------------------------
 
 

@@ -377,8 +377,6 @@ class SessionManager:
             await self._fallback.write(session, changes, exc)
             return False
         except ConflictError:
-            if in_block:
-                raise
             session._attempt_failed(write_id)
             # A save of this session whose answer it never heard may have moved the row (and a load may
             # have settled it meanwhile): then it is no conflict, and what is left unsaved is written now.
@@ -395,7 +393,7 @@ class SessionManager:
         covered = session._fallback_sig
         if in_block:
             # Settled for the rest of the block; undone if it rolls back. The file goes after COMMIT.
-            undo = session._saved_undoably(record, changes)
+            undo = session._saved_undoably(record, changes, write_id)
             self.backend.on_block_end(functools.partial(self._block_ended, session.key, undo, covered))
         else:
             session._saved(record, changes)

@@ -463,8 +463,9 @@ class Session:
                 self._version = record.version
             self.updated_at = record.updated_at
 
-    def _saved_undoably(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
-        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block rolls back."""
+    def _saved_undoably(self, record: SessionRecord, changes: Changes, write_id: str) -> Callable[[], None]:
+        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block does not commit
+        — it rolled back, or its COMMIT's answer was lost: then the save (``write_id``) may have landed."""
         before = self._stored()
         calls_before = self._tools.stored_open, self._tools.calls_owner
         metadata, status = self.metadata, self.status
@@ -478,6 +479,7 @@ class Session:
                 self.metadata = metadata
             if self.status == taken_status:
                 self.status = status
+            self._attempting(write_id, changes)
 
         return undo
 
