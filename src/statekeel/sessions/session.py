@@ -100,8 +100,8 @@ _STORED = (
     "_unsure",
 )
 _stored_fields = operator.attrgetter(*_STORED)
-# At most this many saves of one session whose outcome it never heard are remembered (each one after the
-# first that landed is refused by the backend, and forgotten).
+# At most this many saves of one session whose outcome it never heard are remembered (the oldest is
+# forgotten first): a bound on memory, far above what a caller's retries leave.
 _MAX_UNSURE = 8
 
 
@@ -473,12 +473,15 @@ class Session:
         taken_metadata, taken_status = self.metadata, self.status
 
         def undo() -> None:
+            later = self._unsure  # what the undos of the block's later saves remembered (run first)
             self._restore(before)
             self._tools.stored_open, self._tools.calls_owner = calls_before
             if self.metadata is taken_metadata:
                 self.metadata = metadata
             if self.status == taken_status:
                 self.status = status
+            for attempt in (later or {}).items():
+                self._attempting(*attempt)
             self._attempting(write_id, changes)
 
         return undo
