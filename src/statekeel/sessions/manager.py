@@ -2,7 +2,9 @@
 
 - ``save`` writes only what changed since the last load or save, in one transaction, conditional on the
   head sequence (messages) and version (metadata, status) it started from: a concurrent writer gets
-  ``ConflictError``, never an interleaved history nor a silently overwritten field.
+  ``ConflictError``, never an interleaved history nor a silently overwritten field. Each attempt's write
+  id is stored in the row, so a save whose answer never came (cancelled, COMMIT answer lost) is recognised
+  by the session's next save or load as its own, not another writer's.
 - ``lock(key)`` is one holder per session (see :mod:`statekeel.sessions.lock`).
 - When the backend is unavailable, ``save`` writes a fallback file and warns; ``load`` merges it back, and
   ``replay_fallback()`` moves it into the backend once it works again (see
