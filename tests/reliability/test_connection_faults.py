@@ -172,20 +172,25 @@ def fallback_files(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.is_file()]
 
 
-async def _a_save_whose_commit_answer_is_lost(
-    store: statekeel.Store, proxy: CommitAnswerDropper, fallback: Path
-) -> statekeel.Session:
-    """Session "s" with "kept" saved, then "answer lost" saved by a save whose COMMIT answer was lost: it
-    committed, and the save (not knowing) also wrote it to the fallback file."""
-    s = await store.sessions.get_or_create("s")
-    s.add_message("user", "kept")
-    await store.sessions.save(s)
-    s.add_message("assistant", "answer lost")
-    proxy.drop_next_commit_answer()
-    await store.sessions.save(s)
-    assert proxy.dropped == 1
-    assert len(fallback_files(fallback)) == 1
-    return s
+@contextlib.asynccontextmanager
+async def _after_a_lost_commit_answer(
+    db_url: str, fallback: Path
+) -> AsyncIterator[tuple[statekeel.Store, statekeel.Session]]:
+    """A store through the proxy, and its session "s" with "kept" saved, then "answer lost" saved by a save
+    whose COMMIT answer was lost: it committed, and the save (not knowing) also wrote its fallback file."""
+    async with (
+        _through_proxy(db_url) as (url, proxy),
+        statekeel.open_store(url, fallback_dir=fallback) as store,
+    ):
+        s = await store.sessions.get_or_create("s")
+        s.add_message("user", "kept")
+        await store.sessions.save(s)
+        s.add_message("assistant", "answer lost")
+        proxy.drop_next_commit_answer()
+        await store.sessions.save(s)
+        assert proxy.dropped == 1
+        assert len(fallback_files(fallback)) == 1
+        yield store, s
 
 
 async def _contents(store: statekeel.Store) -> list[str]:
@@ -197,11 +202,7 @@ async def test_a_save_whose_commit_answer_was_lost_is_settled_by_the_next_save_a
     pg_migrated: str, tmp_path: Path
 ) -> None:
     fallback = tmp_path / "fallback"
-    async with (
-        _through_proxy(pg_migrated) as (url, proxy),
-        statekeel.open_store(url, fallback_dir=fallback) as store,
-    ):
-        s = await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
+    async with _after_a_lost_commit_answer(pg_migrated, fallback) as (store, s):
         s.add_message("user", "next")
         await store.sessions.save(s)  # its own write, recognised: no ConflictError, nothing twice
         assert await _contents(store) == ["kept", "answer lost", "next"]
@@ -214,11 +215,7 @@ async def test_the_fallback_file_of_a_lost_commit_answer_is_removed_by_replay_no
     pg_migrated: str, tmp_path: Path
 ) -> None:
     fallback = tmp_path / "fallback"
-    async with (
-        _through_proxy(pg_migrated) as (url, proxy),
-        statekeel.open_store(url, fallback_dir=fallback) as store,
-    ):
-        s = await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
+    async with _after_a_lost_commit_answer(pg_migrated, fallback) as (store, s):
         report = await store.sessions.replay_fallback()
         assert report.ok and report.stale == ["s"] and not report.replayed
         assert fallback_files(fallback) == []
@@ -234,15 +231,14 @@ async def test_another_process_loading_after_a_lost_commit_answer_removes_the_co
     pg_migrated: str, tmp_path: Path
 ) -> None:
     fallback = tmp_path / "fallback"
-    async with _through_proxy(pg_migrated) as (url, proxy):
-        async with statekeel.open_store(url, fallback_dir=fallback) as store:
-            await _a_save_whose_commit_answer_is_lost(store, proxy, fallback)
-        async with statekeel.open_store(pg_migrated, fallback_dir=fallback) as restarted:
-            s = await restarted.sessions.load("s")
-            assert s is not None and [m["content"] for m in s.messages] == ["kept", "answer lost"]
-            assert not s.is_dirty()
-            assert fallback_files(fallback) == []
-            assert await _contents(restarted) == ["kept", "answer lost"]
+    async with _after_a_lost_commit_answer(pg_migrated, fallback):
+        pass  # that process ends
+    async with statekeel.open_store(pg_migrated, fallback_dir=fallback) as restarted:
+        s = await restarted.sessions.load("s")
+        assert s is not None and [m["content"] for m in s.messages] == ["kept", "answer lost"]
+        assert not s.is_dirty()
+        assert fallback_files(fallback) == []
+        assert await _contents(restarted) == ["kept", "answer lost"]
 
 
 @pytest.mark.postgres
