@@ -737,3 +737,145 @@ async def test_concurrent_loads_of_a_stale_cached_session_both_return_the_stored
     first, second = await asyncio.gather(sm.load("s"), sm.load("s"))
     for loaded in (first, second):
         assert loaded is not None and [m["content"] for m in loaded.messages] == ["s-0", "new"]
+
+
+# --- saves whose answer never came, and saves on a closed store -----------------------------------------
+
+
+class CommitThenHang:
+    """Stands in for the backend's ``append_messages``: the append commits, then the call never returns —
+    as when the caller gives up (``asyncio.wait_for``) after the COMMIT, before hearing of it."""
+
+    def __init__(self, backend: Any) -> None:
+        self.append = backend.append_messages
+        self.committed = asyncio.Event()
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        record = await self.append(*args, **kwargs)
+        self.committed.set()
+        await asyncio.Event().wait()
+        return record
+
+
+async def save_cancelled_after_commit(
+    store: statekeel.Store, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = CommitThenHang(store.backend)
+    with monkeypatch.context() as patch:
+        patch.setattr(store.backend, "append_messages", hook)
+        save = asyncio.create_task(store.sessions.save(session))
+        await hook.committed.wait()
+        save.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await save
+
+
+async def a_saved_b_cancelled_after_commit(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> Session:
+    """Session "s" with "a" saved, and "b" saved by a save cancelled after its commit."""
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "a")
+    await store.sessions.save(s)
+    s.add_message("assistant", "b")
+    await save_cancelled_after_commit(store, s, monkeypatch)
+    return s
+
+
+async def test_a_save_cancelled_after_its_commit_is_settled_by_the_next_save_without_duplicate_or_conflict(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.add_message("user", "a")
+    await save_cancelled_after_commit(store, s, monkeypatch)  # the save that creates it
+    s.add_message("assistant", "b")
+    await sm.save(s)
+    s.add_message("user", "c")
+    await save_cancelled_after_commit(store, s, monkeypatch)
+    s.metadata["topic"] = "build"
+    await save_cancelled_after_commit(store, s, monkeypatch)  # metadata alone, conditional on the version
+    s.add_message("assistant", "d")
+    s.metadata["done"] = True
+    await sm.save(s)
+    assert await stored_contents(store, "s") == ["a", "b", "c", "d"]
+    assert not s.is_dirty()
+    record = await store.backend.load_session("s")
+    assert record is not None and record.metadata == {"topic": "build", "done": True}
+    again = await statekeel.SessionManager(store.backend, store.codec).load("s")
+    assert again is not None and [m["content"] for m in again.messages] == ["a", "b", "c", "d"]
+
+
+async def test_a_load_after_a_save_cancelled_after_its_commit_returns_the_session_settled(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sm = store.sessions
+    s = await a_saved_b_cancelled_after_commit(store, monkeypatch)
+    assert await sm.load("s") is s  # its own write: not mistaken for another writer's
+    assert not s.is_dirty() and s.saved_head == 2
+    s.add_message("user", "c")
+    await sm.save(s)
+    assert await stored_contents(store, "s") == ["a", "b", "c"]
+
+
+async def append_elsewhere(store: statekeel.Store, key: str, content: str) -> None:
+    """Another writer (a manager of its own on the same backend) appends one message."""
+    other = statekeel.SessionManager(store.backend, store.codec)
+    theirs = await other.load(key)
+    assert theirs is not None
+    theirs.add_message("user", content)
+    await other.save(theirs)
+
+
+async def test_another_writer_after_a_cancelled_save_still_makes_the_next_save_conflict(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sm = store.sessions
+    s = await a_saved_b_cancelled_after_commit(store, monkeypatch)
+    await append_elsewhere(store, "s", "theirs")
+    s.add_message("user", "c")
+    with pytest.raises(statekeel.ConflictError):
+        await sm.save(s)
+    assert await stored_contents(store, "s") == ["a", "b", "theirs"]
+
+
+async def test_a_save_that_never_reached_the_backend_before_another_writer_still_conflicts(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("s")
+    s.add_message("user", "a")
+    await sm.save(s)
+    s.add_message("assistant", "b")
+    save = asyncio.create_task(sm.save(s))
+    save.cancel()  # before it ran at all
+    with pytest.raises(asyncio.CancelledError):
+        await save
+    await append_elsewhere(store, "s", "theirs")
+    with pytest.raises(statekeel.ConflictError):
+        await sm.save(s)
+    assert await stored_contents(store, "s") == ["a", "theirs"]
+
+
+def fallback_files(directory: str | os.PathLike[str]) -> list[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(directory) for f in files]
+
+
+async def test_a_save_on_a_closed_store_raises_and_writes_nothing(store_url: str, tmp_path: Any) -> None:
+    fallback = os.path.join(os.fspath(tmp_path), "closed-fallback")
+    store = await statekeel.open_store(store_url, fallback_dir=fallback)
+    saved = await store.sessions.get_or_create("saved")
+    saved.add_message("user", "before close")
+    await store.sessions.save(saved)
+    new = await store.sessions.get_or_create("new")
+    new.add_message("user", "never saved")
+    saved.add_message("user", "after close")
+    await store.close()
+    for session in (saved, new):
+        with pytest.raises(statekeel.BackendUnavailable, match="closed"):
+            await store.sessions.save(session)
+    assert fallback_files(fallback) == []
+    if store_url != "memory://":  # an in-memory store is gone once closed
+        async with statekeel.open_store(store_url) as reopened:
+            assert await stored_contents(reopened, "saved") == ["before close"]
+            assert await reopened.backend.load_session("new") is None

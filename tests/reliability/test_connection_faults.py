@@ -13,6 +13,7 @@ import contextlib
 import random
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -165,6 +166,101 @@ async def test_a_lost_commit_answer_in_an_atomic_block_is_unknown_and_the_block_
         report = await store.audit.verify()
         assert report.ok and report.count == 1 and report.approvals == 1
         assert pending.args == {"env": "prod"}
+
+
+def fallback_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file()]
+
+
+@contextlib.asynccontextmanager
+async def _after_a_lost_commit_answer(
+    db_url: str, fallback: Path
+) -> AsyncIterator[tuple[statekeel.Store, statekeel.Session]]:
+    """A store through the proxy, and its session "s" with "kept" saved, then "answer lost" saved by a save
+    whose COMMIT answer was lost: it committed, and the save (not knowing) also wrote its fallback file."""
+    async with (
+        _through_proxy(db_url) as (url, proxy),
+        statekeel.open_store(url, fallback_dir=fallback) as store,
+    ):
+        s = await store.sessions.get_or_create("s")
+        s.add_message("user", "kept")
+        await store.sessions.save(s)
+        s.add_message("assistant", "answer lost")
+        proxy.drop_next_commit_answer()
+        await store.sessions.save(s)
+        assert proxy.dropped == 1
+        assert len(fallback_files(fallback)) == 1
+        yield store, s
+
+
+async def _contents(store: statekeel.Store) -> list[str]:
+    return [m.payload["content"] for m in await store.backend.read_messages("s")]
+
+
+@pytest.mark.postgres
+async def test_a_save_whose_commit_answer_was_lost_is_settled_by_the_next_save_and_its_fallback_file_removed(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with _after_a_lost_commit_answer(pg_migrated, fallback) as (store, s):
+        s.add_message("user", "next")
+        await store.sessions.save(s)  # its own write, recognised: no ConflictError, nothing twice
+        assert await _contents(store) == ["kept", "answer lost", "next"]
+        assert fallback_files(fallback) == []
+        assert (await store.sessions.replay_fallback()).ok
+
+
+@pytest.mark.postgres
+async def test_the_fallback_file_of_a_lost_commit_answer_is_removed_by_replay_not_written_twice(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with _after_a_lost_commit_answer(pg_migrated, fallback) as (store, s):
+        report = await store.sessions.replay_fallback()
+        assert report.ok and report.stale == ["s"] and not report.replayed
+        assert fallback_files(fallback) == []
+        assert await _contents(store) == ["kept", "answer lost"]
+        assert not s.is_dirty()
+        s.add_message("user", "next")
+        await store.sessions.save(s)
+        assert await _contents(store) == ["kept", "answer lost", "next"]
+
+
+@pytest.mark.postgres
+async def test_another_process_loading_after_a_lost_commit_answer_removes_the_covered_fallback_file(
+    pg_migrated: str, tmp_path: Path
+) -> None:
+    fallback = tmp_path / "fallback"
+    async with _after_a_lost_commit_answer(pg_migrated, fallback):
+        pass  # that process ends
+    async with statekeel.open_store(pg_migrated, fallback_dir=fallback) as restarted:
+        s = await restarted.sessions.load("s")
+        assert s is not None and [m["content"] for m in s.messages] == ["kept", "answer lost"]
+        assert not s.is_dirty()
+        assert fallback_files(fallback) == []
+        assert await _contents(restarted) == ["kept", "answer lost"]
+
+
+@pytest.mark.postgres
+async def test_a_save_in_an_atomic_block_whose_commit_answer_was_lost_is_settled_by_the_next_save(
+    pg_migrated: str,
+) -> None:
+    async with _through_proxy(pg_migrated) as (url, proxy), statekeel.open_store(url) as store:
+        s = await store.sessions.get_or_create("s")
+        s.add_message("user", "kept")
+        await store.sessions.save(s)
+        s.add_message("assistant", "answer lost")
+        proxy.drop_next_commit_answer()
+        with pytest.raises(statekeel.BackendUnavailable):
+            async with store.backend.atomic():
+                await store.sessions.save(s)
+                s.add_message("assistant", "lost too")
+                await store.sessions.save(s)
+        assert [m["content"] for m in s.unsaved()] == ["answer lost", "lost too"]  # it cannot know
+        s.add_message("user", "next")
+        await store.sessions.save(s)
+        assert await _contents(store) == ["kept", "answer lost", "lost too", "next"]
+        assert not s.is_dirty()
 
 
 # --- connections killed while writers run -------------------------------------------------------------

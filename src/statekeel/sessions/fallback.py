@@ -378,6 +378,9 @@ class SessionFallback:
         manager = self._manager
         cached = manager._cache.get(key)
         if cached is not None and cached._fallback_sig == signature:
+            if cached._unsure is not None and await self._landed_unheard(cached):
+                report.stale.append(key)  # the save that wrote the file had landed: nothing to replay
+                return
             # The cached session holds the file's messages (and maybe more): saving it writes them all,
             # after any save of it already under way.
             if await manager._save(cached):
@@ -396,6 +399,14 @@ class SessionFallback:
         if cached is not None and not cached.is_dirty():
             manager._forget(key, cached)  # stale now: the next load reads the replayed state
         report.replayed[key] = len(snap.messages) - verdict.covered
+
+    async def _landed_unheard(self, session: Session) -> bool:
+        """Whether a save of ``session`` whose answer was lost had landed, and with it all of the file the
+        session holds (then deleted)."""
+        manager = self._manager
+        async with session._saving:  # not while a save of it is under way
+            record = await manager.backend.load_session(session.key)
+            return await manager._settled(session, record) and session._fallback_sig is None
 
     async def _append(self, snap: FallbackSnapshot, record: SessionRecord | None, covered: int) -> None:
         """Write the file's messages the backend lacks, with its metadata and status changes."""

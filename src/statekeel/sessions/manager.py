@@ -2,7 +2,9 @@
 
 - ``save`` writes only what changed since the last load or save, in one transaction, conditional on the
   head sequence (messages) and version (metadata, status) it started from: a concurrent writer gets
-  ``ConflictError``, never an interleaved history nor a silently overwritten field.
+  ``ConflictError``, never an interleaved history nor a silently overwritten field. Each attempt's write
+  id is stored in the row, so a save whose answer never came (cancelled, COMMIT answer lost) is recognised
+  by the session's next save or load as its own, not another writer's.
 - ``lock(key)`` is one holder per session (see :mod:`statekeel.sessions.lock`).
 - When the backend is unavailable, ``save`` writes a fallback file and warns; ``load`` merges it back, and
   ``replay_fallback()`` moves it into the backend once it works again (see
@@ -16,9 +18,11 @@ import builtins
 import collections
 import datetime as dt
 import functools
+import itertools
 import logging
 import math
 import os
+import secrets
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -113,6 +117,11 @@ class SessionManager:
         self._evicting = asyncio.Lock()
         self._fallback = SessionFallback(self, self.fallback)
         self._tools = ToolCalls(self)
+        # Each save attempt gets its own write id (stored in the row it writes): a save that never heard
+        # its outcome recognises its own write by it. Unique per manager instance.
+        self._write_prefix = f"{secrets.token_hex(8)}."
+        self._write_seq = itertools.count()
+        self._closed = False
 
     # --- helpers --------------------------------------------------------------------------------------
 
@@ -182,6 +191,8 @@ class SessionManager:
         if record is None:
             current = not cached._in_backend
         else:
+            if cached._unsure is not None and not cached._in_step_with(record):
+                await self._settled(cached, record)  # its own save landed, unheard
             current = cached._in_step_with(record) and cached._refreshed(record)
         if current:
             try:
@@ -311,6 +322,11 @@ class SessionManager:
         backend is unavailable the session is written to its fallback file and a warning is logged;
         raises only if both fail. Inside an ``atomic()`` block the save is part of the block's
         transaction: undone in the session if the block rolls back, and never written to a fallback file.
+
+        A save whose outcome the session never heard (the call was cancelled, or the COMMIT's answer was
+        lost) is recognised by the next save or load, from the write id stored with the row: settled as
+        saved, never written twice nor taken for another writer's. ``BackendUnavailable`` once the store
+        is closed, with nothing written.
         """
         await self._save(session)
 
@@ -322,6 +338,12 @@ class SessionManager:
             return await self._save_now(session)
 
     async def _save_now(self, session: Session) -> bool:
+        if self._closed:
+            raise BackendUnavailable(
+                f"the store is closed: session {session.key!r} was not saved (nor written to a fallback "
+                "file); open the store again, load the session and re-apply the change",
+                key=session.key,
+            )
         changes = session._changes()
         if changes.empty:
             return True
@@ -329,6 +351,9 @@ class SessionManager:
             await self._fallback.check_before_save(session)
         calls = await self._tools.counted(session)
         in_block = self.backend.in_atomic()
+        write_id = f"{self._write_prefix}{next(self._write_seq)}"
+        if not in_block:  # in a block, the block's outcome decides
+            session._attempting(write_id, changes)
         try:
             record = await self.backend.append_messages(
                 session.key,
@@ -344,22 +369,51 @@ class SessionManager:
                 # How many tool calls wait for a result after this save, and whose they are.
                 open_calls=calls[0],
                 calls_owner=calls[1],
+                write_id=write_id,
             )
         except BackendUnavailable as exc:
             if in_block:
                 raise  # the block's transaction decides: a fallback file would outlive its rollback
+            if getattr(exc, "outcome", None) != "unknown":
+                session._attempt_failed(write_id)
             await self._fallback.write(session, changes, exc)
             return False
+        except ConflictError:
+            session._attempt_failed(write_id)
+            # A save of this session whose answer it never heard may have moved the row (and a load may
+            # have settled it meanwhile): then it is no conflict, and what is left unsaved is written now.
+            if session._head == changes.base and (
+                session._unsure is None
+                or not await self._settled(session, await self.backend.load_session(session.key))
+            ):
+                raise
+            return await self._save_now(session)
+        except StatekeelError:
+            if not in_block:
+                session._attempt_failed(write_id)
+            raise
         covered = session._fallback_sig
         if in_block:
             # Settled for the rest of the block; undone if it rolls back. The file goes after COMMIT.
-            undo = session._saved_undoably(record, changes)
+            undo = session._saved_undoably(record, changes, write_id)
             self.backend.on_block_end(functools.partial(self._block_ended, session.key, undo, covered))
         else:
             session._saved(record, changes)
             if covered is not None:
                 await self._fallback.drop_covered(session.key, covered)
         self._fallback.after_save(session.key)
+        return True
+
+    async def _settled(self, session: Session, record: SessionRecord | None) -> bool:
+        """Whether ``record`` (the backend's row) was written by a save of ``session`` whose answer it never
+        heard; then that save is settled as done, and the fallback file it holds deleted once the backend
+        has all of it."""
+        if record is None or not session._landed(record):
+            return False
+        log.info("session %r: a save whose answer was lost had landed; settled as saved", session.key)
+        covered = session._covered_fallback()
+        if covered is not None:
+            await self._fallback.drop_covered(session.key, covered)
         return True
 
     def _block_ended(self, key: str, undo: Callable[[], None], covered: str | None, committed: bool) -> None:
@@ -618,7 +672,9 @@ class SessionManager:
 
     async def close(self) -> None:
         """Stop background work (fallback replay, lease renewal, the heartbeat). Held leases expire by
-        themselves; tool calls this manager left waiting may be answered by the next load."""
+        themselves; tool calls this manager left waiting may be answered by the next load. Saves raise
+        ``BackendUnavailable`` from now on."""
+        self._closed = True
         tasks = list(self._fallback.tasks)
         for lock in list(self._held.values()):
             if lock._renewer is not None:

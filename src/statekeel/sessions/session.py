@@ -97,8 +97,12 @@ _STORED = (
     "created_at",
     "updated_at",
     "_fallback_sig",
+    "_unsure",
 )
 _stored_fields = operator.attrgetter(*_STORED)
+# At most this many saves of one session whose outcome it never heard are remembered (the oldest is
+# forgotten first): a bound on memory, far above what a caller's retries leave.
+_MAX_UNSURE = 8
 
 
 class Session:
@@ -126,6 +130,7 @@ class Session:
         "_saved_status",
         "_saving",
         "_tools",
+        "_unsure",
         "_version",
         "created_at",
         "key",
@@ -147,6 +152,9 @@ class Session:
         # The signature of the fallback file whose content this session holds (it wrote or merged it).
         self._fallback_sig: str | None = None
         self._saving = asyncio.Lock()  # one save of this object at a time
+        # The saves since the last one that was answered whose outcome this session never heard, by
+        # write id: each may have landed (see _landed).
+        self._unsure: dict[str, Changes] | None = None
         self._full = False
         # The last saved message object: if it is no longer at its place, the list was cut and regrown.
         self._saved_last: dict[str, Any] | None = None
@@ -395,6 +403,47 @@ class Session:
         self._tools.stored(record)  # the waiting calls' count and owner change without a new version
         return record.version == self._version or self._take_theirs(record)
 
+    def _attempting(self, write_id: str, changes: Changes) -> None:
+        """A save with ``write_id`` is about to write ``changes``. Until its answer arrives — it may never:
+        the call can be cancelled after its COMMIT, or the COMMIT's answer be lost — it may have landed."""
+        unsure = self._unsure
+        if unsure is None:
+            self._unsure = {write_id: changes}
+            return
+        if len(unsure) >= _MAX_UNSURE:
+            del unsure[next(iter(unsure))]
+        unsure[write_id] = changes
+
+    def _attempt_failed(self, write_id: str) -> None:
+        """The save with ``write_id`` was refused: it did not land."""
+        unsure = self._unsure
+        if unsure is not None:
+            unsure.pop(write_id, None)
+            if not unsure:
+                self._unsure = None
+
+    def _landed(self, record: SessionRecord) -> bool:
+        """Whether ``record``'s last append is one of this session's saves whose answer it never heard;
+        then that save is settled as done (the fallback file this session holds stays held until all of
+        it is in the backend). False when another writer's append came last."""
+        unsure = self._unsure
+        changes = None if unsure is None or record.write_id is None else unsure.get(record.write_id)
+        if changes is None or record.head_seq != changes.base + len(changes.batch):
+            return False
+        held = self._fallback_sig
+        self._saved(record, changes)
+        self._fallback_sig = held
+        return True
+
+    def _covered_fallback(self) -> str | None:
+        """The signature of the fallback file this session holds when all it holds is in the backend now
+        (nothing is unsaved): the session lets go of it, for the caller to delete."""
+        held = self._fallback_sig
+        if held is None or self.is_dirty():
+            return None
+        self._fallback_sig = None
+        return held
+
     def _saved(self, record: SessionRecord, changes: Changes) -> None:
         """The backend took ``changes``; ``record`` is its row after them."""
         # A write of metadata or status was conditional on the version: only an append of messages alone
@@ -405,6 +454,7 @@ class Session:
         self._in_backend = True
         self.created_at = record.created_at
         self._fallback_sig = None
+        self._unsure = None
         self._tools.stored(record)
         if not (theirs and self._take_theirs(record)):
             if not theirs:
@@ -413,8 +463,9 @@ class Session:
                 self._version = record.version
             self.updated_at = record.updated_at
 
-    def _saved_undoably(self, record: SessionRecord, changes: Changes) -> Callable[[], None]:
-        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block rolls back."""
+    def _saved_undoably(self, record: SessionRecord, changes: Changes, write_id: str) -> Callable[[], None]:
+        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block does not commit
+        — it rolled back, or its COMMIT's answer was lost: then the save (``write_id``) may have landed."""
         before = self._stored()
         calls_before = self._tools.stored_open, self._tools.calls_owner
         metadata, status = self.metadata, self.status
@@ -422,12 +473,16 @@ class Session:
         taken_metadata, taken_status = self.metadata, self.status
 
         def undo() -> None:
+            later = self._unsure  # what the undos of the block's later saves remembered (run first)
             self._restore(before)
             self._tools.stored_open, self._tools.calls_owner = calls_before
             if self.metadata is taken_metadata:
                 self.metadata = metadata
             if self.status == taken_status:
                 self.status = status
+            for attempt in (later or {}).items():
+                self._attempting(*attempt)
+            self._attempting(write_id, changes)
 
         return undo
 

@@ -38,7 +38,8 @@ class SessionRecord:
 
     ``open_calls`` counts the tool calls of the live transcript that still wait for a result (-1: not
     known, for messages appended by a writer that does not read transcripts); ``calls_owner`` is the
-    process (a lease owner id) that saved the session while they were waiting.
+    process (a lease owner id) that saved the session while they were waiting. ``write_id`` is the id the
+    last append was given (``append_messages(write_id=...)``; None when it gave none).
     """
 
     key: str
@@ -51,6 +52,7 @@ class SessionRecord:
     updated_at: dt.datetime
     open_calls: int = 0
     calls_owner: str | None = None
+    write_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ class SessionBackend(abc.ABC):
         expected_version: int | None = None,
         open_calls: int | None = None,
         calls_owner: str | None = None,
+        write_id: str | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 
@@ -217,6 +220,10 @@ class SessionBackend(abc.ABC):
         and ``calls_owner`` the process that leaves them (None when there are none). A writer that does
         not count them (None) marks the count unknown (-1) when it appends messages, and keeps it as it is
         otherwise.
+
+        ``write_id`` is stored in the row (``SessionRecord.write_id``; None when not given), so that a
+        writer that never heard the outcome of its append (cancelled, or the COMMIT's answer lost) can tell
+        its own write from another writer's.
 
         ``ConflictError`` with ``current`` = the actual head when another writer appended first, when
         ``expected_created_at`` is given and the session was deleted and created again since, or when

@@ -8,12 +8,12 @@ WHERE table_schema = current_schema() AND table_name = $1;
 
 -- name: copy_sessions_first
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions ORDER BY key COLLATE "C" LIMIT $1;
 
 -- name: copy_sessions_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE key COLLATE "C" > $1
 ORDER BY key COLLATE "C" LIMIT $2;
 
@@ -22,8 +22,8 @@ SELECT key FROM sessions ORDER BY key COLLATE "C" DESC LIMIT 1;
 
 -- name: copy_sessions_insert
 INSERT INTO sessions (key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at,
-                      open_calls, calls_owner)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+                      open_calls, calls_owner, write_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: copy_sessions_count
 SELECT count(*) AS n FROM sessions;
@@ -476,7 +476,7 @@ SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints ORDER BY thread_
 
 -- name: copy_checkpoints_insert
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: copy_checkpoints_count
 SELECT count(*) AS n FROM checkpoints;

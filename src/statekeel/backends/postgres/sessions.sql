@@ -3,19 +3,19 @@
 
 -- name: session_get
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE key = $1;
 
 -- name: session_get_for_update
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE key = $1 FOR UPDATE;
 
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner;
+       calls_owner, write_id;
 
 -- name: session_insert_missing
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
@@ -23,22 +23,22 @@ ON CONFLICT (key) DO NOTHING;
 
 -- name: session_list
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions ORDER BY updated_at DESC, key DESC LIMIT $1;
 
 -- name: session_list_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE (updated_at, key) < ($1, $2) ORDER BY updated_at DESC, key DESC LIMIT $3;
 
 -- name: session_list_status
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE status = $1 ORDER BY updated_at DESC, key DESC LIMIT $2;
 
 -- name: session_list_status_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner
+       calls_owner, write_id
 FROM sessions WHERE status = $1 AND (updated_at, key) < ($2, $3)
 ORDER BY updated_at DESC, key DESC LIMIT $4;
 
@@ -48,7 +48,7 @@ SET metadata = COALESCE($1::jsonb, metadata), status = COALESCE($2::text, status
     updated_at = $3
 WHERE key = $4 AND ($5::bigint IS NULL OR version = $5)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner;
+       calls_owner, write_id;
 
 -- name: session_delete
 DELETE FROM sessions WHERE key = $1;
@@ -60,17 +60,19 @@ SET head_seq = head_seq + $1, metadata = COALESCE($2::jsonb, metadata),
     -- A writer that reads the transcript says how many tool calls wait for a result and whose they are;
     -- one that does not ($9 NULL) makes the count unknown when it appends messages.
     open_calls = CASE WHEN $9::integer IS NOT NULL THEN $9 WHEN $1 > 0 THEN -1 ELSE open_calls END,
-    calls_owner = CASE WHEN $9::integer IS NOT NULL THEN $10::text ELSE calls_owner END
+    calls_owner = CASE WHEN $9::integer IS NOT NULL THEN $10::text ELSE calls_owner END,
+    -- Which save this is, so that one whose answer was lost knows its own write (NULL: none given).
+    write_id = $11::text
 WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7)
   AND ($8::bigint IS NULL OR version = $8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner;
+       calls_owner, write_id;
 
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = $1, version = version + 1, updated_at = $2
 WHERE key = $3 AND last_consolidated = $4
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner;
+       calls_owner, write_id;
 
 -- name: message_insert
 INSERT INTO messages (session_key, seq, role, payload, created_at) VALUES ($1, $2, $3, $4, $5);

@@ -47,7 +47,7 @@ TABLES: tuple[CopyTable, ...] = (
     _table(
         "sessions",
         "key:text status:text metadata:json last_consolidated:int head_seq:int version:int "
-        "created_at:ts updated_at:ts open_calls:int calls_owner:text",
+        "created_at:ts updated_at:ts open_calls:int calls_owner:text write_id:text",
         "key",
     ),
     _table("messages", "session_key:text seq:int role:text payload:json created_at:ts", "session_key seq"),

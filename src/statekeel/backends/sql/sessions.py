@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt
-from ...validation import check_aware, check_int, check_key
+from ...validation import check_aware, check_int, check_key, check_str
 from ..base import (
     ArchivedMessage,
     LoadedSession,
@@ -39,6 +39,7 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         updated_at=tx.ts_out(row["updated_at"]),
         open_calls=row["open_calls"],
         calls_owner=row["calls_owner"],
+        write_id=row["write_id"],
     )
 
 
@@ -234,6 +235,7 @@ async def op_append_messages(
     expected_version: int | None = None,
     open_calls: int | None = None,
     calls_owner: str | None = None,
+    write_id: str | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -252,6 +254,7 @@ async def op_append_messages(
         expected_version,
         open_calls,
         calls_owner,
+        write_id,
     )
     if row is None:
         current = await _require_session(tx, key)
@@ -482,6 +485,7 @@ class SqlSessions(SqlBackend, SessionBackend):
         expected_version: int | None = None,
         open_calls: int | None = None,
         calls_owner: str | None = None,
+        write_id: str | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
@@ -492,6 +496,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             check_aware(expected_created_at, "expected_created_at")
         if open_calls is not None:
             check_int(open_calls, "open_calls", minimum=-1)
+        if write_id is not None:
+            check_str(write_id, "write_id")
         return await self._write(
             op_append_messages,
             key,
@@ -505,6 +511,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             expected_version,
             open_calls,
             calls_owner if open_calls else None,
+            write_id,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
