@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .approvals import ApprovalLog
 from .audit import AuditLog
 from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .errors import InvalidArgument, NotFound, StorageCorrupt
@@ -113,6 +114,30 @@ class StoreInfo:
             and self.fallback_files == 0
             and not self.incidents
         )
+
+
+DEFAULT_URL = "sqlite:///statekeel.db"
+"""The store ``open_store()`` and the ``statekeel`` command use when given no URL and ``$STATEKEEL_URL`` is
+unset or empty."""
+
+# SQLAlchemy's spellings of a PostgreSQL URL for asyncpg, which asyncpg itself does not accept.
+_PG_ALIASES = ("postgresql+asyncpg", "postgres+asyncpg")
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The store URL to use: ``url``, else ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db``; a
+    ``postgresql+asyncpg://`` URL (SQLAlchemy's spelling) becomes ``postgresql://``.
+
+    resolve_url(None)  # 'sqlite:///statekeel.db' when $STATEKEEL_URL is not set
+    """
+    if url is None:
+        url = os.environ.get("STATEKEEL_URL") or DEFAULT_URL
+    if not isinstance(url, str):
+        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in _PG_ALIASES:
+        return "postgresql://" + rest
+    return url
 
 
 def redact_url(url: str) -> str:
@@ -269,6 +294,18 @@ class Store:
         """
         return await purge(self, self.options.retention, now, dry_run)
 
+    async def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+        """Write a consistent copy of the whole store to the new SQLite file ``dest`` (0600; never
+        overwritten: an existing file raises ``InvalidArgument``) while the store stays in use. SQLite
+        stores are copied with SQLite's online backup API (one committed snapshot); PostgreSQL and memory
+        stores with :func:`statekeel.copy_store`, every row verified (their writers should be stopped).
+        See :mod:`statekeel.backup`.
+
+        report = await store.backup("agent-state.backup.db")
+        print(report.path, report.bytes)
+        """
+        return await backup(self, dest)
+
     async def vacuum(self) -> int | None:
         """Rewrite a SQLite file without its free pages (``VACUUM``: it holds the write lock until done)
         and switch it to incremental auto-vacuum, so that later purges give space back by themselves.
@@ -357,7 +394,7 @@ class _Opener:
 
 
 def open_store(
-    url: str,
+    url: str | None = None,
     *,
     fallback_dir: str | None = None,
     cache_size: int = 200,
@@ -369,11 +406,12 @@ def open_store(
     audit_key: bytes | None = None,
     retention: Retention | None = None,
 ) -> _Opener:
-    """Open (creating and migrating if needed) the store at ``url``.
+    """Open (creating and migrating if needed) the store at ``url``; with no ``url``, at
+    ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db`` (as the ``statekeel`` command does).
 
     ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
     at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
-    ``postgresql://user@host:5432/db``.
+    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too).
 
     ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
     and is left as it was (for tools that inspect a store shared with agents of another version).
@@ -395,6 +433,5 @@ def open_store(
         audit_key=audit_key,
         retention=Retention() if retention is None else retention,
     )
-    if not isinstance(url, str):  # here, not at the await: a bad call fails where it is made
-        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
-    return _Opener(url, options)
+    # Here, not at the await: a bad call fails where it is made.
+    return _Opener(resolve_url(url), options)
