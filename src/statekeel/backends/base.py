@@ -76,6 +76,7 @@ from statekeel.backends.records import (
     VectorWrite,
     WorkflowRecord,
     WorkflowStepRecord,
+    every_item,
 )
 
 __all__ = [
@@ -154,6 +155,7 @@ __all__ = [
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
+    "every_item",
 ]
 
 

@@ -8,6 +8,7 @@ ever appended, and the next message gets ``seq == head_seq``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -101,6 +102,18 @@ class Page:
 
     items: list[Any] = field(default_factory=list)
     next_cursor: str | None = None
+
+
+async def every_item(fetch: Callable[[str | None], Awaitable[Page]]) -> AsyncIterator[Any]:
+    """Each item of a cursor-paginated listing: ``fetch(cursor)`` returns one page, from ``None`` on."""
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
 
 
 @dataclass(frozen=True, slots=True)
