@@ -27,6 +27,7 @@ from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
+from .health import HealthReport, health
 from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .retention import PurgeReport, Retention, purge
@@ -258,6 +259,19 @@ class Store:
         assert report.ok, report.summary()
         """
         return await recover(self, repair=repair, now=now, files_root=files_root)
+
+    async def health(self, *, files_root: str | os.PathLike[str] | None = None) -> HealthReport:
+        """Run every health check without changing the store: integrity, schema, fallback files waiting,
+        incidents, the audit chain, tool calls left without a result, expired leases, steps in doubt and
+        (with ``files_root``) drift of recorded files. Each finding says what to do. See
+        :mod:`statekeel.health`.
+
+        report = await store.health()
+        if not report.ok:
+            for finding in report.problems:
+                print(finding.check, finding.detail, "->", finding.advice)
+        """
+        return await health(self, files_root)
 
     async def incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
         """Damage statekeel noticed in its own storage (oldest first): those nobody acknowledged yet, or all.
