@@ -8,6 +8,7 @@ import datetime as dt
 import enum
 import json
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -128,8 +129,9 @@ def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
 
 
 def console() -> Console:
-    """The console commands print to (no syntax highlighting: values are shown as they are)."""
-    return Console(highlight=False)
+    """The console commands print to (no syntax highlighting: values are shown as they are). Into a pipe
+    or a file, lines are not cut at 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _plain(value: Any) -> Any:
