@@ -91,9 +91,8 @@ def _shown(value: Any, limit: int = 300) -> str:
 
 def _print_call(out: Console, call: ToolCall, indent: str) -> None:
     call_id = escape(call.call_id or "no id")
-    out.print(
-        f"{indent}[cyan]→ tool call[/cyan] {escape(call.name)} {_shown(call.arguments)} [dim]({call_id})[/dim]"
-    )
+    name, arguments = escape(call.name), _shown(call.arguments)
+    out.print(f"{indent}[cyan]→ tool call[/cyan] {name} {arguments} [dim]({call_id})[/dim]")
     result = call.result
     if result is not None:
         tag = "[red]error[/red] " if result.is_error else ""
