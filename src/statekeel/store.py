@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -298,15 +298,22 @@ class Store:
             )
         return done
 
-    async def purge(self, now: dt.datetime | None = None, *, dry_run: bool = False) -> PurgeReport:
+    async def purge(
+        self,
+        now: dt.datetime | None = None,
+        *,
+        dry_run: bool = False,
+        on_batch: Callable[[dict[str, int]], object] | None = None,
+    ) -> PurgeReport:
         """Delete what the store's ``retention`` allows at ``now`` (default: the current time), in short
-        batches, never a protected row; with ``dry_run`` write nothing and report the same counts. See
-        :mod:`statekeel.retention`.
+        batches, never a protected row; with ``dry_run`` write nothing and report the same counts.
+        ``on_batch(counts)`` is called after each batch with the rows per kind so far (for a progress
+        display). See :mod:`statekeel.retention`.
 
         report = await store.purge(dry_run=True)
         print(report.counts, report.longest_batch_seconds)
         """
-        return await purge(self, self.options.retention, now, dry_run)
+        return await purge(self, self.options.retention, now, dry_run, on_batch)
 
     async def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the whole store to the new SQLite file ``dest`` (0600; never

@@ -11,6 +11,7 @@ read commands print JSON with ``--json``. Errors are one line on stderr and a no
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -59,14 +60,17 @@ class _Cli(click.Group):
 @click.pass_context
 def main(ctx: click.Context, url: str | None) -> None:
     """statekeel: a recoverable state layer for long-running, tool-executing AI agents."""
+    # The library logs its findings as warnings for applications; a command prints them itself.
+    logging.getLogger("statekeel").setLevel(logging.ERROR)
     ctx.obj = {"url": resolve_url(url)}
 
 
-from . import demo as _demo  # noqa: E402  (commands register themselves on ``main``)
+from . import admin as _admin  # noqa: E402  (commands register themselves on ``main``)
+from . import demo as _demo  # noqa: E402
 from . import info as _info  # noqa: E402
 from . import sessions as _sessions  # noqa: E402
 from . import tasks as _tasks  # noqa: E402
 from . import ui as _ui  # noqa: E402  (imports statekeel.ui only when the command runs)
 
 __all__ = ["main", "redact_url"]
-del _demo, _info, _sessions, _tasks, _ui
+del _admin, _demo, _info, _sessions, _tasks, _ui

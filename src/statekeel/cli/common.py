@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 
 from ..errors import MigrationError, StatekeelError
+from ..retention import Retention
 from ..store import _Opener, open_store, redact_url, resolve_url, sqlite_path
 
 T = TypeVar("T")
@@ -111,11 +112,11 @@ def require_existing(url: str) -> None:
         )
 
 
-def open_for_reading(url: str) -> _Opener:
+def open_for_reading(url: str, *, retention: Retention | None = None) -> _Opener:
     """Open an existing store without changing its schema (``migrate=False``): a store an agent of another
-    version shares must not be upgraded by looking at it."""
+    version shares must not be upgraded by looking at it (nor by a command that repairs or purges it)."""
     require_existing(url)
-    return open_store(url, migrate=False)
+    return open_store(url, migrate=False, retention=retention)
 
 
 def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
