@@ -266,7 +266,7 @@ async def _copy(src: str, dst: str, force: bool, batch_size: int, progress: Prog
             report = await copy_store(source, dest, batch_size=batch_size, overwrite=force, on_batch=on_batch)
         except ConflictError as exc:
             rows = exc.fields.get("rows")
-            if tasks or rows is None:
+            if force or tasks or rows is None:
                 raise  # not the refusal of a destination that holds data
             raise Failure(
                 f"the destination {redact_url(dst)} is not empty ({exc.fields.get('table')} holds "
