@@ -6,9 +6,11 @@ and ``gc``. Each is one library call (``Store.recover``, ``AuditLog.verify``, ``
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,7 +22,7 @@ from ..copy import CopyReport, copy_store
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
-from ..store import open_store, redact_url
+from ..store import open_store, redact_url, sqlite_path
 from . import main
 from .common import (
     Failure,
@@ -175,12 +177,14 @@ async def _migrate(url: str) -> int:
         return (await store.info(check_integrity=False)).schema_version
 
 
-def _exists(url: str) -> bool:
-    try:
-        require_existing(url)
-    except Failure:
-        return False
-    return True
+def _new_file(url: str) -> str | None:
+    """Why the SQLite file of ``url`` holds no store yet (missing, or empty), or None."""
+    path = sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+    if path is None:
+        return None
+    if not os.path.exists(path):
+        return f"no store at {path}: the file does not exist"
+    return f"no store at {path}: the file is empty" if os.path.getsize(path) == 0 else None
 
 
 @main.command()
@@ -197,7 +201,10 @@ def migrate(ctx: click.Context, db: str | None, check: bool, create: bool) -> No
     """
     url = store_url(db)
     out = console()
-    if create and not check and not _exists(url):
+    new = _new_file(url)
+    if new is not None and not check:
+        if not create:
+            raise Failure(f"{new} (nothing was created); pass --create to create a store there")
         version, pending = 0, [0]  # a new store: every migration applies
     else:
         version, pending = run(_schema_version(url), f"cannot read the schema of {redact_url(url)}")
