@@ -550,6 +550,16 @@ class Prepared:
         ]
 
 
+def other_application_db(path: Path) -> bytes:
+    """A SQLite database of another application at ``path`` (an ``invoices`` table, one row); its bytes."""
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
+    conn.commit()
+    conn.close()
+    return path.read_bytes()
+
+
 def run_statekeel(
     *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

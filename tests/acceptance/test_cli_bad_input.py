@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
-from helpers import one_line_error, run_statekeel
+from helpers import one_line_error, other_application_db, run_statekeel
 
 READ_COMMANDS = [
     ["status"],
@@ -98,14 +98,8 @@ def test_an_empty_file_stays_empty(tmp_path: Path) -> None:
 
 
 def test_the_database_of_another_application_is_left_alone(tmp_path: Path) -> None:
-    import sqlite3
-
     other = tmp_path / "other.db"
-    conn = sqlite3.connect(other)
-    conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
-    conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
-    conn.commit()
-    conn.close()
+    other_application_db(other)
     before = hashlib.sha256(other.read_bytes()).hexdigest()
     for command in (["status"], ["recover"], ["gc"], ["migrate"]):
         error = one_line_error(run_statekeel(*command, "--db", f"sqlite:///{other}", cwd=tmp_path))

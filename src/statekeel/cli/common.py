@@ -9,7 +9,7 @@ import enum
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -117,6 +117,18 @@ def open_for_reading(url: str, *, retention: Retention | None = None) -> _Opener
     version shares must not be upgraded by looking at it (nor by a command that repairs or purges it)."""
     require_existing(url)
     return open_store(url, migrate=False, retention=retention)
+
+
+async def collect(items: AsyncIterator[T], limit: int | None) -> list[T]:
+    """The first ``limit`` items (all of them for None) of an async iterator such as ``sessions.iter()``."""
+    found: list[T] = []
+    if limit is not None and limit <= 0:
+        return found
+    async for item in items:
+        found.append(item)
+        if limit is not None and len(found) >= limit:
+            break
+    return found
 
 
 def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:

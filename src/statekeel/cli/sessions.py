@@ -19,17 +19,22 @@ from ..backends.base import SESSION_STATUSES, LoadedSession, SessionRecord
 from ..store import redact_url
 from ..ui.transcript import Entry, Fold, Part, ToolCall, build_transcript, compact, pretty
 from . import main
-from .common import Failure, console, db_option, echo_json, json_option, open_for_reading, run, store_url
+from .common import (
+    Failure,
+    collect,
+    console,
+    db_option,
+    echo_json,
+    json_option,
+    open_for_reading,
+    run,
+    store_url,
+)
 
 
 async def _sessions(url: str, status: str | None, limit: int | None) -> list[SessionRecord]:
-    found: list[SessionRecord] = []
     async with open_for_reading(url) as store:
-        async for record in store.sessions.iter(status=status):
-            found.append(record)
-            if limit is not None and len(found) >= limit:
-                break
-    return found
+        return await collect(store.sessions.iter(status=status), limit)
 
 
 @main.command()

@@ -16,7 +16,17 @@ from ..backends.base import TASK_STATUSES, Span, TaskRecord
 from ..store import redact_url
 from ..ui.layout import waterfall
 from . import main
-from .common import Failure, console, db_option, echo_json, json_option, open_for_reading, run, store_url
+from .common import (
+    Failure,
+    collect,
+    console,
+    db_option,
+    echo_json,
+    json_option,
+    open_for_reading,
+    run,
+    store_url,
+)
 
 
 def _when(value: dt.datetime | None) -> str:
@@ -24,13 +34,8 @@ def _when(value: dt.datetime | None) -> str:
 
 
 async def _tasks(url: str, status: str | None, workflow: str | None, limit: int | None) -> list[TaskRecord]:
-    found: list[TaskRecord] = []
     async with open_for_reading(url) as store:
-        async for task in store.tasks.iter(workflow_id=workflow, status=status):
-            found.append(task)
-            if limit is not None and len(found) >= limit:
-                break
-    return found
+        return await collect(store.tasks.iter(workflow_id=workflow, status=status), limit)
 
 
 @main.command()
