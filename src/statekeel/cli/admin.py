@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -151,7 +152,7 @@ def audit_verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
         )
     else:
         console().print(
-            f"[red]audit chain broken at entry {result.first_bad_seq}[/red]: {result.reason}", markup=True
+            f"[red]audit chain broken at entry {result.first_bad_seq}[/red]: {escape(result.reason or '')}"
         )
         console().print(
             "→ treat the audit entries and approvals as untrusted and find out who changed the database",
@@ -299,7 +300,7 @@ def copy(ctx: click.Context, src_url: str, dst_url: str, force: bool, batch_size
     The destination is created or migrated if needed; one that holds data is refused unless --force.
     Stop the source's agents first: rows written meanwhile fail the check.
     """
-    src, dst = store_url(src_url), store_url(dst_url)
+    src, dst = store_url(src_url, "SRC_URL"), store_url(dst_url, "DST_URL")
     require_existing(src)
     with _progress() as progress:
         report = run(_copy(src, dst, force, batch_size, progress), f"cannot copy to {redact_url(dst)}")

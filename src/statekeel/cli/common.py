@@ -61,18 +61,19 @@ def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
 
 
-def store_url(db: str | None) -> str:
+def store_url(db: str | None, what: str = "--db") -> str:
     """The URL a command uses: its ``--db``, else the group's (which fell back to the environment), checked
     well enough to say what is wrong with it before anything connects."""
     ctx = click.get_current_context()
     root = ctx.find_root().obj
     url = resolve_url(db) if db is not None else str(root["url"] if root else resolve_url(None))
-    check_url(url)
+    check_url(url, what)
     return url
 
 
-def check_url(url: str) -> None:
-    """A :class:`Failure` for a URL that does not parse or that no command can use."""
+def check_url(url: str, what: str = "--db") -> None:
+    """A :class:`Failure` for a URL that does not parse or that no command can use; ``what`` names
+    where it came from in the message."""
     try:
         parts = urlsplit(url)
         scheme = parts.scheme
@@ -82,22 +83,22 @@ def check_url(url: str) -> None:
             _ = parts.port  # ValueError for a port that is not a number
             if not parts.hostname and "host=" not in parts.query:
                 raise Failure(
-                    f"--db {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
+                    f"{what} {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
                 )
         elif scheme == "memory":
             raise Failure(
-                "--db memory:// would open a new, empty store that ends with the command; pass the URL of a "
-                "sqlite:/// file or a postgresql:// database"
+                f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
+                "of a sqlite:/// file or a postgresql:// database"
             )
         else:
             raise Failure(
-                f"--db {redact_url(url)!r} is not a store URL; use sqlite:///file.db, sqlite:////abs/path.db "
-                "or postgresql://user@host:5432/db"
+                f"{what} {redact_url(url)!r} is not a store URL; use sqlite:///file.db, "
+                "sqlite:////abs/path.db or postgresql://user@host:5432/db"
             )
     except StatekeelError as exc:
-        raise Failure(f"--db: {exc}") from None
+        raise Failure(f"{what}: {exc}") from None
     except ValueError as exc:
-        raise Failure(f"--db {redact_url(url)!r} does not parse: {exc}") from None
+        raise Failure(f"{what} {redact_url(url)!r} does not parse: {exc}") from None
 
 
 def require_existing(url: str) -> None:
