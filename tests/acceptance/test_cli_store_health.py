@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import statekeel
@@ -188,3 +189,38 @@ def test_migrate_creates_the_schema_of_an_empty_postgresql_database(pg_database:
     result = run_statekeel("migrate", "--db", pg_database, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert run_statekeel("status", "--db", pg_database, cwd=tmp_path).returncode == 0
+
+
+def test_fallback_files_are_reported_then_replayed_by_recover(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+
+    async def outage() -> None:
+        async with statekeel.open_store(f"sqlite:///{db}", busy_timeout_ms=50) as store:
+            session = await store.sessions.get_or_create("s")
+            session.add_message("user", "before")
+            await store.sessions.save(session)
+            blocker = sqlite3.connect(db, isolation_level=None)
+            try:
+                blocker.execute("BEGIN EXCLUSIVE")  # every write fails: the save goes to a fallback file
+                session.add_message("user", "during the outage")
+                await store.sessions.save(session)
+                blocker.execute("ROLLBACK")
+            finally:
+                blocker.close()
+
+    asyncio.run(outage())
+    url = f"sqlite:///{db}"
+    assert "fallback files waiting for replay: 1" in flat(
+        run_statekeel("status", "--db", url, cwd=tmp_path).stdout
+    )
+    doctor = run_statekeel("doctor", "--db", url, cwd=tmp_path)
+    assert doctor.returncode == 1 and "PROBLEM fallback: 1 session fallback file(s)" in flat(doctor.stdout)
+    # show reads the store as it is: the message of the outage is not in it yet, and it says so.
+    before = flat(run_statekeel("show", "s", "--db", url, cwd=tmp_path).stdout)
+    assert "a fallback file of this session waits for replay" in before and "during the outage" not in before
+    replayed = run_statekeel("recover", "--db", url, cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "repaired 1 fallback files replayed into the store" in flat(replayed.stdout)
+    assert "#1 user during the outage" in flat(run_statekeel("show", "s", "--db", url, cwd=tmp_path).stdout)
+    assert "nothing to repair" in run_statekeel("recover", "--db", url, cwd=tmp_path).stdout
+    assert run_statekeel("doctor", "--db", url, cwd=tmp_path).returncode == 0
