@@ -152,6 +152,9 @@ def test_migrate_check_reports_pending_migrations_and_changes_nothing(tmp_path: 
     result = run_statekeel("migrate", "--check", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert result.returncode == 1
     assert f"schema version 1: {SCHEMA - 1} migration(s) pending" in flat(result.stdout)
+    listed = run_statekeel("migrate", "--check", "--json", "--db", f"sqlite:///{db}", cwd=tmp_path)
+    assert listed.returncode == 1
+    assert json.loads(listed.stdout) == {"schema_version": 1, "pending": list(range(2, SCHEMA + 1))}
     # Read commands refuse an old schema without upgrading it, and say how to.
     status = run_statekeel("status", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert "statekeel migrate" in one_line_error(status)

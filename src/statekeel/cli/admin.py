@@ -190,10 +190,11 @@ def _new_file(url: str) -> str | None:
 
 @main.command()
 @db_option
+@json_option
 @click.option("--check", is_flag=True, help="Only say whether migrations are pending (exit 1 if so).")
 @click.option("--create", is_flag=True, help="Create the store if the SQLite file does not exist.")
 @click.pass_context
-def migrate(ctx: click.Context, db: str | None, check: bool, create: bool) -> None:
+def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, create: bool) -> None:
     """Upgrade the store's schema to this statekeel's version. Each migration commits with its record;
     a SQLite file is backed up next to itself first. Stop the agents of older versions first: they will
     refuse the newer schema.
@@ -210,16 +211,20 @@ def migrate(ctx: click.Context, db: str | None, check: bool, create: bool) -> No
     else:
         version, pending = run(_schema_version(url), f"cannot read the schema of {redact_url(url)}")
     if check:
-        if pending:
+        if as_json:
+            echo_json({"schema_version": version, "pending": pending})
+        elif pending:
             out.print(
                 f"schema version {version}: {len(pending)} migration(s) pending "
                 f"({', '.join(map(str, pending))}); run: statekeel migrate"
             )
-            ctx.exit(1)
-        out.print(f"schema version {version}: up to date")
-        return
+        else:
+            out.print(f"schema version {version}: up to date")
+        ctx.exit(1 if pending else 0)
     after = run(_migrate(url), f"cannot migrate {redact_url(url)}")
-    if after == version and not pending:
+    if as_json:
+        echo_json({"schema_version_before": version, "schema_version": after})
+    elif after == version and not pending:
         out.print(f"schema version {after}: already up to date")
     else:
         out.print(f"schema version {version} → {after}: {after - version} migration(s) applied")
