@@ -28,8 +28,8 @@ class _UsageLine(click.UsageError):
 
 
 def _one_line(exc: click.UsageError) -> click.UsageError:
-    if isinstance(exc, _UsageLine):
-        return exc
+    if isinstance(exc, _UsageLine | click.exceptions.NoArgsIsHelpError):
+        return exc  # the help itself, when the command was given nothing
     return _UsageLine(exc.format_message(), ctx=exc.ctx)
 
 
