@@ -133,3 +133,10 @@ def test_a_sqlalchemy_postgresql_url_is_accepted(pg_migrated: str, tmp_path: Pat
     result = run_statekeel("status", "--db", url, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "sessions: 0" in result.stdout
+
+
+def test_no_command_shows_the_help(tmp_path: Path) -> None:
+    result = run_statekeel(cwd=tmp_path)
+    assert result.returncode == 2
+    text = result.stdout + result.stderr
+    assert "Usage: statekeel [OPTIONS] COMMAND" in text and "doctor" in text and "Error" not in text
