@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -18,7 +19,7 @@ from rich.console import Console
 
 from ..errors import MigrationError, StatekeelError
 from ..retention import Retention
-from ..store import _Opener, open_store, redact_url, resolve_url, sqlite_path
+from ..store import Store, open_store, redact_url, resolve_url, sqlite_path
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,7 +114,7 @@ def require_existing(url: str) -> None:
         )
 
 
-def open_for_reading(url: str, *, retention: Retention | None = None) -> _Opener:
+def open_for_reading(url: str, *, retention: Retention | None = None) -> AbstractAsyncContextManager[Store]:
     """Open an existing store without changing its schema (``migrate=False``): a store an agent of another
     version shares must not be upgraded by looking at it (nor by a command that repairs or purges it)."""
     require_existing(url)
