@@ -9,7 +9,7 @@ import datetime as dt
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -26,6 +26,7 @@ from ..retention import PurgeReport, Retention
 from ..store import open_store, redact_url, sqlite_path
 from . import main
 from .common import (
+    F,
     Failure,
     console,
     db_option,
@@ -37,8 +38,6 @@ from .common import (
     size_text,
     store_url,
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
 # information. The names are RecoveryReport.summary() keys.
