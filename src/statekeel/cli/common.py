@@ -172,6 +172,19 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=_plain))
 
 
+def listing_console(found: list[Any], as_json: bool, empty: str) -> Console | None:
+    """Print ``found`` as JSON, or ``empty`` when it is empty (None: nothing more to print); else the
+    console to print its table on."""
+    if as_json:
+        echo_json(found)
+        return None
+    out = console()
+    if not found:
+        out.print(empty, markup=False)
+        return None
+    return out
+
+
 def size_text(n: int) -> str:
     """``512 bytes``, ``4.1 kB``, ``12.3 MB``."""
     if n >= 1_000_000:

@@ -26,6 +26,7 @@ from .common import (
     db_option,
     echo_json,
     json_option,
+    listing_console,
     open_for_reading,
     run,
     store_url,
@@ -53,12 +54,8 @@ def sessions(db: str | None, as_json: bool, status: str | None, limit: int | Non
     """The sessions of the store, most recently updated first: key, status, messages, open tool calls."""
     url = store_url(db)
     found = run(_sessions(url, status, limit), f"cannot list the sessions of {redact_url(url)}")
-    if as_json:
-        echo_json(found)
-        return
-    out = console()
-    if not found:
-        out.print("no sessions" + (f" with status {status}" if status else ""))
+    out = listing_console(found, as_json, "no sessions" + (f" with status {status}" if status else ""))
+    if out is None:
         return
     table = Table(show_edge=False)
     table.add_column("session", overflow="fold")  # keys are what show takes: never cut

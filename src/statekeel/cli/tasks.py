@@ -23,6 +23,7 @@ from .common import (
     db_option,
     echo_json,
     json_option,
+    listing_console,
     open_for_reading,
     run,
     store_url,
@@ -49,12 +50,8 @@ def tasks(db: str | None, as_json: bool, status: str | None, workflow: str | Non
     its lease expires."""
     url = store_url(db)
     found = run(_tasks(url, status, workflow, limit), f"cannot list the tasks of {redact_url(url)}")
-    if as_json:
-        echo_json(found)
-        return
-    out = console()
-    if not found:
-        out.print("no tasks" + (f" with status {status}" if status else ""))
+    out = listing_console(found, as_json, "no tasks" + (f" with status {status}" if status else ""))
+    if out is None:
         return
     table = Table(show_edge=False)
     table.add_column("task", no_wrap=True)  # ids are copied whole into other commands
