@@ -550,6 +550,44 @@ class Prepared:
         ]
 
 
+def other_application_db(path: Path) -> bytes:
+    """A SQLite database of another application at ``path`` (an ``invoices`` table, one row); its bytes."""
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
+    conn.commit()
+    conn.close()
+    return path.read_bytes()
+
+
+def run_statekeel(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``statekeel ARGS`` as a user runs it: a subprocess without a terminal or ``$STATEKEEL_URL`` (unless
+    ``env`` gives one)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "STATEKEEL_URL"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "statekeel.cli", *args],
+        cwd=cwd,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The error of a command that failed as it must: non-zero exit, one line on stderr, no traceback."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), lines[0]
+    return lines[0]
+
+
 @contextlib.contextmanager
 def ui_process(*args: str, cwd: Path | None = None) -> Iterator[str]:
     """``statekeel ui`` in a subprocess on a free port; yields its base URL, then stops it (SIGTERM) and

@@ -36,6 +36,7 @@ import asyncio
 import datetime as dt
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -150,26 +151,37 @@ class _Tally:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KINDS, 0))
     batches: int = 0
     longest: float = 0.0
+    on_batch: Callable[[dict[str, int]], object] | None = None
 
     async def add(self, batch: PurgeBatch) -> None:
         for kind, n in batch.counts.items():
             self.counts[kind] += n
         self.batches += 1
         self.longest = max(self.longest, batch.seconds)
+        if self.on_batch is not None:
+            self.on_batch(dict(self.counts))
         if not self.dry_run and (pause := self.backend.batch_pause(batch.seconds)) > 0:
             await asyncio.sleep(pause)  # other processes' writers take the lock in between
 
 
-async def purge(store: Store, retention: Retention, now: dt.datetime | None, dry_run: bool) -> PurgeReport:
+async def purge(
+    store: Store,
+    retention: Retention,
+    now: dt.datetime | None,
+    dry_run: bool,
+    on_batch: Callable[[dict[str, int]], object] | None = None,
+) -> PurgeReport:
     """See the module documentation; ``Store.purge`` is the public entry."""
     if now is not None:
         check_aware(now, "now")
     if type(dry_run) is not bool:
         raise InvalidArgument(f"dry_run must be True or False, got {dry_run!r}")
+    if on_batch is not None and not callable(on_batch):
+        raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
     when = dt.datetime.now(dt.UTC) if now is None else now
     began = time.perf_counter()
     backend, limit = store.backend, retention.batch_size
-    tally = _Tally(backend, dry_run)
+    tally = _Tally(backend, dry_run, on_batch=on_batch)
 
     if retention.traces is not None:
         while True:

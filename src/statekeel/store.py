@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -21,12 +21,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .approvals import ApprovalLog
 from .audit import AuditLog
 from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .encryption import RotationReport, check_keys, make_cipher, rotate
 from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
+from .health import HealthReport, health
 from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .retention import PurgeReport, Retention, purge
@@ -118,6 +120,30 @@ class StoreInfo:
             and self.fallback_files == 0
             and not self.incidents
         )
+
+
+DEFAULT_URL = "sqlite:///statekeel.db"
+"""The store ``open_store()`` and the ``statekeel`` command use when given no URL and ``$STATEKEEL_URL`` is
+unset or empty."""
+
+# SQLAlchemy's spellings of a PostgreSQL URL for asyncpg, which asyncpg itself does not accept.
+_PG_ALIASES = ("postgresql+asyncpg", "postgres+asyncpg")
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The store URL to use: ``url``, else ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db``; a
+    ``postgresql+asyncpg://`` URL (SQLAlchemy's spelling) becomes ``postgresql://``.
+
+    resolve_url(None)  # 'sqlite:///statekeel.db' when $STATEKEEL_URL is not set
+    """
+    if url is None:
+        url = os.environ.get("STATEKEEL_URL") or DEFAULT_URL
+    if not isinstance(url, str):
+        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in _PG_ALIASES:
+        return "postgresql://" + rest
+    return url
 
 
 def redact_url(url: str) -> str:
@@ -242,6 +268,19 @@ class Store:
         """
         return await recover(self, repair=repair, now=now, files_root=files_root)
 
+    async def health(self, *, files_root: str | os.PathLike[str] | None = None) -> HealthReport:
+        """Run every health check without changing the store: integrity, schema, fallback files waiting,
+        incidents, the audit chain, tool calls left without a result, expired leases, steps in doubt and
+        (with ``files_root``) drift of recorded files. Each finding says what to do. See
+        :mod:`statekeel.health`.
+
+        report = await store.health()
+        if not report.ok:
+            for finding in report.problems:
+                print(finding.check, finding.detail, "->", finding.advice)
+        """
+        return await health(self, files_root)
+
     async def incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
         """Damage statekeel noticed in its own storage (oldest first): those nobody acknowledged yet, or all.
 
@@ -267,15 +306,34 @@ class Store:
             )
         return done
 
-    async def purge(self, now: dt.datetime | None = None, *, dry_run: bool = False) -> PurgeReport:
+    async def purge(
+        self,
+        now: dt.datetime | None = None,
+        *,
+        dry_run: bool = False,
+        on_batch: Callable[[dict[str, int]], object] | None = None,
+    ) -> PurgeReport:
         """Delete what the store's ``retention`` allows at ``now`` (default: the current time), in short
-        batches, never a protected row; with ``dry_run`` write nothing and report the same counts. See
-        :mod:`statekeel.retention`.
+        batches, never a protected row; with ``dry_run`` write nothing and report the same counts.
+        ``on_batch(counts)`` is called after each batch with the rows per kind so far (for a progress
+        display). See :mod:`statekeel.retention`.
 
         report = await store.purge(dry_run=True)
         print(report.counts, report.longest_batch_seconds)
         """
-        return await purge(self, self.options.retention, now, dry_run)
+        return await purge(self, self.options.retention, now, dry_run, on_batch)
+
+    async def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+        """Write a consistent copy of the whole store to the new SQLite file ``dest`` (0600; never
+        overwritten: an existing file raises ``InvalidArgument``) while the store stays in use. SQLite
+        stores are copied with SQLite's online backup API (one committed snapshot); PostgreSQL and memory
+        stores with :func:`statekeel.copy_store`, every row verified (their writers should be stopped).
+        See :mod:`statekeel.backup`.
+
+        report = await store.backup("agent-state.backup.db")
+        print(report.path, report.bytes)
+        """
+        return await backup(self, dest)
 
     async def rotate_encryption_key(self, *, batch_size: int = 500) -> RotationReport:
         """Re-encrypt every encrypted field that is not under the current key (the first of
@@ -381,7 +439,7 @@ class _Opener:
 
 
 def open_store(
-    url: str,
+    url: str | None = None,
     *,
     fallback_dir: str | None = None,
     cache_size: int = 200,
@@ -394,11 +452,12 @@ def open_store(
     audit_key: bytes | None = None,
     retention: Retention | None = None,
 ) -> _Opener:
-    """Open (creating and migrating if needed) the store at ``url``.
+    """Open (creating and migrating if needed) the store at ``url``; with no ``url``, at
+    ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db`` (as the ``statekeel`` command does).
 
     ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
     at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
-    ``postgresql://user@host:5432/db``.
+    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too).
 
     ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
     and is left as it was (for tools that inspect a store shared with agents of another version).
@@ -428,6 +487,5 @@ def open_store(
         audit_key=audit_key,
         retention=Retention() if retention is None else retention,
     )
-    if not isinstance(url, str):  # here, not at the await: a bad call fails where it is made
-        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
-    return _Opener(url, options)
+    # Here, not at the await: a bad call fails where it is made.
+    return _Opener(resolve_url(url), options)

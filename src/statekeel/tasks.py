@@ -26,9 +26,19 @@ import builtins
 import datetime as dt
 import math
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
-from .backends.base import TASK_STATUSES, NewTask, Page, StepRecord, StorageBackend, TaskChange, TaskRecord
+from .backends.base import (
+    TASK_STATUSES,
+    NewTask,
+    Page,
+    StepRecord,
+    StorageBackend,
+    TaskChange,
+    TaskRecord,
+    every_item,
+)
 from .codec import Codec
 from .errors import (
     ConflictError,
@@ -237,6 +247,27 @@ class TaskManager:
             raise InvalidArgument(f"cursor must be a str from a previous page, got {cursor!r}")
         return await self.backend.list_tasks(
             workflow_id=workflow_id, status=status, limit=limit, cursor=cursor
+        )
+
+    def iter(
+        self, workflow_id: str | None = None, status: str | None = None, *, page_size: int = 500
+    ) -> AsyncIterator[TaskRecord]:
+        """Every task (``TaskRecord``), oldest first, read a page at a time.
+
+        async for task in store.tasks.iter(status="running"):
+            print(task.id, task.title)
+
+        Arguments are checked at the call, before anything is read.
+        """
+        if workflow_id is not None:
+            check_key(workflow_id, "workflow_id")
+        if status is not None:
+            check_status(status)
+        check_int(page_size, "page_size", minimum=1)
+        return every_item(
+            lambda cursor: self.backend.list_tasks(
+                workflow_id=workflow_id, status=status, limit=page_size, cursor=cursor
+            )
         )
 
     async def transition(

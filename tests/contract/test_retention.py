@@ -453,3 +453,20 @@ def test_purge_never_removes_a_protected_row_whatever_the_mix(spec: dict[str, An
             assert keep["files"] <= {(r.path, r.seq) for r in await store.files.list()}
 
     asyncio.run(run())
+
+
+async def test_purge_reports_each_batch_to_on_batch(store: statekeel.Store) -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i in range(5):
+        store.traces.record("old", {"span_id": f"s{i}", "name": "step", "started_at": t0, "ended_at": t0})
+    await store.traces.flush()
+    seen: list[dict[str, int]] = []
+    retention = statekeel.Retention(
+        traces=dt.timedelta(days=1), tasks=None, sessions=None, memories=None, batch_size=2
+    )
+    report = await purge(store, retention, t0 + dt.timedelta(days=2), False, seen.append)
+    assert report.traces == 5
+    assert [c["traces"] for c in seen] == [2, 4, 5, 5][: len(seen)] and seen[-1]["traces"] == 5
+    assert report.batches == len(seen)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.purge(on_batch="print")  # type: ignore[arg-type]

@@ -879,3 +879,20 @@ async def test_a_save_on_a_closed_store_raises_and_writes_nothing(store_url: str
         async with statekeel.open_store(store_url) as reopened:
             assert await stored_contents(reopened, "saved") == ["before close"]
             assert await reopened.backend.load_session("new") is None
+
+
+async def test_snapshot_reads_a_session_as_stored_without_repairing_it(store: statekeel.Store) -> None:
+    assert await store.sessions.snapshot("nobody") is None
+    async with store.sessions.open("chat") as session:
+        for i in range(4):
+            session.add_message("user", f"turn {i}")
+    await store.sessions.compress("chat", 2, "two turns")
+    loaded = await store.sessions.snapshot("chat")
+    assert loaded is not None
+    assert loaded.first_seq == 0 and len(loaded.messages) == 4
+    assert [s[1:] for s in loaded.summaries] == [(0, 2, "two turns")]
+    live = await store.sessions.snapshot("chat", include_archived=False)
+    assert live is not None and live.first_seq == 2 and len(live.messages) == 2
+    assert store.sessions.cached("chat") is None or store.sessions.cached("chat") is not loaded
+    with pytest.raises(statekeel.InvalidKey):
+        await store.sessions.snapshot("")

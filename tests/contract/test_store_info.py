@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import sqlite3
@@ -194,3 +195,20 @@ async def test_a_damaged_schema_is_reported_by_the_integrity_check_not_counted(p
         assert info.counts is None and not info.ok
         with pytest.raises(statekeel.StorageCorrupt):
             await store.info(check_integrity=False)  # nothing says why counting failed: it raises
+
+
+async def test_health_finds_problems_writes_nothing_and_says_what_to_do(store: Store) -> None:
+    healthy = await store.health()
+    assert healthy.ok and healthy.findings == () and "audit" in healthy.checks
+    task = await store.tasks.create("long build")
+    await store.tasks.transition(task.id, "queued")
+    claimed = await store.tasks.claim("worker-gone", lease_seconds=0.001)
+    assert claimed is not None
+    await asyncio.sleep(0.01)
+    report = await store.health()
+    assert not report.ok
+    [finding] = report.problems
+    assert finding.check == "leases" and "statekeel recover" in finding.advice
+    # Checking is not repairing: the task still runs under its lapsed lease.
+    still = await store.tasks.get(task.id)
+    assert still is not None and still.status == "running"

@@ -364,3 +364,19 @@ async def test_bad_lease_arguments_are_refused_before_anything_is_written(store:
     with pytest.raises(statekeel.InvalidArgument):
         await store.tasks.heartbeat(claimed.id, "w", claimed.lease_epoch, lease_seconds=-5)
     assert await store.tasks.get(claimed.id) == claimed
+
+
+async def test_tasks_iter_pages_through_every_task_in_order(store: Store) -> None:
+    made = [await store.tasks.create(f"task {i}") for i in range(7)]
+    wf = await store.workflows.create(
+        "release", [{"name": "build"}, {"name": "ship", "depends_on": ["build"]}]
+    )
+    every = [t.id async for t in store.tasks.iter(page_size=2)]
+    assert every[:7] == [t.id for t in made] and len(every) == 9
+    pending = [t.title async for t in store.tasks.iter(status="pending", page_size=3)]
+    assert pending[:7] == [f"task {i}" for i in range(7)]
+    assert sorted([t.title async for t in store.tasks.iter(workflow_id=wf.id)]) == ["build", "ship"]
+    with pytest.raises(statekeel.InvalidArgument):
+        store.tasks.iter(status="napping")
+    with pytest.raises(statekeel.InvalidArgument):
+        store.tasks.iter(page_size=0)

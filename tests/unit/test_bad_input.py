@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 import statekeel
-from helpers import exists
+from helpers import exists, other_application_db
 from statekeel.backends.base import NewMessage
 
 
@@ -142,7 +141,7 @@ async def test_unknown_url_scheme_is_invalid_argument(
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("url", [42, None, b"sqlite:///x.db"], ids=repr)
+@pytest.mark.parametrize("url", [42, b"sqlite:///x.db", 3.5], ids=repr)
 async def test_non_str_url_is_invalid_argument(url: Any) -> None:
     with pytest.raises(statekeel.InvalidArgument):
         await statekeel.open_store(url)
@@ -207,12 +206,7 @@ async def test_sqlite_database_of_another_application_is_storage_corrupt_and_unt
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "other.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
-    conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
-    conn.commit()
-    conn.close()
-    before = path.read_bytes()
+    before = other_application_db(path)
     with pytest.raises(statekeel.StorageCorrupt) as info:
         await statekeel.open_store(f"sqlite:///{path}")
     assert "invoices" in str(info.value)

@@ -73,6 +73,7 @@ from statekeel.backends.contract.store import (
     RetentionBackend,
     RowPage,
     StateCounts,
+    every_item,
 )
 from statekeel.backends.contract.tasks import (
     STEP_STATUSES,
@@ -176,6 +177,7 @@ __all__ = [
     "WorkflowBackend",
     "WorkflowRecord",
     "WorkflowStepRecord",
+    "every_item",
 ]
 
 

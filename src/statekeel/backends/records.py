@@ -55,6 +55,7 @@ from statekeel.backends.contract.store import (
     PurgeBatch,
     RowPage,
     StateCounts,
+    every_item,
 )
 from statekeel.backends.contract.tasks import (
     STEP_STATUSES,
@@ -132,4 +133,5 @@ __all__ = [
     "VectorWrite",
     "WorkflowRecord",
     "WorkflowStepRecord",
+    "every_item",
 ]

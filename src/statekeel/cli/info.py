@@ -1,24 +1,31 @@
-"""``statekeel info``: what a store holds and whether it is healthy (a view of ``Store.info()``)."""
+"""``statekeel status``, ``doctor`` and ``info``: what a store holds and whether it is healthy.
+
+``status`` is quick (``Store.info(check_integrity=False)``); ``doctor`` runs every health check
+(``Store.health()``) and says what to do; ``info`` shows both. None of them changes the store.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import os
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import StatekeelError
-from ..store import StoreInfo, open_store, sqlite_path
-from . import main, redact_url
-
-
-async def _gather(url: str) -> StoreInfo:
-    # Inspecting a store must not upgrade it: an older agent would then find a schema too new for it.
-    async with open_store(url, migrate=False) as store:
-        return await store.info()
+from ..health import PROBLEM, HealthReport
+from ..store import StoreInfo, redact_url
+from . import main
+from .common import (
+    console,
+    db_option,
+    echo_json,
+    json_option,
+    open_for_reading,
+    run,
+    size_text,
+    store_url,
+)
 
 
 def _by_status(name: str, counts: dict[str, int]) -> str:
@@ -26,76 +33,136 @@ def _by_status(name: str, counts: dict[str, int]) -> str:
     return f"{name}: {sum(counts.values())}" + (f" ({detail})" if detail else "")
 
 
-def _size(n: int) -> str:
-    if n >= 1_000_000:
-        return f"{n / 1e6:.1f} MB"
-    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
-
-
-def _print_facts(console: Console, facts: StoreInfo) -> None:
-    console.print(f"[bold]{escape(facts.url)}[/bold] — schema version {facts.schema_version}")
-    table = Table(show_edge=False)
-    for column in ("version", "migration", "applied at"):
-        table.add_column(column)
-    for m in facts.migrations:
-        table.add_row(str(m.version), m.name, m.applied_at.isoformat())
-    console.print(table)
+def _print_facts(out: Console, facts: StoreInfo, *, migrations: bool) -> None:
+    out.print(f"[bold]{escape(facts.url)}[/bold] — schema version {facts.schema_version}")
+    if migrations:
+        table = Table(show_edge=False)
+        for column in ("version", "migration", "applied at"):
+            table.add_column(column)
+        for m in facts.migrations:
+            table.add_row(str(m.version), m.name, m.applied_at.isoformat())
+        out.print(table)
     for version, name in facts.pending_migrations:
-        console.print(f"[yellow]pending migration[/yellow] {version} {escape(name)}")
+        out.print(f"[yellow]pending migration[/yellow] {version} {escape(name)}")
     counts = facts.counts
     if counts is None:
-        console.print("state counts: unavailable (see the integrity check)")
+        out.print("state counts: unavailable (see the integrity check)")
     else:
-        console.print(_by_status("sessions", counts.sessions), markup=False)
-        console.print(_by_status("tasks", counts.tasks), markup=False)
-        console.print(_by_status("workflows", counts.workflows), markup=False)
-        console.print(f"approvals pending: {counts.approvals_pending}")
-        console.print(f"audit entries: {counts.audit_entries}")
-        console.print(
+        out.print(_by_status("sessions", counts.sessions), markup=False)
+        out.print(_by_status("tasks", counts.tasks), markup=False)
+        out.print(_by_status("workflows", counts.workflows), markup=False)
+        out.print(f"approvals pending: {counts.approvals_pending}")
+        out.print(f"audit entries: {counts.audit_entries}")
+        out.print(
             f"memories: {counts.memories}, open contradictions: {counts.contradictions_open}, "
             f"file changes: {counts.file_changes}"
         )
     if facts.files is not None:
-        console.print(
-            f"database file: {_size(facts.files.database_bytes)}, WAL: {_size(facts.files.wal_bytes)}"
+        out.print(
+            f"database file: {size_text(facts.files.database_bytes)}, WAL: {size_text(facts.files.wal_bytes)}"
         )
-    if facts.fallback_files:
-        console.print(
-            f"[yellow]fallback files waiting for replay: {facts.fallback_files}[/yellow] in "
-            f"{escape(facts.fallback_dir or '')}"
-        )
+    where = f" in {escape(facts.fallback_dir)}" if facts.fallback_dir else ""
+    colour = "yellow" if facts.fallback_files else "default"
+    out.print(f"[{colour}]fallback files waiting for replay: {facts.fallback_files}[/{colour}]{where}")
+
+
+def _print_health(out: Console, report: HealthReport) -> None:
+    failed = {f.check for f in report.problems}
+    for check in report.checks:
+        if check not in failed:
+            out.print(f"[green]ok[/green]      {check}")
+    for f in report.findings:
+        tag = "[red]PROBLEM[/red]" if f.severity == PROBLEM else "[yellow]notice[/yellow] "
+        out.print(f"{tag} {escape(f.check)}: {escape(f.detail)}")
+        out.print(f"        → {escape(f.advice)}")
+    if report.info.integrity == ():
+        out.print("integrity check: ok")
+    if report.ok:
+        out.print("[green]no problems found[/green]")
+    else:
+        out.print(f"[red]{len(report.problems)} problem(s) found[/red]")
+
+
+def _health_json(report: HealthReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "checks": list(report.checks),
+        "findings": list(report.findings),
+        "recovery": report.recovery.summary(),
+    }
+
+
+async def _status(url: str) -> StoreInfo:
+    async with open_for_reading(url) as store:
+        return await store.info(check_integrity=False)
+
+
+async def _health(url: str, files_root: str | None) -> HealthReport:
+    async with open_for_reading(url) as store:
+        return await store.health(files_root=files_root)
+
+
+files_root_option = click.option(
+    "--files-root",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Also compare the file ledger with the files under this directory (drift).",
+)
 
 
 @main.command()
-@click.pass_context
-def info(ctx: click.Context) -> None:
-    """Schema version, applied migrations, state counts, integrity check and fallback files of the store
-    at --db.
+@db_option
+@json_option
+def status(db: str | None, as_json: bool) -> None:
+    """Schema version, state counts per kind, database and WAL sizes, and fallback files waiting for replay.
 
-    Exits 1 if the store cannot be opened or its integrity check finds problems.
+    Quick: no integrity check (see doctor). Never changes the store.
     """
-    url: str = ctx.obj["url"]
-    console = Console(highlight=False)
-    if url.startswith("sqlite:"):
-        try:
-            path = sqlite_path(url)
-        except StatekeelError as exc:
-            raise click.BadParameter(str(exc), param_hint="--db") from None
-        if path is not None and not os.path.exists(path):
-            # Opening would create (and migrate) a new database: not what "info" should do.
-            console.print(f"[red]no store at {escape(path)}[/red]; pass --db or set $STATEKEEL_URL")
-            ctx.exit(1)
-    try:
-        facts = asyncio.run(_gather(url))
-    except StatekeelError as exc:
-        console.print(
-            f"[red]cannot open {escape(redact_url(url))}[/red]: {type(exc).__name__}: {escape(str(exc))}"
-        )
-        ctx.exit(1)
-    _print_facts(console, facts)
-    if facts.integrity:
-        console.print("[red]integrity check found problems:[/red]")
-        for problem in facts.integrity:
-            console.print(f"  - {problem}", markup=False)
-        ctx.exit(1)
-    console.print("integrity check: ok")
+    url = store_url(db)
+    facts = run(_status(url), f"cannot read {redact_url(url)}")
+    if as_json:
+        echo_json(facts)
+        return
+    _print_facts(console(), facts, migrations=False)
+
+
+@main.command()
+@db_option
+@json_option
+@files_root_option
+@click.pass_context
+def doctor(ctx: click.Context, db: str | None, as_json: bool, files_root: str | None) -> None:
+    """Run every health check — integrity, schema, fallback files, incidents, audit chain, tool calls
+    without a result, expired leases, steps in doubt, file drift — and say what to do about each problem.
+
+    Exits 1 if any check finds a problem. Never changes the store (recover repairs what it can).
+    """
+    url = store_url(db)
+    report = run(_health(url, files_root), f"cannot check {redact_url(url)}")
+    if as_json:
+        echo_json(_health_json(report))
+    else:
+        _print_health(console(), report)
+    ctx.exit(0 if report.ok else 1)
+
+
+@main.command()
+@db_option
+@json_option
+@files_root_option
+@click.pass_context
+def info(ctx: click.Context, db: str | None, as_json: bool, files_root: str | None) -> None:
+    """Schema version, applied migrations, state counts and files of the store, then every health check
+    of doctor.
+
+    Exits 1 if the store cannot be opened or any check finds a problem. Never changes the store.
+    """
+    url = store_url(db)
+    report = run(_health(url, files_root), f"cannot open {redact_url(url)}")
+    if as_json:
+        echo_json({"info": report.info, **_health_json(report)})
+    else:
+        out = console()
+        _print_facts(out, report.info, migrations=True)
+        _print_health(out, report)
+    ctx.exit(0 if report.ok else 1)

@@ -32,10 +32,12 @@ from typing import Any
 from ..backends.base import (
     SESSION_STATUSES,
     ArchivedMessage,
+    LoadedSession,
     Page,
     SessionLease,
     SessionRecord,
     StorageBackend,
+    every_item,
 )
 from ..codec import Codec
 from ..errors import (
@@ -610,17 +612,23 @@ class SessionManager:
         """
         self._check_status(status)
         self._check_limit(page_size, "page_size")
-        return self._pages(status, page_size)
+        return every_item(
+            lambda cursor: self.backend.list_sessions(status=status, limit=page_size, cursor=cursor)
+        )
 
-    async def _pages(self, status: str | None, page_size: int) -> AsyncIterator[SessionRecord]:
-        cursor: str | None = None
-        while True:
-            page = await self.backend.list_sessions(status=status, limit=page_size, cursor=cursor)
-            for record in page.items:
-                yield record
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+    async def snapshot(self, key: str, *, include_archived: bool = True) -> LoadedSession | None:
+        """The session as stored, read on one snapshot: its row, messages (from seq 0 with
+        ``include_archived``, else from ``last_consolidated``) and compression summaries; None when there
+        is no such session. Unlike :meth:`load` it never repairs, merges fallback files or caches: it
+        writes nothing (for tools that inspect a store agents are using).
+
+        loaded = await store.sessions.snapshot("chat-42")
+        print(loaded.record.status, len(loaded.messages), loaded.summaries)
+        """
+        check_key(key, "key")
+        if type(include_archived) is not bool:
+            raise InvalidArgument(f"include_archived must be True or False, got {include_archived!r}")
+        return await self.backend.load_session_payloads(key, include_archived=include_archived)
 
     # --- compression ----------------------------------------------------------------------------------
 

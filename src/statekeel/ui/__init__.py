@@ -9,7 +9,25 @@ the server, escape everything they show, and only read: see ``docs/ui.md``.
 
 from __future__ import annotations
 
-from .app import LOOPBACK_NAMES, create_app
-from .server import serve
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import LOOPBACK_NAMES, create_app
+    from .server import serve
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: statekeel.ui.transcript and statekeel.ui.layout (used by the command-line
+    # views too) need none of the ui extra's packages.
+    if name in ("LOOPBACK_NAMES", "create_app"):
+        from . import app
+
+        return getattr(app, name)
+    if name == "serve":
+        from .server import serve
+
+        return serve
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["LOOPBACK_NAMES", "create_app", "serve"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ __all__ = [
     "RetentionBackend",
     "RowPage",
     "StateCounts",
+    "every_item",
 ]
 
 
@@ -44,6 +45,18 @@ class Page:
 
     items: list[Any] = field(default_factory=list)
     next_cursor: str | None = None
+
+
+async def every_item(fetch: Callable[[str | None], Awaitable[Page]]) -> AsyncIterator[Any]:
+    """Each item of a cursor-paginated listing: ``fetch(cursor)`` returns one page, from ``None`` on."""
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,418 @@
+"""The commands that look after a store: ``recover``, ``audit verify``, ``migrate``, ``backup``, ``copy``
+and ``gc``. Each is one library call (``Store.recover``, ``AuditLog.verify``, ``open_store``,
+``Store.backup``, ``copy_store``, ``Store.purge``) with its outcome printed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..audit import AuditVerification
+from ..backup import BackupReport
+from ..copy import CopyReport, copy_store
+from ..errors import ConflictError, MigrationError
+from ..recovery import RecoveryReport
+from ..retention import PurgeReport, Retention
+from ..store import open_store, redact_url, sqlite_path
+from . import main
+from .common import (
+    F,
+    Failure,
+    console,
+    db_option,
+    echo_json,
+    json_option,
+    open_for_reading,
+    require_existing,
+    run,
+    size_text,
+    store_url,
+)
+
+# What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
+# information. The names are RecoveryReport.summary() keys.
+_REPAIRED = (
+    ("fallback_replayed", "fallback files replayed into the store"),
+    ("orphaned_tool_calls", "tool calls answered with an 'interrupted' result"),
+    ("interrupted_tasks", "running tasks with an expired lease marked interrupted"),
+    ("indexes_rebuilt", "damaged indexes rebuilt"),
+)
+_ATTENTION = (
+    ("integrity_problems", "integrity problems"),
+    ("damaged_tables", "damaged tables"),
+    ("unreadable_rows", "unreadable rows"),
+    ("incidents", "unacknowledged incidents"),
+    ("fallback_left", "fallback files that could not be replayed"),
+    ("sessions_failed", "sessions that could not be checked"),
+    ("steps_in_doubt", "task steps in doubt"),
+    ("tool_calls_in_doubt", "tool calls in doubt"),
+    ("drifted_files", "files changed on disk since recorded"),
+    ("skipped", "recovery steps skipped over damage"),
+)
+_INFO = (
+    ("sessions_busy", "sessions held by a live agent (left alone)"),
+    ("pending_approvals", "approvals waiting for a decision"),
+    ("unfinished_workflows", "unfinished workflows"),
+    ("open_contradictions", "open memory contradictions"),
+    ("lagging_vectors", "sources whose vectors lag"),
+    ("traces_dropped", "trace spans dropped by a full buffer"),
+)
+
+
+async def _recover(url: str, dry_run: bool, files_root: str | None) -> RecoveryReport:
+    async with open_for_reading(url) as store:
+        return await store.recover(repair=not dry_run, files_root=files_root)
+
+
+@main.command()
+@db_option
+@json_option
+@click.option("--dry-run", is_flag=True, help="Report what would be repaired; write nothing.")
+@click.option(
+    "--files-root",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Also compare the file ledger with the files under this directory.",
+)
+@click.pass_context
+def recover(ctx: click.Context, db: str | None, as_json: bool, dry_run: bool, files_root: str | None) -> None:
+    """Restore the meaning of the store after a crash (store.recover()): replay fallback files, answer
+    tool calls left without a result, mark tasks with an expired lease interrupted, rebuild damaged
+    indexes; report what needs a person. Running it again finds nothing more to repair.
+
+    Exits 1 if something needs a person (damage, incidents, a failing audit chain).
+    """
+    url = store_url(db)
+    report = run(_recover(url, dry_run, files_root), f"cannot recover {redact_url(url)}")
+    summary = report.summary()
+    if as_json:
+        echo_json({"ok": report.ok, "dry_run": dry_run, "summary": summary, "advice": report.advice})
+        ctx.exit(0 if report.ok else 1)
+    out = console()
+    out.print(f"schema version {report.schema_version}" + (" — dry run: nothing written" if dry_run else ""))
+    repaired = [(n, label) for key, label in _REPAIRED if (n := summary[key])]
+    if repaired:
+        verb = "would repair" if dry_run else "repaired"
+        for n, label in repaired:
+            out.print(f"[green]{verb}[/green] {n} {label}")
+    else:
+        out.print("nothing to repair")
+    for key, label in _ATTENTION:
+        if summary[key]:
+            out.print(f"[red]needs attention[/red] {summary[key]} {label}")
+    if summary["audit_ok"] is False:
+        out.print("[red]needs attention[/red] the audit chain does not verify (statekeel audit verify)")
+    for key, label in _INFO:
+        if summary[key]:
+            out.print(f"[dim]note[/dim] {summary[key]} {label}")
+    for advice in report.advice:
+        out.print(f"→ {advice}", markup=False)
+    ctx.exit(0 if report.ok else 1)
+
+
+@main.group()
+def audit() -> None:
+    """The tamper-evident audit log."""
+
+
+async def _verify(url: str) -> AuditVerification:
+    async with open_for_reading(url) as store:
+        return await store.audit.verify()
+
+
+@audit.command("verify")
+@db_option
+@json_option
+@click.pass_context
+def audit_verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
+    """Check the hash chain of every audit entry and the approvals recorded with them (audit.verify()).
+
+    Exits 1 if an entry was changed, removed or inserted outside statekeel.
+    """
+    url = store_url(db)
+    result = run(_verify(url), f"cannot verify the audit log of {redact_url(url)}")
+    if as_json:
+        echo_json(result)
+    elif result.ok:
+        authenticated = f", {result.authenticated} authenticated" if result.authenticated else ""
+        console().print(
+            f"[green]audit chain ok[/green]: {result.count} entries{authenticated}, "
+            f"{result.approvals} approvals checked"
+        )
+    else:
+        console().print(
+            f"[red]audit chain broken at entry {result.first_bad_seq}[/red]: {escape(result.reason or '')}"
+        )
+        console().print(
+            "→ treat the audit entries and approvals as untrusted and find out who changed the database",
+            markup=False,
+        )
+    ctx.exit(0 if result.ok else 1)
+
+
+async def _schema_version(url: str) -> tuple[int, list[int]]:
+    """The schema version of the store at ``url`` and the migrations it lacks, changing nothing."""
+    try:
+        async with open_for_reading(url) as store:
+            return (await store.info(check_integrity=False)).schema_version, []
+    except MigrationError as exc:
+        pending = getattr(exc, "pending", None)
+        if pending is None:
+            raise
+        return int(getattr(exc, "version", 0)), list(pending)
+
+
+async def _migrate(url: str) -> int:
+    async with open_store(url) as store:
+        return (await store.info(check_integrity=False)).schema_version
+
+
+def _new_file(url: str) -> str | None:
+    """Why the SQLite file of ``url`` holds no store yet (missing, or empty), or None."""
+    path = sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+    if path is None:
+        return None
+    if not os.path.exists(path):
+        return f"no store at {path}: the file does not exist"
+    return f"no store at {path}: the file is empty" if os.path.getsize(path) == 0 else None
+
+
+@main.command()
+@db_option
+@json_option
+@click.option("--check", is_flag=True, help="Only say whether migrations are pending (exit 1 if so).")
+@click.option("--create", is_flag=True, help="Create the store if the SQLite file does not exist.")
+@click.pass_context
+def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, create: bool) -> None:
+    """Upgrade the store's schema to this statekeel's version. Each migration commits with its record;
+    a SQLite file is backed up next to itself first. Stop the agents of older versions first: they will
+    refuse the newer schema.
+
+    A database whose schema is newer than this statekeel is refused and left as it is.
+    """
+    url = store_url(db)
+    out = console()
+    new = _new_file(url)
+    if new is not None and not check:
+        if not create:
+            raise Failure(f"{new} (nothing was created); pass --create to create a store there")
+        version, pending = 0, [0]  # a new store: every migration applies
+    else:
+        version, pending = run(_schema_version(url), f"cannot read the schema of {redact_url(url)}")
+    if check:
+        if as_json:
+            echo_json({"schema_version": version, "pending": pending})
+        elif pending:
+            out.print(
+                f"schema version {version}: {len(pending)} migration(s) pending "
+                f"({', '.join(map(str, pending))}); run: statekeel migrate"
+            )
+        else:
+            out.print(f"schema version {version}: up to date")
+        ctx.exit(1 if pending else 0)
+    after = run(_migrate(url), f"cannot migrate {redact_url(url)}")
+    if as_json:
+        echo_json({"schema_version_before": version, "schema_version": after})
+    elif after == version and not pending:
+        out.print(f"schema version {after}: already up to date")
+    else:
+        out.print(f"schema version {version} → {after}: {after - version} migration(s) applied")
+
+
+async def _backup(url: str, dest: str) -> BackupReport:
+    async with open_for_reading(url) as store:
+        return await store.backup(dest)
+
+
+@main.command()
+@db_option
+@click.argument("dest", type=click.Path(dir_okay=False))
+def backup(db: str | None, dest: str) -> None:
+    """Write a consistent copy of the store to the new SQLite file DEST (owner-only), while agents keep
+    using the store: SQLite's online backup for a SQLite store, a verified copy_store for PostgreSQL.
+
+    DEST must not exist: a backup never overwrites a file.
+    """
+    url = store_url(db)
+    report = run(_backup(url, dest), f"cannot back up {redact_url(url)}")
+    console().print(
+        f"backed up {redact_url(url)} to {report.path}: {size_text(report.bytes)} in "
+        f"{report.seconds:.2f} s ({report.method})",
+        markup=False,
+    )
+
+
+@contextmanager
+def _progress(transient: bool = False) -> Iterator[Progress]:
+    with Progress(
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console(),
+        transient=transient,
+    ) as progress:
+        yield progress
+
+
+async def _copy(src: str, dst: str, force: bool, batch_size: int, progress: Progress) -> CopyReport:
+    tasks: dict[str, Any] = {}
+
+    def on_batch(table: str, copied: int) -> None:
+        if table not in tasks:
+            tasks[table] = progress.add_task(table, total=None)
+        progress.update(tasks[table], completed=copied)
+
+    async with open_for_reading(src) as source, open_store(dst) as dest:
+        try:
+            report = await copy_store(source, dest, batch_size=batch_size, overwrite=force, on_batch=on_batch)
+        except ConflictError as exc:
+            rows = exc.fields.get("rows")
+            if force or tasks or rows is None:
+                raise  # not the refusal of a destination that holds data
+            raise Failure(
+                f"the destination {redact_url(dst)} is not empty ({exc.fields.get('table')} holds "
+                f"{rows} rows); nothing was copied: pass --force to replace its contents, or copy into "
+                "a new store"
+            ) from None
+    for item in report.tables:
+        if item.table in tasks:
+            progress.update(tasks[item.table], total=item.source_rows, completed=item.destination_rows)
+    return report
+
+
+@main.command()
+@click.argument("src_url")
+@click.argument("dst_url")
+@click.option("--force", is_flag=True, help="Replace the contents of a destination that holds data.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@click.pass_context
+def copy(ctx: click.Context, src_url: str, dst_url: str, force: bool, batch_size: int) -> None:
+    """Copy every kind of state from the store at SRC_URL to the store at DST_URL (copy_store), e.g. from
+    SQLite to PostgreSQL, then compare the row counts and every row.
+
+    The destination is created or migrated if needed; one that holds data is refused unless --force.
+    Stop the source's agents first: rows written meanwhile fail the check.
+    """
+    src, dst = store_url(src_url, "SRC_URL"), store_url(dst_url, "DST_URL")
+    require_existing(src)
+    with _progress() as progress:
+        report = run(_copy(src, dst, force, batch_size, progress), f"cannot copy to {redact_url(dst)}")
+    out = console()
+    table = Table(show_edge=False)
+    for column in ("table", "copied", "source rows", "destination rows"):
+        table.add_column(column)
+    for item in report.tables:
+        table.add_row(item.table, str(item.copied), str(item.source_rows), str(item.destination_rows))
+    out.print(table)
+    if not report.verified:
+        raise Failure("the row counts of the source and the destination differ")
+    out.print(
+        f"copied {report.copied} rows from {redact_url(src)} to {redact_url(dst)} in {report.seconds:.2f} s; "
+        "every table verified"
+        + (" (the destination's earlier contents were replaced)" if report.overwritten else ""),
+        markup=False,
+    )
+
+
+def _days(value: float | None, default: dt.timedelta | float | None) -> dt.timedelta | float | None:
+    return default if value is None else dt.timedelta(days=value)
+
+
+async def _gc(
+    url: str, retention: Retention, dry_run: bool, vacuum: bool, progress: Progress | None
+) -> tuple[PurgeReport, int | None]:
+    async with open_for_reading(url, retention=retention) as store:
+        if dry_run or progress is None:
+            report = await store.purge(dry_run=dry_run)
+        else:
+            # A dry run first gives the bar its total; the purge then deletes what it counted (and what
+            # aged meanwhile).
+            todo = (await store.purge(dry_run=True)).total
+            task = progress.add_task("purging", total=todo or None)
+            report = await store.purge(
+                on_batch=lambda counts: progress.update(task, completed=min(sum(counts.values()), todo))
+            )
+            progress.update(task, total=max(todo, report.total), completed=report.total)
+        free = await store.vacuum() if vacuum and not dry_run else None
+        return report, free
+
+
+def _age_option(kind: str, what: str) -> Callable[[F], F]:
+    default = getattr(Retention(), kind)
+    days = default.days if isinstance(default, dt.timedelta) else default
+    return click.option(
+        f"--{kind}",
+        type=click.FloatRange(min=0),
+        default=None,
+        metavar="DAYS",
+        help=f"Keep {what} this many days (default {days}).",
+    )
+
+
+@main.command()
+@db_option
+@json_option
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@_age_option("traces", "spans")
+@_age_option("tasks", "finished tasks")
+@_age_option("sessions", "archived sessions")
+@_age_option("memories", "forgotten or expired memories")
+@click.option("--vacuum", is_flag=True, help="Then rewrite a SQLite file without its free pages (VACUUM).")
+def gc(
+    db: str | None,
+    as_json: bool,
+    dry_run: bool,
+    traces: float | None,
+    tasks: float | None,
+    sessions: float | None,
+    memories: float | None,
+    vacuum: bool,
+) -> None:
+    """Delete what retention allows (store.purge()): old spans, finished tasks, archived sessions and
+    forgotten memories past their ages, in short batches. Never an audit entry, an approval, an unfinished
+    task or a session that is not archived.
+    """
+    url = store_url(db)
+    base = Retention()
+    retention = Retention(
+        traces=_days(traces, base.traces),
+        tasks=_days(tasks, base.tasks),
+        sessions=_days(sessions, base.sessions),
+        memories=_days(memories, base.memories),
+    )
+    doing = f"cannot purge {redact_url(url)}"
+    if dry_run or as_json:
+        report, free = run(_gc(url, retention, dry_run, vacuum, None), doing)
+    else:
+        with _progress() as progress:
+            report, free = run(_gc(url, retention, dry_run, vacuum, progress), doing)
+    if as_json:
+        echo_json({"report": report, "total": report.total, "free_pages_after_vacuum": free})
+        return
+    out = console()
+    table = Table(show_edge=False)
+    table.add_column("kind")
+    table.add_column("would delete" if dry_run else "deleted")
+    for kind, n in report.counts.items():
+        table.add_row(kind, str(n))
+    out.print(table)
+    verb = "would delete" if dry_run else "deleted"
+    out.print(
+        f"{verb} {report.total} rows in {report.batches} batches, {report.seconds:.2f} s "
+        f"(longest batch {report.longest_batch_seconds * 1000:.0f} ms)"
+    )
+    if report.free_pages is not None:
+        out.print(f"free pages left in the file: {report.free_pages} (given back: {report.reclaimed_pages})")
+    if free is not None:
+        out.print(f"vacuumed: {free} free pages left")

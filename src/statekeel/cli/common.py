@@ -1,0 +1,192 @@
+"""What every ``statekeel`` command shares: ``--db`` and ``--json``, opening a store, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import enum
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import click
+from rich.console import Console
+
+from ..errors import MigrationError, StatekeelError
+from ..retention import Retention
+from ..store import Store, open_store, redact_url, resolve_url, sqlite_path
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Failure(click.ClickException):
+    """A command that could not do its job: ``Error: <one line>`` on stderr, exit 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def failure(exc: BaseException, doing: str = "") -> Failure:
+    """``exc`` as a one-line :class:`Failure` naming its type (``doing`` says what was being done)."""
+    prefix = f"{doing}: " if doing else ""
+    extra = ""
+    if isinstance(exc, MigrationError) and getattr(exc, "pending", None):
+        if getattr(exc, "version", None) == 0:
+            extra = " — statekeel migrate creates the schema"
+        else:
+            extra = " — to upgrade it: stop its agents, back it up (statekeel backup), then statekeel migrate"
+    return Failure(f"{prefix}{type(exc).__name__}: {exc}{extra}")
+
+
+def db_option(fn: F) -> F:
+    """``--db URL`` on a command; it wins over the group's ``--db`` and ``$STATEKEEL_URL``."""
+    return click.option(
+        "--db",
+        "db",
+        default=None,
+        metavar="URL",
+        help="Store URL (default: the group's --db, else $STATEKEEL_URL, else sqlite:///statekeel.db).",
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    """``--json``: print the result as JSON instead of text."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
+
+
+def store_url(db: str | None, what: str = "--db") -> str:
+    """The URL a command uses: its ``--db``, else the group's (which fell back to the environment), checked
+    well enough to say what is wrong with it before anything connects."""
+    ctx = click.get_current_context()
+    root = ctx.find_root().obj
+    url = resolve_url(db) if db is not None else str(root["url"] if root else resolve_url(None))
+    check_url(url, what)
+    return url
+
+
+def check_url(url: str, what: str = "--db") -> None:
+    """A :class:`Failure` for a URL that does not parse or that no command can use; ``what`` names
+    where it came from in the message."""
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        if scheme == "sqlite":
+            sqlite_path(url)
+        elif scheme in ("postgresql", "postgres"):
+            _ = parts.port  # ValueError for a port that is not a number
+            if not parts.hostname and "host=" not in parts.query:
+                raise Failure(
+                    f"{what} {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
+                )
+        elif scheme == "memory":
+            raise Failure(
+                f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
+                "of a sqlite:/// file or a postgresql:// database"
+            )
+        else:
+            raise Failure(
+                f"{what} {redact_url(url)!r} is not a store URL; use sqlite:///file.db, "
+                "sqlite:////abs/path.db or postgresql://user@host:5432/db"
+            )
+    except StatekeelError as exc:
+        raise Failure(f"{what}: {exc}") from None
+    except ValueError as exc:
+        raise Failure(f"{what} {redact_url(url)!r} does not parse: {exc}") from None
+
+
+def require_existing(url: str) -> None:
+    """A :class:`Failure` when ``url`` names a SQLite file that does not exist: opening would create it."""
+    if urlsplit(url).scheme != "sqlite":
+        return
+    path = sqlite_path(url)
+    if path is not None and not os.path.exists(path):
+        raise Failure(
+            f"no store at {path}: the file does not exist (nothing was created); pass --db URL or set "
+            "$STATEKEEL_URL"
+        )
+
+
+def open_for_reading(url: str, *, retention: Retention | None = None) -> AbstractAsyncContextManager[Store]:
+    """Open an existing store without changing its schema (``migrate=False``): a store an agent of another
+    version shares must not be upgraded by looking at it (nor by a command that repairs or purges it)."""
+    require_existing(url)
+    return open_store(url, migrate=False, retention=retention)
+
+
+async def collect(items: AsyncIterator[T], limit: int | None) -> list[T]:
+    """The first ``limit`` items (all of them for None) of an async iterator such as ``sessions.iter()``."""
+    found: list[T] = []
+    if limit is not None and limit <= 0:
+        return found
+    async for item in items:
+        found.append(item)
+        if limit is not None and len(found) >= limit:
+            break
+    return found
+
+
+def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
+    """Run ``coro``; a statekeel or OS error becomes a one-line :class:`Failure`."""
+    try:
+        return asyncio.run(coro)
+    except StatekeelError as exc:
+        raise failure(exc, doing) from None
+    except OSError as exc:
+        raise failure(exc, doing) from None
+
+
+def console() -> Console:
+    """The console commands print to (no syntax highlighting: values are shown as they are). Into a pipe
+    or a file, lines are not cut at 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=str)
+    if hasattr(value, "_asdict"):
+        return value._asdict()
+    raise TypeError(f"cannot show {type(value).__name__} as JSON")
+
+
+def echo_json(value: Any) -> None:
+    """Print ``value`` (dataclasses, datetimes … included) as indented JSON."""
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=_plain))
+
+
+def listing_console(found: list[Any], as_json: bool, empty: str) -> Console | None:
+    """Print ``found`` as JSON, or ``empty`` when it is empty (None: nothing more to print); else the
+    console to print its table on."""
+    if as_json:
+        echo_json(found)
+        return None
+    out = console()
+    if not found:
+        out.print(empty, markup=False)
+        return None
+    return out
+
+
+def size_text(n: int) -> str:
+    """``512 bytes``, ``4.1 kB``, ``12.3 MB``."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"

@@ -1,0 +1,197 @@
+"""``statekeel sessions`` and ``statekeel show SESSION``: the sessions of a store and one transcript.
+
+``show`` pairs each tool call with its result the way :mod:`statekeel.transcripts` does (through the
+ui's transcript view, which needs none of the ui extra) and marks the parts compression moved to the
+archive. Both only read: a session is read with ``sessions.snapshot()``, never repaired or cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..backends.base import SESSION_STATUSES, LoadedSession, SessionRecord
+from ..store import redact_url
+from ..ui.transcript import Entry, Fold, Part, ToolCall, build_transcript, compact, pretty
+from . import main
+from .common import (
+    Failure,
+    collect,
+    console,
+    db_option,
+    echo_json,
+    json_option,
+    listing_console,
+    open_for_reading,
+    run,
+    store_url,
+)
+
+
+async def _sessions(url: str, status: str | None, limit: int | None) -> list[SessionRecord]:
+    async with open_for_reading(url) as store:
+        return await collect(store.sessions.iter(status=status), limit)
+
+
+@main.command()
+@db_option
+@json_option
+@click.option(
+    "--status", type=click.Choice(SESSION_STATUSES), default=None, help="Only sessions in this status."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many (newest first). Default: all.",
+)
+def sessions(db: str | None, as_json: bool, status: str | None, limit: int | None) -> None:
+    """The sessions of the store, most recently updated first: key, status, messages, open tool calls."""
+    url = store_url(db)
+    found = run(_sessions(url, status, limit), f"cannot list the sessions of {redact_url(url)}")
+    out = listing_console(found, as_json, "no sessions" + (f" with status {status}" if status else ""))
+    if out is None:
+        return
+    table = Table(show_edge=False)
+    table.add_column("session", overflow="fold")  # keys are what show takes: never cut
+    for column in ("status", "messages", "archived", "open calls", "updated at"):
+        table.add_column(column)
+    for r in found:
+        calls = "?" if r.open_calls < 0 else str(r.open_calls)
+        table.add_row(
+            escape(r.key),
+            r.status,
+            str(r.head_seq),
+            str(r.last_consolidated),
+            calls,
+            r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    out.print(table)
+    out.print(f"{len(found)} session(s)")
+
+
+async def _load(url: str, key: str) -> tuple[LoadedSession | None, bool]:
+    async with open_for_reading(url) as store:
+        loaded = await store.sessions.snapshot(key)
+        fallback = store.sessions.fallback
+        waiting = fallback is not None and await asyncio.to_thread(fallback.exists, key)
+        return loaded, waiting
+
+
+def _shown(value: Any, limit: int = 300) -> str:
+    """A result or argument on one line: text as it is, anything else as compact JSON."""
+    if isinstance(value, str):
+        line = " ".join(value.split())
+        return escape(line if len(line) <= limit else line[: limit - 1] + "…")
+    return escape(compact(value, limit))
+
+
+def _print_call(out: Console, call: ToolCall, indent: str) -> None:
+    call_id = escape(call.call_id or "no id")
+    name, arguments = escape(call.name), _shown(call.arguments)
+    out.print(f"{indent}[cyan]→ tool call[/cyan] {name} {arguments} [dim]({call_id})[/dim]")
+    result = call.result
+    if result is not None:
+        tag = "[red]error[/red] " if result.is_error else ""
+        if result.interrupted:
+            tag = "[yellow]interrupted[/yellow] "
+        out.print(f"{indent}  [green]← result[/green] {tag}#{result.seq}: {_shown(result.content)}")
+    elif call.state == "pending":
+        out.print(f"{indent}  [yellow]… no result yet (the agent may still answer it)[/yellow]")
+    elif call.state == "dangling":
+        out.print(f"{indent}  [red]✗ no result, and the transcript moved on[/red] (see: statekeel doctor)")
+
+
+def _print_part(out: Console, part: Part, indent: str) -> None:
+    if part.kind == "text":
+        label = f"[dim]{escape(part.label)}:[/dim] " if part.label else ""
+        out.print(f"{indent}{label}{escape(part.text)}")
+    elif part.kind == "thinking":
+        out.print(f"{indent}[dim italic]thinking: {escape(part.text)}[/dim italic]")
+    elif part.kind == "json":
+        label = f"{escape(part.label)}: " if part.label else ""
+        out.print(f"{indent}[dim]{label}{escape(pretty(part.value))}[/dim]")
+    elif part.kind == "call" and part.call is not None:
+        _print_call(out, part.call, indent)
+    elif part.kind == "result" and part.result is not None:
+        result = part.result
+        if result.call is not None:
+            call_id = escape(result.call_id or "")
+            out.print(f"{indent}[dim]result of {call_id}, shown under #{result.call.seq}[/dim]")
+        else:
+            why = escape(result.problem or "it answers no call")
+            out.print(f"{indent}[red]← orphan result[/red] ({why}): {_shown(result.content)}")
+
+
+def _print_entry(out: Console, entry: Entry, archived: bool) -> None:
+    indent = "    " if archived else "  "
+    mark = " [magenta]\\[archived][/magenta]" if archived else ""
+    out.print(f"{indent[:-2]}[bold]#{entry.seq} {escape(entry.role)}[/bold]{mark}")
+    for part in entry.parts:
+        _print_part(out, part, indent)
+    if entry.fields:
+        out.print(f"{indent}[dim]other fields: {escape(compact(entry.fields, 300))}[/dim]")
+
+
+def _print_transcript(out: Console, loaded: LoadedSession, waiting: bool) -> None:
+    record = loaded.record
+    view = build_transcript(loaded.messages, first_seq=loaded.first_seq, summaries=loaded.summaries)
+    out.print(
+        f"[bold]session {escape(record.key)}[/bold] — {record.status}, {record.head_seq} message(s), "
+        f"{record.last_consolidated} archived, {view.calls} tool call(s), "
+        f"updated {record.updated_at.isoformat(timespec='seconds')}"
+    )
+    if waiting:
+        out.print("[yellow]a fallback file of this session waits for replay (statekeel recover)[/yellow]")
+    for item in view.items:
+        if isinstance(item, Fold):
+            out.print(
+                f"[magenta]── archived #{item.first_seq} to #{item.upto_seq - 1} (compression "
+                f"{escape(item.compression_id)}), summary:[/magenta] {escape(item.summary)}"
+            )
+            for entry in item.entries:
+                _print_entry(out, entry, archived=True)
+            out.print("[magenta]── end of archived part[/magenta]")
+        else:
+            _print_entry(out, item, archived=False)
+    if view.dangling:
+        out.print(f"[red]{len(view.dangling)} tool call(s) without a result[/red]")
+    if view.orphans:
+        out.print(f"[red]{len(view.orphans)} result(s) that answer no call where they are[/red]")
+
+
+def _as_json(loaded: LoadedSession, waiting: bool) -> dict[str, Any]:
+    return {
+        "session": loaded.record,
+        "fallback_waiting": waiting,
+        "messages": [{"seq": loaded.first_seq + i, "message": m} for i, m in enumerate(loaded.messages)],
+        "archived": [
+            {"compression_id": c, "first_seq": first, "upto_seq": upto, "summary": summary}
+            for c, first, upto, summary in loaded.summaries
+        ],
+    }
+
+
+@main.command()
+@db_option
+@json_option
+@click.argument("session")
+def show(db: str | None, as_json: bool, session: str) -> None:
+    """The transcript of SESSION: every message in order, each tool call with its result under it, calls
+    left without a result marked, and the messages compression archived shown under their summary.
+
+    Exits 1 if there is no such session.
+    """
+    url = store_url(db)
+    loaded, waiting = run(_load(url, session), f"cannot read session {session!r}")
+    if loaded is None:
+        raise Failure(f"there is no session {session!r} in {redact_url(url)} (statekeel sessions lists them)")
+    if as_json:
+        echo_json(_as_json(loaded, waiting))
+    else:
+        _print_transcript(console(), loaded, waiting)

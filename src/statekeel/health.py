@@ -1,0 +1,194 @@
+"""Every health check of a store, without changing it: ``await store.health()``.
+
+It combines :meth:`Store.info` (schema, counts, integrity check, fallback files, incidents) with
+``store.recover(repair=False)`` (audit chain, tool calls left without a result, expired leases, steps in
+doubt, damage, drift of recorded files) and turns what they found into :class:`Finding` items, each with
+what to do about it. ``ok`` is False when any finding is a *problem*; *notices* (pending approvals,
+unfinished workflows, lagging vectors) are normal in a store that agents are using.
+
+    report = await store.health()
+    for finding in report.findings:
+        print(finding.severity, finding.check, finding.detail, finding.advice)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .recovery import RecoveryReport
+
+if TYPE_CHECKING:
+    from .store import Store, StoreInfo
+
+PROBLEM = "problem"
+NOTICE = "notice"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a health check found: ``check`` names it (``integrity``, ``audit`` …), ``severity`` is
+    ``"problem"`` or ``"notice"``, ``detail`` says what was found and ``advice`` what to do."""
+
+    check: str
+    severity: str
+    detail: str
+    advice: str
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """What :meth:`Store.health` found: the facts it read and the findings, problems first."""
+
+    info: StoreInfo
+    recovery: RecoveryReport
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+    checks: tuple[str, ...] = field(default_factory=tuple)  # the checks that ran, in order
+
+    @property
+    def ok(self) -> bool:
+        """No finding is a problem."""
+        return not self.problems
+
+    @property
+    def problems(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == PROBLEM)
+
+
+_CHECKS = (
+    "integrity",
+    "schema",
+    "fallback",
+    "incidents",
+    "audit",
+    "tool calls",
+    "leases",
+    "steps",
+    "drift",
+    "approvals",
+    "workflows",
+    "vectors",
+)
+
+_RECOVER = "run `statekeel recover` (store.recover())"
+
+
+def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
+    found: list[Finding] = []
+
+    def add(check: str, severity: str, detail: str, advice: str) -> None:
+        found.append(Finding(check, severity, detail, advice))
+
+    # recover() writes one sentence of advice per kind of damage; they are matched to the checks below.
+    advice = " ".join(rec.advice)
+    problems = list(info.integrity or ()) + [
+        p for p in rec.integrity_problems if p not in (info.integrity or ())
+    ]
+    if problems or rec.damage or rec.skipped:
+        detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+        if rec.skipped:
+            detail += (" " if detail else "") + "unreadable while checking: " + ", ".join(sorted(rec.skipped))
+        add("integrity", PROBLEM, detail or "damaged pages", advice or "restore the store from a backup")
+    if info.pending_migrations:
+        versions = ", ".join(str(v) for v, _ in info.pending_migrations)
+        add(
+            "schema",
+            PROBLEM,
+            f"schema version {info.schema_version}; migrations {versions} are pending",
+            "stop the agents, back the store up (`statekeel backup`), then run `statekeel migrate`",
+        )
+    if info.fallback_files:
+        add(
+            "fallback",
+            PROBLEM,
+            f"{info.fallback_files} session fallback file(s) in {info.fallback_dir} wait to be replayed",
+            f"{_RECOVER}: it writes them into the store once it is reachable",
+        )
+    for incident in rec.incidents:
+        what = incident.detail.get("what_to_do", "") if isinstance(incident.detail, dict) else ""
+        add(
+            "incidents",
+            PROBLEM,
+            f"incident {incident.id} ({incident.kind}) detected {incident.detected_at.isoformat()}",
+            f"{what} Then acknowledge it: store.acknowledge_incident({incident.id}, by=...)".strip(),
+        )
+    if rec.audit is not None and not rec.audit.ok:
+        add(
+            "audit",
+            PROBLEM,
+            f"the audit chain does not verify at entry {rec.audit.first_bad_seq}: {rec.audit.reason}",
+            "treat the audit entries and approvals as untrusted; find out who changed the database "
+            "(restore it from a backup taken before the change)",
+        )
+    calls = sum(len(v) for v in rec.orphaned_tool_calls.values())
+    if calls:
+        add(
+            "tool calls",
+            PROBLEM,
+            f"{calls} tool call(s) in {len(rec.orphaned_tool_calls)} session(s) have no result and their "
+            "agent is gone; the next model call with these transcripts would be refused",
+            f"{_RECOVER}: it answers each with an explicit 'interrupted' result",
+        )
+    for key, why in sorted(rec.sessions_failed.items()):
+        add("tool calls", PROBLEM, f"session {key} could not be checked: {why}", advice or _RECOVER)
+    if rec.interrupted_tasks:
+        add(
+            "leases",
+            PROBLEM,
+            f"{len(rec.interrupted_tasks)} running task(s) hold an expired lease: their worker is gone",
+            f"{_RECOVER}: it marks them interrupted, so that they can be retried",
+        )
+    in_doubt = len(rec.steps_in_doubt) + len(rec.tool_calls_in_doubt)
+    if in_doubt:
+        add(
+            "steps",
+            PROBLEM,
+            f"{in_doubt} step(s) or tool call(s) started by a process that is gone have no outcome: "
+            "their side effect may or may not have happened",
+            "check the outside world, then resolve each (tasks.step / sessions.resolve_tool); non-idempotent "
+            "steps are never re-run by themselves",
+        )
+    if rec.drifted_files:
+        paths = ", ".join(d.path for d in rec.drifted_files[:3])
+        add(
+            "drift",
+            PROBLEM,
+            f"{len(rec.drifted_files)} recorded file(s) changed on disk since the agent wrote them: {paths}",
+            "compare them with the file ledger (store.files.list) before an agent relies on them",
+        )
+    if rec.pending_approvals:
+        add(
+            "approvals",
+            NOTICE,
+            f"{len(rec.pending_approvals)} approval(s) wait for a decision",
+            "decide them (approvals.decide)",
+        )
+    if rec.unfinished_workflows:
+        add(
+            "workflows",
+            NOTICE,
+            f"{len(rec.unfinished_workflows)} workflow(s) are unfinished",
+            "advance them (workflows.advance) if no agent is running them",
+        )
+    if rec.lagging_vectors:
+        add(
+            "vectors",
+            NOTICE,
+            f"{rec.lagging_vectors} source(s) have no vector at their current version",
+            "re-embed them with vectors.rebuild(embed, model=...)",
+        )
+    return sorted(found, key=lambda f: f.severity != PROBLEM)
+
+
+async def health(store: Store, files_root: str | os.PathLike[str] | None = None) -> HealthReport:
+    """See :meth:`statekeel.Store.health`."""
+    # Both run the integrity check (it reads the whole database): info() needs its findings to count a
+    # damaged store's state, recover() to assess the damage.
+    info = await store.info()
+    rec = await store.recover(repair=False, files_root=files_root)
+    checks = tuple(c for c in _CHECKS if c != "drift" or files_root is not None)
+    return HealthReport(info=info, recovery=rec, findings=tuple(_findings(info, rec)), checks=checks)
+
+
+__all__ = ["NOTICE", "PROBLEM", "Finding", "HealthReport", "health"]

@@ -1,0 +1,137 @@
+"""``statekeel sessions``, ``show``, ``tasks`` and ``trace`` as a user runs them, on SQLite and
+PostgreSQL: what they print, their ``--json``, and that reading changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from helpers import Prepared, one_line_error, run_statekeel
+
+SESSIONS = {
+    "chat-openai",
+    "moved-on",
+    "responses-items",
+    "anthropic-blocks",
+    "compressed",
+    "old-expired",
+    "old-archived",
+}
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def as_json(filled: Prepared, cwd: Path, *args: str) -> Any:
+    result = run_statekeel(*args, "--json", "--db", filled.url, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_sessions_lists_every_session_newest_first(filled: Prepared, tmp_path: Path) -> None:
+    result = run_statekeel("sessions", "--db", filled.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for key in SESSIONS:
+        assert key in result.stdout
+    assert "8 session(s)" in result.stdout
+    listed = as_json(filled, tmp_path, "sessions")
+    assert {r["key"] for r in listed} == SESSIONS | {filled.evil_key}
+    stamps = [r["updated_at"] for r in listed]
+    assert stamps == sorted(stamps, reverse=True)
+    archived = as_json(filled, tmp_path, "sessions", "--status", "archived")
+    assert [r["key"] for r in archived] == ["old-archived"]
+    two = as_json(filled, tmp_path, "sessions", "--limit", "2")
+    assert [r["key"] for r in two] == [r["key"] for r in listed[:2]]
+
+
+def test_show_pairs_each_tool_call_with_its_result(filled: Prepared, tmp_path: Path) -> None:
+    result = run_statekeel("show", "chat-openai", "--db", filled.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = flat(result.stdout)
+    assert '→ tool call run_tests {"path":"tests/"} (call_tests) ← result #3: 3 passed, 1 failed' in out
+    assert "#3 tool result of call_tests, shown under #2" in out
+    assert '→ tool call read_file {"path":"src/parse.py"} (call_read) … no result yet' in out
+    anthropic = flat(run_statekeel("show", "anthropic-blocks", "--db", filled.url, cwd=tmp_path).stdout)
+    assert "→ tool call list_dir" in anthropic and "← result #2: README.md src tests" in anthropic
+    moved = flat(run_statekeel("show", "moved-on", "--db", filled.url, cwd=tmp_path).stdout)
+    assert "✗ no result, and the transcript moved on" in moved
+
+
+def test_show_marks_what_compression_archived(filled: Prepared, tmp_path: Path) -> None:
+    out = flat(run_statekeel("show", "compressed", "--db", filled.url, cwd=tmp_path).stdout)
+    assert "── archived #0 to #3" in out and "the user and the agent counted to three" in out
+    assert "#0 user [archived] turn 0" in out
+    assert "#3 assistant [archived] turn 3 ── end of archived part #4 user turn 4" in out
+    shown = as_json(filled, tmp_path, "show", "compressed")
+    assert [m["seq"] for m in shown["messages"]] == list(range(6))
+    assert shown["archived"][0]["upto_seq"] == 4
+
+
+def test_show_prints_markup_in_keys_and_messages_as_text(filled: Prepared, tmp_path: Path) -> None:
+    result = run_statekeel("show", filled.evil_key, "--db", filled.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert filled.xss in result.stdout
+    assert filled.evil_key in result.stdout
+
+
+def test_tasks_lists_by_status_and_workflow(filled: Prepared, tmp_path: Path) -> None:
+    result = run_statekeel("tasks", "--db", filled.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "11 task(s)" in result.stdout and filled.running_task in result.stdout
+    running = as_json(filled, tmp_path, "tasks", "--status", "running")
+    assert {t["title"] for t in running} == {"index the repo", "long build"}
+    in_workflow = as_json(filled, tmp_path, "tasks", "--workflow", filled.workflow_id)
+    assert sorted(t["title"] for t in in_workflow) == ["build", "lint", "publish", "unit-tests"]
+
+
+def test_trace_prints_a_tree_of_spans_with_durations(filled: Prepared, tmp_path: Path) -> None:
+    result = run_statekeel("trace", filled.trace_id, "--db", filled.url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    assert lines == [
+        f"trace {filled.trace_id} — 6 span(s), 1.5 s",
+        "agent turn agent ok 1.5 s",
+        "  └─ chat gpt-x llm ok 600 ms",
+        "  └─ run_tests tool error 780 ms",
+        "    └─ pytest -q tool ok 740 ms",
+        "  └─ write summary llm unset open",
+        "orphan span tool ok 30 ms (parent span not recorded)",
+    ]
+    spans = as_json(filled, tmp_path, "trace", filled.trace_id)
+    assert len(spans) == 6
+
+
+def test_show_and_trace_of_something_missing_exit_1_in_one_line(filled: Prepared, tmp_path: Path) -> None:
+    assert "there is no session 'nobody'" in one_line_error(
+        run_statekeel("show", "nobody", "--db", filled.url, cwd=tmp_path)
+    )
+    assert "there is no span of trace 'none'" in one_line_error(
+        run_statekeel("trace", "none", "--db", filled.url, cwd=tmp_path)
+    )
+
+
+def test_read_commands_leave_the_database_file_unchanged(prepared: Prepared, tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    shutil.copyfile(prepared.path, path)
+    filled = dataclasses.replace(prepared, path=path, url=f"sqlite:///{path}")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    for args in (
+        ["status"],
+        ["doctor"],
+        ["info"],
+        ["sessions"],
+        ["show", "chat-openai"],
+        ["tasks"],
+        ["trace", filled.trace_id],
+        ["audit", "verify"],
+        ["migrate", "--check"],
+        ["recover", "--dry-run"],
+        ["gc", "--dry-run"],
+    ):
+        run_statekeel(*args, "--db", filled.url, cwd=tmp_path)
+        assert hashlib.sha256(filled.path.read_bytes()).hexdigest() == before, args
