@@ -18,18 +18,27 @@ Statuses and the transitions allowed between them (:data:`TRANSITIONS`)::
 Every transition is one conditional UPDATE on the status and version it was decided from: a concurrent
 change makes it fail with :class:`ConflictError` instead of being lost. **Higher priority runs first**;
 among equal priorities the oldest task is claimed first.
+
+**Audited.** Creating a task, each transition (by :meth:`TaskManager.transition`, a claim, a lease
+expiry, or a workflow) and each change of a step's journal record (started, succeeded, failed, resolved)
+appends an entry to the audit log (``store.audit``) in the same transaction as the change: subject
+``task:<id>``, kinds ``task.created``, ``task.transitioned``, ``task.step.started``,
+``task.step.succeeded``, ``task.step.failed``, ``task.step.resolved``. An entry holds ids, statuses,
+versions and the SHA-256 of a step's stored result or error, never the values themselves. A lease
+heartbeat (no status change) and a step replayed from its record (nothing written) are not audited.
 """
 
 from __future__ import annotations
 
 import builtins
 import datetime as dt
+import hashlib
 import math
 import uuid
 from typing import Any
 
 from .backends.base import TASK_STATUSES, NewTask, Page, StepRecord, StorageBackend, TaskChange, TaskRecord
-from .codec import Codec
+from .codec import Codec, canonical
 from .errors import (
     ConflictError,
     InvalidArgument,
@@ -61,8 +70,51 @@ _TRANSITION_TRIES = 3
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 
 
+# Actors of the audit entries of changes statekeel makes by itself.
+LEASE_EXPIRY_ACTOR = "statekeel.lease-expiry"
+UNSPECIFIED_ACTOR = "unspecified"
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def _digest(raw: bytes | None) -> str | None:
+    return None if raw is None else hashlib.sha256(raw).hexdigest()
+
+
+async def audit_task(
+    backend: StorageBackend, kind: str, actor: str, task_id: str, data: dict[str, Any]
+) -> None:
+    """Append the audit entry of a change to task ``task_id`` (call it inside the change's ``atomic()``
+    block, after the change's last row lock: the audit chain's lock is taken last, so that two
+    transactions never wait for each other's locks)."""
+    text = canonical({"task_id": task_id, **data}).decode("utf-8")
+    await backend.append_audit(kind, actor, f"task:{task_id}", text)
+
+
+async def audit_transition(
+    backend: StorageBackend, actor: str, before: str, task: TaskRecord, via: str
+) -> None:
+    """The ``task.transitioned`` entry of ``task`` (as the change left it), from status ``before``."""
+    data: dict[str, Any] = {"from": before, "to": task.status, "version": task.version, "via": via}
+    if task.status == "running":
+        data["lease_epoch"] = task.lease_epoch
+        data["lease_owner"] = task.lease_owner
+    if task.status == "failed" or before == "failed":
+        data["retry_count"] = task.retry_count
+    await audit_task(backend, "task.transitioned", actor, task.id, data)
+
+
+async def audit_created(backend: StorageBackend, task: TaskRecord, via: str) -> None:
+    """The ``task.created`` entry of a new task."""
+    data = {"status": task.status, "workflow_id": task.workflow_id, "version": task.version, "via": via}
+    await audit_task(backend, "task.created", UNSPECIFIED_ACTOR, task.id, data)
+
+
+async def _audit_step(backend: StorageBackend, kind: str, actor: str, step: StepRecord, **extra: Any) -> None:
+    data = {"step_key": step.step_key, "attempt": step.attempt, "status": step.status, **extra}
+    await audit_task(backend, kind, actor, step.task_id, data)
 
 
 def check_status(status: Any, what: str = "status") -> str:
@@ -125,7 +177,7 @@ def plan_transition(
 
 
 class TaskManager:
-    """Creates, transitions, claims and journals tasks. See DESIGN.md, Tasks, steps, workflows."""
+    """Creates, transitions, claims and journals tasks. See the module docstring."""
 
     def __init__(self, backend: StorageBackend, codec: Codec) -> None:
         self.backend = backend
@@ -159,7 +211,10 @@ class TaskManager:
             description=description,
             status=status,
         )
-        record, _created = await self.backend.create_task(new)
+        async with self.backend.atomic():
+            record, created = await self.backend.create_task(new)
+            if created:
+                await audit_created(self.backend, record, "create")
         return record
 
     def _new_task(
@@ -249,6 +304,7 @@ class TaskManager:
         error: Any = None,
         worker_id: str | None = None,
         lease_epoch: int | None = None,
+        actor: str | None = None,
     ) -> Task:
         """Move the task to ``new_status`` if the transition is legal (else ``InvalidTransition``), with one
         conditional UPDATE (``ConflictError`` if it changed meanwhile, or is not at ``expected_version``).
@@ -258,6 +314,9 @@ class TaskManager:
         the transition is refused with ``LeaseLost`` (fencing).
         Moving a task to running here (not by :meth:`claim`) starts a new ``lease_epoch`` with no owner, so
         whoever held it before is fenced out; the returned task carries the new epoch.
+
+        The change and its ``task.transitioned`` audit entry commit together; the entry's actor is
+        ``actor``, else ``worker_id``, else "unspecified".
         """
         check_key(task_id, "task_id")
         check_status(new_status, "new_status")
@@ -267,6 +326,9 @@ class TaskManager:
             check_key(worker_id, "worker_id")
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
+        if actor is not None:
+            check_key(actor, "actor")
+        who = actor or worker_id or UNSPECIFIED_ACTOR
         result_raw = None if result is None else self.codec.encode(result, where="result")
         error_raw = None if error is None else self.codec.encode(error, where="error")
         tries = 1 if expected_version is not None else _TRANSITION_TRIES
@@ -283,13 +345,16 @@ class TaskManager:
                     current=current.version,
                 )
             change = plan_transition(current, new_status, result=result_raw, error=error_raw, now=now)
-            updated = await self.backend.update_task(
-                task_id,
-                expected_status=current.status,
-                expected_version=current.version,
-                change=change,
-                lease_valid_at=now if fenced else None,
-            )
+            async with self.backend.atomic():
+                updated = await self.backend.update_task(
+                    task_id,
+                    expected_status=current.status,
+                    expected_version=current.version,
+                    change=change,
+                    lease_valid_at=now if fenced else None,
+                )
+                if updated is not None:
+                    await audit_transition(self.backend, who, current.status, updated, "transition")
             if updated is not None:
                 return updated
         latest = await self._require(task_id)
@@ -314,7 +379,11 @@ class TaskManager:
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
         expires = _utcnow() + dt.timedelta(seconds=seconds)
-        return await self.backend.claim_task(worker_id, lease_expires_at=expires, workflow_id=workflow_id)
+        async with self.backend.atomic():
+            task = await self.backend.claim_task(worker_id, lease_expires_at=expires, workflow_id=workflow_id)
+            if task is not None:
+                await audit_transition(self.backend, worker_id, "queued", task, "claim")
+        return task
 
     async def heartbeat(
         self, task_id: str, worker_id: str, lease_epoch: int, *, lease_seconds: float = 30
@@ -340,7 +409,11 @@ class TaskManager:
     async def expire_leases(self, now: dt.datetime | None = None) -> builtins.list[Task]:
         """Move running tasks whose lease ended before ``now`` to interrupted and return them."""
         when = _utcnow() if now is None else check_aware(now, "now")
-        return await self.backend.expire_task_leases(when)
+        async with self.backend.atomic():
+            expired = await self.backend.expire_task_leases(when)
+            for task in expired:
+                await audit_transition(self.backend, LEASE_EXPIRY_ACTOR, "running", task, "lease_expired")
+        return expired
 
     # --- step journal -------------------------------------------------------------------------------
 
@@ -352,6 +425,7 @@ class TaskManager:
         *,
         idempotent: bool = False,
         lease_epoch: int | None = None,
+        actor: str | None = None,
     ) -> Any:
         """Run ``fn`` (a callable, sync or async, or an awaitable) once for this task and step key.
 
@@ -365,17 +439,31 @@ class TaskManager:
         anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+
+        Each record written (started, succeeded, failed) commits with its audit entry, whose actor is
+        ``actor`` (else "unspecified").
         """
-        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch)
-        return await run_step(_TaskStep(self, task_id, step_key, idempotent, lease_epoch), fn, self.codec)
+        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch, actor)
+        step = _TaskStep(self, task_id, step_key, idempotent, lease_epoch, actor or UNSPECIFIED_ACTOR)
+        return await run_step(step, fn, self.codec)
 
     async def resolve_step(
-        self, task_id: str, step_key: str, outcome: str, *, result: Any = None, error: Any = None
+        self,
+        task_id: str,
+        step_key: str,
+        outcome: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        actor: str | None = None,
     ) -> StepRecord:
         """Settle a step in doubt: ``outcome`` "succeeded" (later calls return ``result``) or "failed"
-        (the next call runs ``fn`` again). Only a *started* step can be resolved."""
+        (the next call runs ``fn`` again). Only a *started* step can be resolved; the change commits with
+        its ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified")."""
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
+        if actor is not None:
+            check_key(actor, "actor")
         if outcome not in ("succeeded", "failed"):
             raise InvalidArgument(
                 f"outcome must be 'succeeded' or 'failed', got {outcome!r}", outcome=outcome
@@ -384,9 +472,19 @@ class TaskManager:
             error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
         result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
         error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
-        done = await self.backend.finish_step(
-            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw
-        )
+        async with self.backend.atomic():
+            done = await self.backend.finish_step(
+                task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw
+            )
+            if done is not None:
+                await _audit_step(
+                    self.backend,
+                    "task.step.resolved",
+                    actor or UNSPECIFIED_ACTOR,
+                    done,
+                    result_sha256=_digest(result_raw),
+                    error_sha256=_digest(error_raw),
+                )
         if done is not None:
             return done
         current = await self.backend.get_step(task_id, step_key)
@@ -416,7 +514,9 @@ class TaskManager:
         return await self.backend.steps_in_doubt(when)
 
 
-def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any) -> None:
+def _check_step_args(
+    task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any, actor: Any
+) -> None:
     try:
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
@@ -424,6 +524,8 @@ def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, leas
             raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
+        if actor is not None:
+            check_key(actor, "actor")
     except InvalidArgument:
         discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
         raise
@@ -434,7 +536,13 @@ class _TaskStep:
     """A task's step in the journal: the ``task_steps`` row of (task, step key), fenced by the lease."""
 
     def __init__(
-        self, tasks: TaskManager, task_id: str, step_key: str, idempotent: bool, lease_epoch: int | None
+        self,
+        tasks: TaskManager,
+        task_id: str,
+        step_key: str,
+        idempotent: bool,
+        lease_epoch: int | None,
+        actor: str,
     ) -> None:
         self.backend = tasks.backend
         self.codec = tasks.codec
@@ -442,15 +550,20 @@ class _TaskStep:
         self.step_key = step_key
         self.idempotent = idempotent
         self.lease_epoch = lease_epoch
+        self.actor = actor
 
     async def begin(self) -> tuple[StepRecord, bool]:
-        return await self.backend.begin_step(
-            self.task_id,
-            self.step_key,
-            rerun_started=self.idempotent,
-            lease_epoch=self.lease_epoch,
-            now=_utcnow(),
-        )
+        async with self.backend.atomic():
+            record, run = await self.backend.begin_step(
+                self.task_id,
+                self.step_key,
+                rerun_started=self.idempotent,
+                lease_epoch=self.lease_epoch,
+                now=_utcnow(),
+            )
+            if run:  # a started record was written (first run, or a re-run); a replay writes nothing
+                await _audit_step(self.backend, "task.step.started", self.actor, record)
+        return record, run
 
     def recorded(self, record: StepRecord) -> Any:
         """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
@@ -465,9 +578,14 @@ class _TaskStep:
         )
 
     async def failed(self, record: StepRecord, error: bytes) -> None:
-        await self.backend.finish_step(
-            record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error
-        )
+        async with self.backend.atomic():
+            done = await self.backend.finish_step(
+                record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error
+            )
+            if done is not None:
+                await _audit_step(
+                    self.backend, "task.step.failed", self.actor, done, error_sha256=_digest(error)
+                )
 
     async def succeeded(self, record: StepRecord, value: Any) -> Any:
         """Commit a step's result and return it as stored (decoded)."""
@@ -481,9 +599,14 @@ class _TaskStep:
                 f"({exc}); the step is left in doubt: settle it with resolve_step()",
                 **exc.fields,
             ) from None
-        done = await self.backend.finish_step(
-            task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
-        )
+        async with self.backend.atomic():
+            done = await self.backend.finish_step(
+                task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
+            )
+            if done is not None:
+                await _audit_step(
+                    self.backend, "task.step.succeeded", self.actor, done, result_sha256=_digest(raw)
+                )
         if done is None:
             current = await self.backend.get_step(task_id, step_key)
             if current is not None and current.status == "succeeded":
