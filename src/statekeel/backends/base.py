@@ -531,6 +531,11 @@ class TaskBackend(abc.ABC):
         """Move running tasks whose lease expired before ``now`` to interrupted; return them."""
 
     @abc.abstractmethod
+    async def expired_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+        """Running tasks whose lease expired before ``now`` (what :meth:`expire_task_leases` would move),
+        read through the status index; nothing is written."""
+
+    @abc.abstractmethod
     async def begin_step(
         self,
         task_id: str,

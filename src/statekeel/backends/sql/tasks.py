@@ -177,6 +177,10 @@ async def op_expire_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
     return [task_from_row(tx, r) for r in rows]
 
 
+async def op_expired_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
+    return [task_from_row(tx, r) for r in await tx.fetchall("task_expired_leases", tx.ts_in(now))]
+
+
 async def op_begin_step(
     tx: Tx, task_id: str, step_key: str, rerun_started: bool, lease_epoch: int | None, at: dt.datetime
 ) -> tuple[StepRecord, bool]:
@@ -304,6 +308,9 @@ class SqlTasks(SqlBackend, TaskBackend):
 
     async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
         return await self._write(op_expire_task_leases, now)
+
+    async def expired_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+        return await self._read(op_expired_task_leases, now)
 
     async def begin_step(
         self,
