@@ -35,9 +35,19 @@ import datetime as dt
 import hashlib
 import math
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from .backends.base import TASK_STATUSES, NewTask, Page, StepRecord, StorageBackend, TaskChange, TaskRecord
+from .backends.base import (
+    TASK_STATUSES,
+    AuditNote,
+    NewTask,
+    Page,
+    StepRecord,
+    StorageBackend,
+    TaskChange,
+    TaskRecord,
+)
 from .codec import Codec, canonical
 from .errors import (
     ConflictError,
@@ -83,19 +93,16 @@ def _digest(raw: bytes | None) -> str | None:
     return None if raw is None else hashlib.sha256(raw).hexdigest()
 
 
-async def audit_task(
-    backend: StorageBackend, kind: str, actor: str, task_id: str, data: dict[str, Any]
-) -> None:
-    """Append the audit entry of a change to task ``task_id`` (call it inside the change's ``atomic()``
-    block, after the change's last row lock: the audit chain's lock is taken last, so that two
-    transactions never wait for each other's locks)."""
-    text = canonical({"task_id": task_id, **data}).decode("utf-8")
-    await backend.append_audit(kind, actor, f"task:{task_id}", text)
+# The audit entries of task changes are built here and appended by the backend in the change's own
+# transaction (``audit=`` of the backend's task methods): one write, one commit.
 
 
-async def audit_transition(
-    backend: StorageBackend, actor: str, before: str, task: TaskRecord, via: str
-) -> None:
+def task_note(kind: str, actor: str, task_id: str, data: dict[str, Any]) -> AuditNote:
+    """The audit entry of a change to task ``task_id``: subject ``task:<id>``, ``data`` with the id."""
+    return kind, actor, f"task:{task_id}", canonical({"task_id": task_id, **data}).decode("utf-8")
+
+
+def transition_note(actor: str, before: str, task: TaskRecord, via: str) -> AuditNote:
     """The ``task.transitioned`` entry of ``task`` (as the change left it), from status ``before``."""
     data: dict[str, Any] = {"from": before, "to": task.status, "version": task.version, "via": via}
     if task.status == "running":
@@ -103,18 +110,30 @@ async def audit_transition(
         data["lease_owner"] = task.lease_owner
     if task.status == "failed" or before == "failed":
         data["retry_count"] = task.retry_count
-    await audit_task(backend, "task.transitioned", actor, task.id, data)
+    return task_note("task.transitioned", actor, task.id, data)
 
 
-async def audit_created(backend: StorageBackend, task: TaskRecord, via: str) -> None:
+def created_note(task: TaskRecord, via: str) -> AuditNote:
     """The ``task.created`` entry of a new task."""
     data = {"status": task.status, "workflow_id": task.workflow_id, "version": task.version, "via": via}
-    await audit_task(backend, "task.created", UNSPECIFIED_ACTOR, task.id, data)
+    return task_note("task.created", UNSPECIFIED_ACTOR, task.id, data)
 
 
-async def _audit_step(backend: StorageBackend, kind: str, actor: str, step: StepRecord, **extra: Any) -> None:
-    data = {"step_key": step.step_key, "attempt": step.attempt, "status": step.status, **extra}
-    await audit_task(backend, kind, actor, step.task_id, data)
+def _transition_notes(actor: str, before: str, via: str) -> Callable[[TaskRecord | None], list[AuditNote]]:
+    """The entry of the transition a task write returned (none when its condition did not hold)."""
+    return lambda task: [] if task is None else [transition_note(actor, before, task, via)]
+
+
+def _step_notes(kind: str, actor: str, **extra: Any) -> Callable[[StepRecord | None], list[AuditNote]]:
+    """The entry of a step record a journal write returned (none when it wrote nothing)."""
+
+    def notes(step: StepRecord | None) -> list[AuditNote]:
+        if step is None:
+            return []
+        data = {"step_key": step.step_key, "attempt": step.attempt, "status": step.status, **extra}
+        return [task_note(kind, actor, step.task_id, data)]
+
+    return notes
 
 
 def check_status(status: Any, what: str = "status") -> str:
@@ -211,10 +230,9 @@ class TaskManager:
             description=description,
             status=status,
         )
-        async with self.backend.atomic():
-            record, created = await self.backend.create_task(new)
-            if created:
-                await audit_created(self.backend, record, "create")
+        record, _created = await self.backend.create_task(
+            new, audit=lambda out: [created_note(out[0], "create")] if out[1] else []
+        )
         return record
 
     def _new_task(
@@ -345,16 +363,14 @@ class TaskManager:
                     current=current.version,
                 )
             change = plan_transition(current, new_status, result=result_raw, error=error_raw, now=now)
-            async with self.backend.atomic():
-                updated = await self.backend.update_task(
-                    task_id,
-                    expected_status=current.status,
-                    expected_version=current.version,
-                    change=change,
-                    lease_valid_at=now if fenced else None,
-                )
-                if updated is not None:
-                    await audit_transition(self.backend, who, current.status, updated, "transition")
+            updated = await self.backend.update_task(
+                task_id,
+                expected_status=current.status,
+                expected_version=current.version,
+                change=change,
+                lease_valid_at=now if fenced else None,
+                audit=_transition_notes(who, current.status, "transition"),
+            )
             if updated is not None:
                 return updated
         latest = await self._require(task_id)
@@ -379,11 +395,12 @@ class TaskManager:
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
         expires = _utcnow() + dt.timedelta(seconds=seconds)
-        async with self.backend.atomic():
-            task = await self.backend.claim_task(worker_id, lease_expires_at=expires, workflow_id=workflow_id)
-            if task is not None:
-                await audit_transition(self.backend, worker_id, "queued", task, "claim")
-        return task
+        return await self.backend.claim_task(
+            worker_id,
+            lease_expires_at=expires,
+            workflow_id=workflow_id,
+            audit=_transition_notes(worker_id, "queued", "claim"),
+        )
 
     async def heartbeat(
         self, task_id: str, worker_id: str, lease_epoch: int, *, lease_seconds: float = 30
@@ -409,11 +426,12 @@ class TaskManager:
     async def expire_leases(self, now: dt.datetime | None = None) -> builtins.list[Task]:
         """Move running tasks whose lease ended before ``now`` to interrupted and return them."""
         when = _utcnow() if now is None else check_aware(now, "now")
-        async with self.backend.atomic():
-            expired = await self.backend.expire_task_leases(when)
-            for task in expired:
-                await audit_transition(self.backend, LEASE_EXPIRY_ACTOR, "running", task, "lease_expired")
-        return expired
+        return await self.backend.expire_task_leases(
+            when,
+            audit=lambda out: [
+                transition_note(LEASE_EXPIRY_ACTOR, "running", task, "lease_expired") for task in out
+            ],
+        )
 
     # --- step journal -------------------------------------------------------------------------------
 
@@ -472,19 +490,15 @@ class TaskManager:
             error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
         result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
         error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
-        async with self.backend.atomic():
-            done = await self.backend.finish_step(
-                task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw
-            )
-            if done is not None:
-                await _audit_step(
-                    self.backend,
-                    "task.step.resolved",
-                    actor or UNSPECIFIED_ACTOR,
-                    done,
-                    result_sha256=_digest(result_raw),
-                    error_sha256=_digest(error_raw),
-                )
+        notes = _step_notes(
+            "task.step.resolved",
+            actor or UNSPECIFIED_ACTOR,
+            result_sha256=_digest(result_raw),
+            error_sha256=_digest(error_raw),
+        )
+        done = await self.backend.finish_step(
+            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw, audit=notes
+        )
         if done is not None:
             return done
         current = await self.backend.get_step(task_id, step_key)
@@ -553,17 +567,17 @@ class _TaskStep:
         self.actor = actor
 
     async def begin(self) -> tuple[StepRecord, bool]:
-        async with self.backend.atomic():
-            record, run = await self.backend.begin_step(
-                self.task_id,
-                self.step_key,
-                rerun_started=self.idempotent,
-                lease_epoch=self.lease_epoch,
-                now=_utcnow(),
-            )
-            if run:  # a started record was written (first run, or a re-run); a replay writes nothing
-                await _audit_step(self.backend, "task.step.started", self.actor, record)
-        return record, run
+        started = _step_notes("task.step.started", self.actor)
+        return await self.backend.begin_step(
+            self.task_id,
+            self.step_key,
+            rerun_started=self.idempotent,
+            lease_epoch=self.lease_epoch,
+            now=_utcnow(),
+            # run is True when a started record was written (a first run or a re-run); a replay writes
+            # nothing.
+            audit=lambda out: started(out[0] if out[1] else None),
+        )
 
     def recorded(self, record: StepRecord) -> Any:
         """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
@@ -578,14 +592,14 @@ class _TaskStep:
         )
 
     async def failed(self, record: StepRecord, error: bytes) -> None:
-        async with self.backend.atomic():
-            done = await self.backend.finish_step(
-                record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error
-            )
-            if done is not None:
-                await _audit_step(
-                    self.backend, "task.step.failed", self.actor, done, error_sha256=_digest(error)
-                )
+        await self.backend.finish_step(
+            record.task_id,
+            record.step_key,
+            status="failed",
+            attempt=record.attempt,
+            error=error,
+            audit=_step_notes("task.step.failed", self.actor, error_sha256=_digest(error)),
+        )
 
     async def succeeded(self, record: StepRecord, value: Any) -> Any:
         """Commit a step's result and return it as stored (decoded)."""
@@ -599,14 +613,14 @@ class _TaskStep:
                 f"({exc}); the step is left in doubt: settle it with resolve_step()",
                 **exc.fields,
             ) from None
-        async with self.backend.atomic():
-            done = await self.backend.finish_step(
-                task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
-            )
-            if done is not None:
-                await _audit_step(
-                    self.backend, "task.step.succeeded", self.actor, done, result_sha256=_digest(raw)
-                )
+        done = await self.backend.finish_step(
+            task_id,
+            step_key,
+            status="succeeded",
+            attempt=record.attempt,
+            result=raw,
+            audit=_step_notes("task.step.succeeded", self.actor, result_sha256=_digest(raw)),
+        )
         if done is None:
             current = await self.backend.get_step(task_id, step_key)
             if current is not None and current.status == "succeeded":

@@ -29,7 +29,7 @@ from typing import Any
 from .backends.base import WORKFLOW_STATUSES, NewWorkflowStep, StorageBackend, TaskRecord, WorkflowRecord
 from .codec import Codec
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .tasks import TaskManager, audit_created, audit_transition, plan_transition
+from .tasks import TaskManager, created_note, plan_transition, transition_note
 from .validation import check_int, check_key, check_text
 
 Workflow = WorkflowRecord
@@ -194,7 +194,7 @@ class WorkflowEngine:
         async with self.backend.atomic():
             wf = await self.backend.create_workflow(workflow_id, name, meta, new_steps)
             for created in wf.steps:
-                await audit_created(self.backend, created.task, "workflow")
+                await self.backend.append_audit(*created_note(created.task, "workflow"))
         return wf
 
     async def get(self, workflow_id: str) -> Workflow | None:
@@ -356,7 +356,7 @@ async def _audit_changes(backend: StorageBackend, changes: Sequence[tuple[str, T
     # Appended after every task of the transaction is updated: the audit chain's lock is always the last
     # one a transaction takes, so a workflow and a worker's transition never wait for each other.
     for before, task in changes:
-        await audit_transition(backend, WORKFLOW_ACTOR, before, task, "workflow")
+        await backend.append_audit(*transition_note(WORKFLOW_ACTOR, before, task, "workflow"))
 
 
 def _gone(task: TaskRecord) -> bool:

@@ -271,10 +271,11 @@ async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run
 ) -> None:
     task = await _running(store)
 
-    async def refuse(*args: object) -> None:
+    # The entry is built after the change's statement ran, in its transaction: failing there must undo it.
+    def refuse(*args: object) -> None:
         raise statekeel.BackendUnavailable("the audit log is not writable")
 
-    monkeypatch.setattr(store.backend, "append_audit", refuse)
+    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
     fn = Counter()
     with pytest.raises(statekeel.BackendUnavailable):
         await store.tasks.step(task.id, "charge", fn)

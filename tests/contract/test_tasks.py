@@ -438,10 +438,11 @@ async def test_a_transition_whose_audit_entry_fails_is_not_made(
 ) -> None:
     task = await store.tasks.create("deploy", status="queued")
 
-    async def refuse(*args: object) -> None:
+    # The entry is built after the change's statement ran, in its transaction: failing there must undo it.
+    def refuse(*args: object) -> None:
         raise statekeel.BackendUnavailable("the audit log is not writable")
 
-    monkeypatch.setattr(store.backend, "append_audit", refuse)
+    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
     with pytest.raises(statekeel.BackendUnavailable):
         await store.tasks.transition(task.id, "running")
     with pytest.raises(statekeel.BackendUnavailable):

@@ -256,6 +256,11 @@ class WorkflowRecord:
     steps: tuple[WorkflowStepRecord, ...] = ()
 
 
+AuditNote = tuple[str, str, str, str]
+"""An audit entry to append with a change, in the change's transaction: (kind, actor, subject, data as
+canonical JSON text)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     """An audit row as stored. ``data`` is the canonical JSON text the hash was computed over; ``mac`` is
