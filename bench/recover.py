@@ -20,9 +20,10 @@ at, and ``recover(files_root=…)`` is timed as a whole: 10,000 tasks (5,000 cla
 task change is audited), 50 pending approvals, 20 unfinished workflows, 10,000 memories with 100 open
 contradictions, their vectors with 500 lagging, 50,000 spans (7 dropped), and 2,000 files of 1 KiB in the
 file ledger (10 changed on disk since). Figures: ``first`` (interrupts the 100 tasks), ``again`` (nothing
-left to repair), and its parts: ``integrity`` (SQLite's check), ``audit`` (``audit.verify()``, which
-re-hashes every entry), ``files`` (``files.check``: hashes every recorded file) and ``rest`` (``recover()``
-with those three left out: everything found through indexes).
+left to repair), ``unchecked`` (the same with ``check_integrity=False``), and the parts: ``integrity``
+(SQLite's check), ``audit`` (``audit.verify()``, which re-hashes every entry), ``files`` (``files.check``:
+hashes every recorded file) and ``rest`` (``recover()`` with those three left out: everything found
+through indexes).
 
 Medians of ``--repeats`` runs. Prints a table and writes ``bench/results/recover-<time>.json``.
 """
@@ -235,7 +236,8 @@ async def measure(size: int, waiting: int, repeats: int, scratch: str) -> dict[s
 
 
 async def measure_kinds(size: int, repeats: int, scratch: str) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {k: [] for k in ("first", "again", "integrity", "audit", "files", "rest")}
+    names = ("first", "again", "unchecked", "integrity", "audit", "files", "rest")
+    runs: dict[str, list[float]] = {k: [] for k in names}
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     for _ in range(repeats):
         path = os.path.join(scratch, f"kinds-{size}.db")
@@ -259,6 +261,13 @@ async def measure_kinds(size: int, repeats: int, scratch: str) -> dict[str, Any]
         seconds, again = await timed(path, first)
         assert not again.interrupted_tasks and len(again.drifted_files) == KIND_CHANGED
         runs["again"].append(seconds)
+
+        async def unchecked(store: Any, root: str = root) -> Any:
+            return await store.recover(now=later, files_root=root, check_integrity=False)
+
+        seconds, quick = await timed(path, unchecked)
+        assert not quick.integrity_checked and len(quick.drifted_files) == KIND_CHANGED
+        runs["unchecked"].append(seconds)
         seconds, problems = await timed(path, integrity)
         assert problems == []
         runs["integrity"].append(seconds)

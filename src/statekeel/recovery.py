@@ -23,7 +23,9 @@ One pass, idempotent (a second run finds nothing to repair):
 7. sources whose vectors lag behind them are counted (``lagging_vectors``; ``vectors.rebuild`` catches up).
 
 Each kind of finding gets one sentence in ``advice`` saying what to do about it. With ``repair=False``
-nothing is written; the report says what a repair would do. Arguments are checked before anything is read
+nothing is written; the report says what a repair would do. ``check_integrity=False`` leaves out the
+storage engine's integrity check, which reads the whole database: for frequent restarts of a large store,
+with a full check run at other times (``store.info()``). Arguments are checked before anything is read
 or written. ``recover()`` raises only when the store cannot be read at all.
 
 Idempotent: a second run repairs nothing (no tool call answered, no task interrupted again); what needs a
@@ -78,6 +80,8 @@ class RecoveryReport:
     """What ``store.recover()`` found and did. ``ok`` is False when something needs a person."""
 
     schema_version: int = 0
+    # False when recover(check_integrity=False) left the storage engine's integrity check out.
+    integrity_checked: bool = True
     integrity_problems: list[str] = field(default_factory=list)
     audit: AuditVerification | None = None
     fallback: ReplayReport | None = None
@@ -127,6 +131,7 @@ class RecoveryReport:
         """Counts per item, for logs and the CLI."""
         return {
             "schema_version": self.schema_version,
+            "integrity_checked": self.integrity_checked,
             "integrity_problems": len(self.integrity_problems),
             "audit_ok": None if self.audit is None else self.audit.ok,
             "fallback_replayed": 0 if self.fallback is None else len(self.fallback.replayed),
@@ -303,19 +308,23 @@ async def recover(
     repair: bool = True,
     now: dt.datetime | None = None,
     files_root: str | os.PathLike[str] | None = None,
+    check_integrity: bool = True,
 ) -> RecoveryReport:
     """See the module docstring. Raises only when the backend cannot be read at all."""
     if type(repair) is not bool:
         raise InvalidArgument(f"repair must be True or False, got {repair!r}")
+    if type(check_integrity) is not bool:
+        raise InvalidArgument(f"check_integrity must be True or False, got {check_integrity!r}")
     when = dt.datetime.now(dt.UTC) if now is None else check_aware(now, "now")
     if files_root is not None:
         root = os.fspath(files_root) if isinstance(files_root, os.PathLike) else files_root
         if type(root) is not str or not await asyncio.to_thread(os.path.isdir, root):
             raise InvalidArgument(f"files_root must name an existing directory, got {files_root!r}")
-    report = RecoveryReport(repaired=repair)
+    report = RecoveryReport(repaired=repair, integrity_checked=check_integrity)
     backend = store.backend
     report.schema_version = await backend.schema_version()
-    report.integrity_problems = await backend.integrity_check()
+    if check_integrity:
+        report.integrity_problems = await backend.integrity_check()
     if report.integrity_problems:
         await _guarded(report, "damage", lambda: _assess_damage(store, report, repair), None)
     report.incidents = await _guarded(report, "incidents", backend.list_incidents, [])

@@ -225,14 +225,19 @@ class Store:
         *,
         now: dt.datetime | None = None,
         files_root: str | os.PathLike[str] | None = None,
+        check_integrity: bool = True,
     ) -> RecoveryReport:
         """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
-        With ``files_root``, the file ledger is compared with the files under it.
+        With ``files_root``, the file ledger is compared with the files under it; with
+        ``check_integrity=False`` the storage engine's integrity check (which reads the whole database) is
+        left out.
 
         report = await store.recover()
         assert report.ok, report.summary()
         """
-        return await recover(self, repair=repair, now=now, files_root=files_root)
+        return await recover(
+            self, repair=repair, now=now, files_root=files_root, check_integrity=check_integrity
+        )
 
     async def incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
         """Damage statekeel noticed in its own storage (oldest first): those nobody acknowledged yet, or all.

@@ -173,6 +173,8 @@ async def test_recover_checks_every_argument_before_writing_anything(store: stat
         {"now": 1767225600},
         {"repair": "yes"},
         {"repair": None},
+        {"check_integrity": "no"},
+        {"files_root": 42},
     ]
     for bad in bad_arguments:
         with pytest.raises(statekeel.InvalidArgument):
@@ -280,3 +282,12 @@ async def test_recover_twice_the_second_run_repairs_nothing_and_lists_the_same_d
     assert second.advice == decisions
     session = await store.sessions.load("agent-1")
     assert session is not None and [m.get("tool_call_id") for m in session.messages[-2:]] == ["c1", "c2"]
+
+
+async def test_recover_without_the_integrity_check_says_so_and_does_the_rest(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    report = await store.recover(check_integrity=False)
+    assert not report.integrity_checked and report.summary()["integrity_checked"] is False
+    assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
+    assert report.audit is not None and report.audit.ok
+    assert (await store.recover()).integrity_checked
