@@ -14,6 +14,17 @@ without a result by a process that is gone. Per size, on a fresh open of the SQL
 - ``upgrade``: the first ``recover()`` after the migration that added the counts, which counts every
   session once from the tail of its messages (then ``again`` applies).
 
+With ``--kinds`` (the sizes of ``--kinds-sizes``), the store also holds every other kind recovery looks
+at, and ``recover(files_root=…)`` is timed as a whole: 10,000 tasks (5,000 claimed, stepped and finished,
+100 left running under an expired lease with a step started: in doubt), about 30,000 audit entries (each
+task change is audited), 50 pending approvals, 20 unfinished workflows, 10,000 memories with 100 open
+contradictions, their vectors with 500 lagging, 50,000 spans (7 dropped), and 2,000 files of 1 KiB in the
+file ledger (10 changed on disk since). Figures: ``first`` (interrupts the 100 tasks), ``again`` (nothing
+left to repair), ``unchecked`` (the same with ``check_integrity=False``), and the parts: ``integrity``
+(SQLite's check), ``audit`` (``audit.verify()``, which re-hashes every entry), ``files`` (``files.check``:
+hashes every recorded file) and ``rest`` (``recover()`` with those three left out: everything found
+through indexes).
+
 Medians of ``--repeats`` runs. Prints a table and writes ``bench/results/recover-<time>.json``.
 """
 
@@ -22,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +53,69 @@ from messages import turn  # noqa: E402
 from statekeel.backends.base import NewMessage  # noqa: E402
 
 BATCH = 2000
+KIND_TASKS, KIND_DONE, KIND_LAPSED = 10_000, 5_000, 100
+KIND_MEMORIES, KIND_CONTRADICTIONS, KIND_LAGGING = 10_000, 100, 500
+KIND_SPANS, KIND_DROPPED, KIND_FILES, KIND_CHANGED = 50_000, 7, 2_000, 10
+
+
+def tiny_embed(texts: list[str]) -> list[list[float]]:
+    return [[len(t) + 1.0] + [float(t.count(c)) for c in "aeiouyt"] for t in texts]
+
+
+async def add_kinds(path: str, root: str) -> None:
+    """Every other kind of state recovery looks at (see the module docstring)."""
+    from statekeel.backends.base import NewSpan
+
+    async with statekeel.open_store(f"sqlite:///{path}") as store:
+        tasks = store.tasks
+        for start in range(0, KIND_TASKS, BATCH):
+            async with store.backend.atomic():
+                for i in range(start, min(KIND_TASKS, start + BATCH)):
+                    await tasks.create(f"task {i}", status="queued")
+        for i in range(KIND_DONE + KIND_LAPSED):
+            task = await tasks.claim("worker", lease_seconds=1 if i >= KIND_DONE else 600)
+            assert task is not None
+            if i < KIND_DONE:
+                await tasks.step(task.id, "work", lambda: "ok", lease_epoch=task.lease_epoch)
+                await tasks.transition(task.id, "success", worker_id="worker", lease_epoch=task.lease_epoch)
+            else:  # started, then the worker died: in doubt once its lease is over
+                await store.backend.begin_step(
+                    task.id, "work", rerun_started=False, lease_epoch=None, now=dt.datetime.now(dt.UTC)
+                )
+        for i in range(50):
+            await store.approvals.request(f"repo-{i}", "deploy", {"env": "prod"}, requested_by="agent")
+        for i in range(20):
+            wf = await store.workflows.create(f"wf {i}", [{"name": "a"}, {"name": "b", "depends_on": ["a"]}])
+            await store.workflows.start(wf.id)
+        memories = []
+        for start in range(0, KIND_MEMORIES, BATCH):
+            async with store.backend.atomic():
+                for i in range(start, min(KIND_MEMORIES, start + BATCH)):
+                    memories.append(await store.memory.put("semantic", f"k{i}", f"fact {i} about the repo"))
+        for i in range(KIND_CONTRADICTIONS):
+            await store.memory.record_contradiction(memories[2 * i].id, memories[2 * i + 1].id, "differ")
+        await store.vectors.rebuild(tiny_embed, model="tiny", batch_size=500)
+        async with store.backend.atomic():
+            for i in range(KIND_LAGGING):
+                await store.memory.put("semantic", f"k{i}", f"fact {i} about the repo, revised")
+        at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        for start in range(0, KIND_SPANS, BATCH):
+            spans = [
+                NewSpan(f"trace-{n // 10}", f"span-{n}", None, "tool", "tool", "ok", b"{}", at, at)
+                for n in range(start, min(KIND_SPANS, start + BATCH))
+            ]
+            await store.backend.write_spans(spans, dropped=KIND_DROPPED if start == 0 else 0)
+        block = os.urandom(1024)
+        digest = hashlib.sha256(block).hexdigest()
+        for i in range(KIND_FILES):
+            with open(os.path.join(root, f"f{i:05d}.bin"), "wb") as fh:
+                fh.write(block)
+        async with store.backend.atomic():
+            for i in range(KIND_FILES):
+                await store.files.record(f"f{i:05d}.bin", digest, len(block))
+        for i in range(KIND_CHANGED):
+            with open(os.path.join(root, f"f{i:05d}.bin"), "ab") as fh:
+                fh.write(b"edited")
 
 
 async def build(path: str, sessions: int, waiting: int) -> None:
@@ -160,16 +235,100 @@ async def measure(size: int, waiting: int, repeats: int, scratch: str) -> dict[s
     }
 
 
+async def measure_kinds(size: int, repeats: int, scratch: str) -> dict[str, Any]:
+    names = ("first", "again", "unchecked", "integrity", "audit", "files", "rest")
+    runs: dict[str, list[float]] = {k: [] for k in names}
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    for _ in range(repeats):
+        path = os.path.join(scratch, f"kinds-{size}.db")
+        root = os.path.join(scratch, f"files-{size}")
+        remove_db(path)
+        os.makedirs(root, exist_ok=True)
+        await build(path, size, 0)
+        await add_kinds(path, root)
+
+        async def first(store: Any, root: str = root) -> Any:
+            return await store.recover(now=later, files_root=root)
+
+        seconds, report = await timed(path, first)
+        assert len(report.interrupted_tasks) == KIND_LAPSED, report.summary()
+        assert len(report.steps_in_doubt) == KIND_LAPSED and len(report.pending_approvals) == 50
+        assert len(report.unfinished_workflows) == 20
+        assert len(report.open_contradictions) == KIND_CONTRADICTIONS
+        assert len(report.drifted_files) == KIND_CHANGED and report.traces_dropped == KIND_DROPPED
+        assert report.lagging_vectors == KIND_LAGGING and report.ok, report.summary()
+        runs["first"].append(seconds)
+        seconds, again = await timed(path, first)
+        assert not again.interrupted_tasks and len(again.drifted_files) == KIND_CHANGED
+        runs["again"].append(seconds)
+
+        async def unchecked(store: Any, root: str = root) -> Any:
+            return await store.recover(now=later, files_root=root, check_integrity=False)
+
+        seconds, quick = await timed(path, unchecked)
+        assert not quick.integrity_checked and len(quick.drifted_files) == KIND_CHANGED
+        runs["unchecked"].append(seconds)
+        seconds, problems = await timed(path, integrity)
+        assert problems == []
+        runs["integrity"].append(seconds)
+
+        async def audit(store: Any) -> Any:
+            return await store.audit.verify()
+
+        seconds, verification = await timed(path, audit)
+        assert verification.ok
+        runs["audit"].append(seconds)
+
+        async def files(store: Any, root: str = root) -> Any:
+            return await store.files.check(root)
+
+        seconds, drifts = await timed(path, files)
+        assert len(drifts) == KIND_CHANGED
+        runs["files"].append(seconds)
+
+        async def rest(store: Any) -> Any:
+            async def nothing() -> list[str]:
+                return []
+
+            async def verified() -> None:
+                return None
+
+            store.backend.integrity_check = nothing
+            store.audit.verify = verified
+            return await store.recover(now=later)
+
+        seconds, report = await timed(path, rest)
+        assert len(report.steps_in_doubt) == KIND_LAPSED
+        runs["rest"].append(seconds)
+        entries = verification.count
+    return {
+        "size": size,
+        "audit_entries": entries,
+        "runs": runs,
+        "median": {k: statistics.median(v) for k, v in runs.items()},
+    }
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="20000,50000,100000")
     parser.add_argument("--open", type=int, default=10, dest="waiting")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", action="store_true", help="only the store with every kind of state")
+    parser.add_argument("--kinds-sizes", default="100000")
     args = parser.parse_args()
     logging.getLogger("statekeel").setLevel(logging.ERROR)  # the repairs are logged: expected here
     results = []
     with tempfile.TemporaryDirectory(prefix="statekeel-recover-") as scratch:
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in (int(s) for s in args.kinds_sizes.split(",")) if args.kinds else ():
+            results.append(await measure_kinds(size, args.repeats, scratch))
+            m = results[-1]["median"]
+            print(
+                f"{size:>7} sessions + every kind ({results[-1]['audit_entries']} audit entries): "
+                + "  ".join(f"{k} {v * 1e3:8.1f} ms" for k, v in m.items()),
+                flush=True,
+            )
+        for size in (int(s) for s in args.sizes.split(",")) if not args.kinds else ():
             results.append(await measure(size, args.waiting, args.repeats, scratch))
             m = results[-1]["median"]
             print(

@@ -172,7 +172,7 @@ def _entry_data(entry: AuditRecord) -> dict[str, Any]:
 
 
 class AuditLog:
-    """Appends to, queries and verifies the hash-chained audit log. See DESIGN.md, Approvals and audit."""
+    """Appends to, queries and verifies the hash-chained audit log. See the module docstring."""
 
     def __init__(self, backend: StorageBackend, codec: Codec) -> None:
         self.backend = backend

@@ -1,9 +1,9 @@
 """The file ledger: which files an agent changed, and whether they are still as it left them.
 
-    digest, size = await checksum_file("/work/repo/src/app.py")
+    digest, size = await checksum_file("/srv/repo/src/app.py")
     await store.files.record("src/app.py", digest, size, task_id=task.id)
     ...                                                   # crash, restart
-    for drift in await store.files.check("/work/repo"):   # "changed" or "missing"
+    for drift in await store.files.check("/srv/repo"):    # "changed" or "missing"
         print(drift.path, drift.kind)
 
 Critical tier: a record is committed before ``record`` returns, and every record is kept — the ledger is

@@ -15,14 +15,25 @@ One pass, idempotent (a second run finds nothing to repair):
    function was never started through ``sessions.run_tool`` (those are in doubt, listed in
    ``tool_calls_in_doubt``). The sessions are found through an index of those with waiting calls, never
    by reading every session;
-4. running tasks whose lease expired become ``interrupted``;
+4. running tasks whose lease expired become ``interrupted`` (each with its audit entry);
 5. what needs a decision is listed, not guessed: steps in doubt, pending approvals, unfinished workflows,
-   open contradictions between memories, and (given ``files_root``) files that drifted from the ledger.
+   open contradictions between memories, and (given ``files_root``) files whose bytes on disk no longer
+   match the file ledger's last record of them (changed, missing or unreadable);
 6. spans a full trace buffer dropped are counted (``traces_dropped``, over the life of the store);
 7. sources whose vectors lag behind them are counted (``lagging_vectors``; ``vectors.rebuild`` catches up).
 
-With ``repair=False`` nothing is written; the report says what a repair would do. Arguments are checked
-before anything is read or written. ``recover()`` raises only when the store cannot be read at all.
+Each kind of finding gets one sentence in ``advice`` saying what to do about it. With ``repair=False``
+nothing is written; the report says what a repair would do. ``check_integrity=False`` leaves out the
+storage engine's integrity check, which reads the whole database: for frequent restarts of a large store,
+with a full check run at other times (``store.info()``). Arguments are checked before anything is read
+or written. ``recover()`` raises only when the store cannot be read at all.
+
+Idempotent: a second run repairs nothing (no tool call answered, no task interrupted again); what needs a
+decision is listed again, the same, until somebody settles it. Every step reads through an index of what
+it looks for (sessions with waiting tool calls, running tasks, started steps, pending approvals, open
+contradictions, lagging sources, the ledger's last record per path), never by reading every row of a
+kind — except the two checks whose point is to read everything: the storage engine's integrity check
+and the audit chain's verification, which re-hashes every entry.
 
     report = await store.recover()
     for step in report.steps_in_doubt:
@@ -69,6 +80,8 @@ class RecoveryReport:
     """What ``store.recover()`` found and did. ``ok`` is False when something needs a person."""
 
     schema_version: int = 0
+    # False when recover(check_integrity=False) left the storage engine's integrity check out.
+    integrity_checked: bool = True
     integrity_problems: list[str] = field(default_factory=list)
     audit: AuditVerification | None = None
     fallback: ReplayReport | None = None
@@ -118,6 +131,7 @@ class RecoveryReport:
         """Counts per item, for logs and the CLI."""
         return {
             "schema_version": self.schema_version,
+            "integrity_checked": self.integrity_checked,
             "integrity_problems": len(self.integrity_problems),
             "audit_ok": None if self.audit is None else self.audit.ok,
             "fallback_replayed": 0 if self.fallback is None else len(self.fallback.replayed),
@@ -155,14 +169,7 @@ async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool, n
 
 
 async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
-    found: list[Task] = []
-    cursor: str | None = None
-    while True:
-        page = await store.tasks.list(status="running", limit=_PAGE, cursor=cursor)
-        found.extend(t for t in page.items if t.lease_expires_at is not None and t.lease_expires_at <= now)
-        if page.next_cursor is None:
-            return found
-        cursor = page.next_cursor
+    return await store.backend.expired_task_leases(now)
 
 
 async def _guarded(report: RecoveryReport, step: str, run: Callable[[], Awaitable[T]], default: T) -> T:
@@ -228,6 +235,70 @@ def _advice(store: Store, report: RecoveryReport) -> list[str]:
             f"the audit log does not verify ({report.audit.reason}): treat its entries and approvals as "
             "untrusted and investigate who changed the database"
         )
+    advice.extend(_decisions(report))
+    return advice
+
+
+def _decisions(report: RecoveryReport) -> list[str]:
+    """One sentence per kind of finding that needs somebody (or a follow-up call), not a repair."""
+    advice: list[str] = []
+    done = "were" if report.repaired else "would be"
+    if report.orphaned_tool_calls:
+        calls = sum(len(v) for v in report.orphaned_tool_calls.values())
+        advice.append(
+            f"{calls} tool call(s) in {len(report.orphaned_tool_calls)} session(s) {done} answered with an "
+            "interrupted result: the agent may call the tools again on its next turn"
+        )
+    if report.interrupted_tasks:
+        advice.append(
+            f"{len(report.interrupted_tasks)} task(s) whose lease expired {done} moved to interrupted: "
+            "requeue them (tasks.transition(task_id, 'queued')) or end them"
+        )
+    if report.steps_in_doubt:
+        advice.append(
+            f"{len(report.steps_in_doubt)} step(s) started and never finished (report.steps_in_doubt): check "
+            "whether each side effect happened, then tasks.resolve_step(task_id, step_key, 'succeeded' or "
+            "'failed')"
+        )
+    if report.tool_calls_in_doubt:
+        advice.append(
+            f"{len(report.tool_calls_in_doubt)} tool call(s) started through run_tool by a process that is "
+            "gone have no result (report.tool_calls_in_doubt): check each side effect, then "
+            "sessions.resolve_tool(session, call_id, result=... or interrupted=True)"
+        )
+    if report.pending_approvals:
+        advice.append(
+            f"{len(report.pending_approvals)} approval(s) wait for a decision: approvals.decide(approval_id, "
+            "granted, decided_by)"
+        )
+    if report.unfinished_workflows:
+        advice.append(
+            f"{len(report.unfinished_workflows)} workflow(s) are not finished: "
+            "workflows.advance(workflow_id) after their interrupted steps are requeued or ended"
+        )
+    if report.open_contradictions:
+        advice.append(
+            f"{len(report.open_contradictions)} contradiction(s) between memories are open: decide which "
+            "memory holds (memory.supersede or memory.forget), then "
+            "memory.resolve_contradiction(contradiction_id, resolution)"
+        )
+    if report.drifted_files:
+        kinds = sorted({d.kind for d in report.drifted_files})
+        advice.append(
+            f"{len(report.drifted_files)} file(s) no longer match the ledger ({', '.join(kinds)}; "
+            "report.drifted_files): something other than the agent changed them since; look at each, then "
+            "record what is there now (files.record) or restore it"
+        )
+    if report.traces_dropped:
+        advice.append(
+            f"{report.traces_dropped} span(s) were dropped by a full trace buffer over the life of the "
+            "store: those spans are lost; flush more often (traces.flush()) or record fewer spans"
+        )
+    if report.lagging_vectors:
+        advice.append(
+            f"{report.lagging_vectors} source(s) have no vector at their current version: search misses or "
+            "ranks them on old content until vectors.rebuild(embed, model=...) catches up"
+        )
     return advice
 
 
@@ -237,19 +308,23 @@ async def recover(
     repair: bool = True,
     now: dt.datetime | None = None,
     files_root: str | os.PathLike[str] | None = None,
+    check_integrity: bool = True,
 ) -> RecoveryReport:
     """See the module docstring. Raises only when the backend cannot be read at all."""
     if type(repair) is not bool:
         raise InvalidArgument(f"repair must be True or False, got {repair!r}")
+    if type(check_integrity) is not bool:
+        raise InvalidArgument(f"check_integrity must be True or False, got {check_integrity!r}")
     when = dt.datetime.now(dt.UTC) if now is None else check_aware(now, "now")
     if files_root is not None:
         root = os.fspath(files_root) if isinstance(files_root, os.PathLike) else files_root
         if type(root) is not str or not await asyncio.to_thread(os.path.isdir, root):
             raise InvalidArgument(f"files_root must name an existing directory, got {files_root!r}")
-    report = RecoveryReport(repaired=repair)
+    report = RecoveryReport(repaired=repair, integrity_checked=check_integrity)
     backend = store.backend
     report.schema_version = await backend.schema_version()
-    report.integrity_problems = await backend.integrity_check()
+    if check_integrity:
+        report.integrity_problems = await backend.integrity_check()
     if report.integrity_problems:
         await _guarded(report, "damage", lambda: _assess_damage(store, report, repair), None)
     report.incidents = await _guarded(report, "incidents", backend.list_incidents, [])
@@ -271,7 +346,8 @@ async def recover(
     report.traces_dropped = await _guarded(report, "traces", store.traces.total_dropped, 0)
     report.open_contradictions = await _guarded(report, "memory", store.memory.open_contradictions, [])
     if files_root is not None:
-        report.drifted_files = await store.files.check(files_root)
+        root_dir = files_root
+        report.drifted_files = await _guarded(report, "files", lambda: store.files.check(root_dir), [])
     # Reading the memories' latest changes into the index writes: only when repairing.
     report.lagging_vectors = await _guarded(
         report, "vectors", lambda: store.vectors.count_lagging(sync=repair), 0

@@ -259,14 +259,19 @@ class Store:
         *,
         now: dt.datetime | None = None,
         files_root: str | os.PathLike[str] | None = None,
+        check_integrity: bool = True,
     ) -> RecoveryReport:
         """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
-        With ``files_root``, the file ledger is compared with the files under it.
+        With ``files_root``, the file ledger is compared with the files under it; with
+        ``check_integrity=False`` the storage engine's integrity check (which reads the whole database) is
+        left out.
 
         report = await store.recover()
         assert report.ok, report.summary()
         """
-        return await recover(self, repair=repair, now=now, files_root=files_root)
+        return await recover(
+            self, repair=repair, now=now, files_root=files_root, check_integrity=check_integrity
+        )
 
     async def health(self, *, files_root: str | os.PathLike[str] | None = None) -> HealthReport:
         """Run every health check without changing the store: integrity, schema, fallback files waiting,

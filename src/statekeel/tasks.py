@@ -18,19 +18,29 @@ Statuses and the transitions allowed between them (:data:`TRANSITIONS`)::
 Every transition is one conditional UPDATE on the status and version it was decided from: a concurrent
 change makes it fail with :class:`ConflictError` instead of being lost. **Higher priority runs first**;
 among equal priorities the oldest task is claimed first.
+
+**Audited.** Creating a task, each transition (by :meth:`TaskManager.transition`, a claim, a lease
+expiry, or a workflow) and each change of a step's journal record (started, succeeded, failed, resolved)
+appends an entry to the audit log (``store.audit``) in the same transaction as the change: subject
+``task:<id>``, kinds ``task.created``, ``task.transitioned``, ``task.step.started``,
+``task.step.succeeded``, ``task.step.failed``, ``task.step.resolved``. An entry holds ids, statuses,
+versions and the SHA-256 of a step's stored result or error, never the values themselves. A lease
+heartbeat (no status change) and a step replayed from its record (nothing written) are not audited.
 """
 
 from __future__ import annotations
 
 import builtins
 import datetime as dt
+import hashlib
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .backends.base import (
     TASK_STATUSES,
+    AuditNote,
     NewTask,
     Page,
     StepRecord,
@@ -39,7 +49,7 @@ from .backends.base import (
     TaskRecord,
     every_item,
 )
-from .codec import Codec
+from .codec import Codec, canonical
 from .errors import (
     ConflictError,
     InvalidArgument,
@@ -71,8 +81,60 @@ _TRANSITION_TRIES = 3
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 
 
+# Actors of the audit entries of changes statekeel makes by itself.
+LEASE_EXPIRY_ACTOR = "statekeel.lease-expiry"
+UNSPECIFIED_ACTOR = "unspecified"
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def _digest(raw: bytes | None) -> str | None:
+    return None if raw is None else hashlib.sha256(raw).hexdigest()
+
+
+# The audit entries of task changes are built here and appended by the backend in the change's own
+# transaction (``audit=`` of the backend's task methods): one write, one commit.
+
+
+def task_note(kind: str, actor: str, task_id: str, data: dict[str, Any]) -> AuditNote:
+    """The audit entry of a change to task ``task_id``: subject ``task:<id>``, ``data`` with the id."""
+    return kind, actor, f"task:{task_id}", canonical({"task_id": task_id, **data}).decode("utf-8")
+
+
+def transition_note(actor: str, before: str, task: TaskRecord, via: str) -> AuditNote:
+    """The ``task.transitioned`` entry of ``task`` (as the change left it), from status ``before``."""
+    data: dict[str, Any] = {"from": before, "to": task.status, "version": task.version, "via": via}
+    if task.status == "running":
+        data["lease_epoch"] = task.lease_epoch
+        data["lease_owner"] = task.lease_owner
+    if task.status == "failed" or before == "failed":
+        data["retry_count"] = task.retry_count
+    return task_note("task.transitioned", actor, task.id, data)
+
+
+def created_note(task: TaskRecord, via: str) -> AuditNote:
+    """The ``task.created`` entry of a new task."""
+    data = {"status": task.status, "workflow_id": task.workflow_id, "version": task.version, "via": via}
+    return task_note("task.created", UNSPECIFIED_ACTOR, task.id, data)
+
+
+def _transition_notes(actor: str, before: str, via: str) -> Callable[[TaskRecord | None], list[AuditNote]]:
+    """The entry of the transition a task write returned (none when its condition did not hold)."""
+    return lambda task: [] if task is None else [transition_note(actor, before, task, via)]
+
+
+def _step_notes(kind: str, actor: str, **extra: Any) -> Callable[[StepRecord | None], list[AuditNote]]:
+    """The entry of a step record a journal write returned (none when it wrote nothing)."""
+
+    def notes(step: StepRecord | None) -> list[AuditNote]:
+        if step is None:
+            return []
+        data = {"step_key": step.step_key, "attempt": step.attempt, "status": step.status, **extra}
+        return [task_note(kind, actor, step.task_id, data)]
+
+    return notes
 
 
 def check_status(status: Any, what: str = "status") -> str:
@@ -135,7 +197,7 @@ def plan_transition(
 
 
 class TaskManager:
-    """Creates, transitions, claims and journals tasks. See DESIGN.md, Tasks, steps, workflows."""
+    """Creates, transitions, claims and journals tasks. See the module docstring."""
 
     def __init__(self, backend: StorageBackend, codec: Codec) -> None:
         self.backend = backend
@@ -169,7 +231,9 @@ class TaskManager:
             description=description,
             status=status,
         )
-        record, _created = await self.backend.create_task(new)
+        record, _created = await self.backend.create_task(
+            new, audit=lambda out: [created_note(out[0], "create")] if out[1] else []
+        )
         return record
 
     def _new_task(
@@ -280,6 +344,7 @@ class TaskManager:
         error: Any = None,
         worker_id: str | None = None,
         lease_epoch: int | None = None,
+        actor: str | None = None,
     ) -> Task:
         """Move the task to ``new_status`` if the transition is legal (else ``InvalidTransition``), with one
         conditional UPDATE (``ConflictError`` if it changed meanwhile, or is not at ``expected_version``).
@@ -289,6 +354,9 @@ class TaskManager:
         the transition is refused with ``LeaseLost`` (fencing).
         Moving a task to running here (not by :meth:`claim`) starts a new ``lease_epoch`` with no owner, so
         whoever held it before is fenced out; the returned task carries the new epoch.
+
+        The change and its ``task.transitioned`` audit entry commit together; the entry's actor is
+        ``actor``, else ``worker_id``, else "unspecified".
         """
         check_key(task_id, "task_id")
         check_status(new_status, "new_status")
@@ -298,6 +366,9 @@ class TaskManager:
             check_key(worker_id, "worker_id")
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
+        if actor is not None:
+            check_key(actor, "actor")
+        who = actor or worker_id or UNSPECIFIED_ACTOR
         result_raw = None if result is None else self.codec.encode(result, where="result")
         error_raw = None if error is None else self.codec.encode(error, where="error")
         tries = 1 if expected_version is not None else _TRANSITION_TRIES
@@ -320,6 +391,7 @@ class TaskManager:
                 expected_version=current.version,
                 change=change,
                 lease_valid_at=now if fenced else None,
+                audit=_transition_notes(who, current.status, "transition"),
             )
             if updated is not None:
                 return updated
@@ -345,7 +417,12 @@ class TaskManager:
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
         expires = _utcnow() + dt.timedelta(seconds=seconds)
-        return await self.backend.claim_task(worker_id, lease_expires_at=expires, workflow_id=workflow_id)
+        return await self.backend.claim_task(
+            worker_id,
+            lease_expires_at=expires,
+            workflow_id=workflow_id,
+            audit=_transition_notes(worker_id, "queued", "claim"),
+        )
 
     async def heartbeat(
         self, task_id: str, worker_id: str, lease_epoch: int, *, lease_seconds: float = 30
@@ -371,7 +448,12 @@ class TaskManager:
     async def expire_leases(self, now: dt.datetime | None = None) -> builtins.list[Task]:
         """Move running tasks whose lease ended before ``now`` to interrupted and return them."""
         when = _utcnow() if now is None else check_aware(now, "now")
-        return await self.backend.expire_task_leases(when)
+        return await self.backend.expire_task_leases(
+            when,
+            audit=lambda out: [
+                transition_note(LEASE_EXPIRY_ACTOR, "running", task, "lease_expired") for task in out
+            ],
+        )
 
     # --- step journal -------------------------------------------------------------------------------
 
@@ -383,6 +465,7 @@ class TaskManager:
         *,
         idempotent: bool = False,
         lease_epoch: int | None = None,
+        actor: str | None = None,
     ) -> Any:
         """Run ``fn`` (a callable, sync or async, or an awaitable) once for this task and step key.
 
@@ -396,17 +479,31 @@ class TaskManager:
         anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+
+        Each record written (started, succeeded, failed) commits with its audit entry, whose actor is
+        ``actor`` (else "unspecified").
         """
-        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch)
-        return await run_step(_TaskStep(self, task_id, step_key, idempotent, lease_epoch), fn, self.codec)
+        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch, actor)
+        step = _TaskStep(self, task_id, step_key, idempotent, lease_epoch, actor or UNSPECIFIED_ACTOR)
+        return await run_step(step, fn, self.codec)
 
     async def resolve_step(
-        self, task_id: str, step_key: str, outcome: str, *, result: Any = None, error: Any = None
+        self,
+        task_id: str,
+        step_key: str,
+        outcome: str,
+        *,
+        result: Any = None,
+        error: Any = None,
+        actor: str | None = None,
     ) -> StepRecord:
         """Settle a step in doubt: ``outcome`` "succeeded" (later calls return ``result``) or "failed"
-        (the next call runs ``fn`` again). Only a *started* step can be resolved."""
+        (the next call runs ``fn`` again). Only a *started* step can be resolved; the change commits with
+        its ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified")."""
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
+        if actor is not None:
+            check_key(actor, "actor")
         if outcome not in ("succeeded", "failed"):
             raise InvalidArgument(
                 f"outcome must be 'succeeded' or 'failed', got {outcome!r}", outcome=outcome
@@ -415,8 +512,14 @@ class TaskManager:
             error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
         result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
         error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
+        notes = _step_notes(
+            "task.step.resolved",
+            actor or UNSPECIFIED_ACTOR,
+            result_sha256=_digest(result_raw),
+            error_sha256=_digest(error_raw),
+        )
         done = await self.backend.finish_step(
-            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw
+            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw, audit=notes
         )
         if done is not None:
             return done
@@ -447,7 +550,9 @@ class TaskManager:
         return await self.backend.steps_in_doubt(when)
 
 
-def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any) -> None:
+def _check_step_args(
+    task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any, actor: Any
+) -> None:
     try:
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
@@ -455,6 +560,8 @@ def _check_step_args(task_id: Any, step_key: Any, fn: Any, idempotent: Any, leas
             raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
+        if actor is not None:
+            check_key(actor, "actor")
     except InvalidArgument:
         discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
         raise
@@ -465,7 +572,13 @@ class _TaskStep:
     """A task's step in the journal: the ``task_steps`` row of (task, step key), fenced by the lease."""
 
     def __init__(
-        self, tasks: TaskManager, task_id: str, step_key: str, idempotent: bool, lease_epoch: int | None
+        self,
+        tasks: TaskManager,
+        task_id: str,
+        step_key: str,
+        idempotent: bool,
+        lease_epoch: int | None,
+        actor: str,
     ) -> None:
         self.backend = tasks.backend
         self.codec = tasks.codec
@@ -473,14 +586,19 @@ class _TaskStep:
         self.step_key = step_key
         self.idempotent = idempotent
         self.lease_epoch = lease_epoch
+        self.actor = actor
 
     async def begin(self) -> tuple[StepRecord, bool]:
+        started = _step_notes("task.step.started", self.actor)
         return await self.backend.begin_step(
             self.task_id,
             self.step_key,
             rerun_started=self.idempotent,
             lease_epoch=self.lease_epoch,
             now=_utcnow(),
+            # run is True when a started record was written (a first run or a re-run); a replay writes
+            # nothing.
+            audit=lambda out: started(out[0] if out[1] else None),
         )
 
     def recorded(self, record: StepRecord) -> Any:
@@ -497,7 +615,12 @@ class _TaskStep:
 
     async def failed(self, record: StepRecord, error: bytes) -> None:
         await self.backend.finish_step(
-            record.task_id, record.step_key, status="failed", attempt=record.attempt, error=error
+            record.task_id,
+            record.step_key,
+            status="failed",
+            attempt=record.attempt,
+            error=error,
+            audit=_step_notes("task.step.failed", self.actor, error_sha256=_digest(error)),
         )
 
     async def succeeded(self, record: StepRecord, value: Any) -> Any:
@@ -513,7 +636,12 @@ class _TaskStep:
                 **exc.fields,
             ) from None
         done = await self.backend.finish_step(
-            task_id, step_key, status="succeeded", attempt=record.attempt, result=raw
+            task_id,
+            step_key,
+            status="succeeded",
+            attempt=record.attempt,
+            result=raw,
+            audit=_step_notes("task.step.succeeded", self.actor, result_sha256=_digest(raw)),
         )
         if done is None:
             current = await self.backend.get_step(task_id, step_key)

@@ -29,7 +29,7 @@ from typing import Any
 from .backends.base import WORKFLOW_STATUSES, NewWorkflowStep, StorageBackend, TaskRecord, WorkflowRecord
 from .codec import Codec
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .tasks import TaskManager, plan_transition
+from .tasks import TaskManager, created_note, plan_transition, transition_note
 from .validation import check_int, check_key, check_text
 
 Workflow = WorkflowRecord
@@ -191,7 +191,11 @@ class WorkflowEngine:
             for step in parsed
         ]
         meta = self.codec.encode(metadata or {}, where="metadata")
-        return await self.backend.create_workflow(workflow_id, name, meta, new_steps)
+        async with self.backend.atomic():
+            wf = await self.backend.create_workflow(workflow_id, name, meta, new_steps)
+            for created in wf.steps:
+                await self.backend.append_audit(*created_note(created.task, "workflow"))
+        return wf
 
     async def get(self, workflow_id: str) -> Workflow | None:
         """The workflow with its steps, or None if it does not exist."""
@@ -218,7 +222,10 @@ class WorkflowEngine:
         async with self.backend.atomic():
             wf = await self._lock(workflow_id)
             wf = await self._move(wf, "running", started_at=dt.datetime.now(dt.UTC))
-            return await self._advance_locked(wf)
+            changes: builtins.list[tuple[str, TaskRecord]] = []
+            wf = await self._advance_locked(wf, changes)
+            await _audit_changes(self.backend, changes)
+            return wf
 
     async def advance(self, workflow_id: str) -> Workflow:
         """Queue ready steps, retry or propagate failures, and settle the workflow when it is done.
@@ -230,7 +237,10 @@ class WorkflowEngine:
             wf = await self._lock(workflow_id)
             if wf.status != "running":
                 return wf
-            return await self._advance_locked(wf)
+            changes: builtins.list[tuple[str, TaskRecord]] = []
+            wf = await self._advance_locked(wf, changes)
+            await _audit_changes(self.backend, changes)
+            return wf
 
     async def cancel(self, workflow_id: str, *, reason: str | None = None) -> Workflow:
         """Cancel the workflow and every step that has not finished, in one transaction."""
@@ -246,10 +256,12 @@ class WorkflowEngine:
                     workflow_id=workflow_id,
                     current=wf.status,
                 )
+            changes: builtins.list[tuple[str, TaskRecord]] = []
             for step in wf.steps:
                 if step.task.status in _ACTIVE:
-                    await self._set_task(step.task, "cancelled", error=error)
+                    await self._set_task(step.task, "cancelled", changes, error=error)
             wf = await self._move(wf, "cancelled", completed_at=dt.datetime.now(dt.UTC))
+            await _audit_changes(self.backend, changes)
             return wf
 
     # --- internals (inside the caller's transaction) ------------------------------------------------
@@ -287,7 +299,16 @@ class WorkflowEngine:
             raise ConflictError(f"workflow {wf.id!r} changed meanwhile; retry", workflow_id=wf.id)
         return updated
 
-    async def _set_task(self, task: TaskRecord, status: str, *, error: bytes | None = None) -> TaskRecord:
+    async def _set_task(
+        self,
+        task: TaskRecord,
+        status: str,
+        changes: builtins.list[tuple[str, TaskRecord]],
+        *,
+        error: bytes | None = None,
+    ) -> TaskRecord:
+        """Move ``task`` to ``status``; the change joins ``changes`` (its status before, the task after)
+        for :func:`_audit_changes` at the end of the transaction."""
         change = plan_transition(task, status, error=error)
         updated = await self.backend.update_task(
             task.id, expected_status=task.status, expected_version=task.version, change=change
@@ -297,24 +318,25 @@ class WorkflowEngine:
                 f"task {task.id!r} of workflow {task.workflow_id!r} changed meanwhile; advance again",
                 task_id=task.id,
             )
+        changes.append((task.status, updated))
         return updated
 
-    async def _advance_locked(self, wf: Workflow) -> Workflow:
+    async def _advance_locked(self, wf: Workflow, changes: builtins.list[tuple[str, TaskRecord]]) -> Workflow:
         deps = {s.name: s.depends_on for s in wf.steps}
         tasks = {s.name: s.task for s in wf.steps}
         for name in topological_order(deps):
             task = tasks[name]
             if task.status == "failed" and task.retry_count < task.max_retries:
-                tasks[name] = await self._set_task(task, "queued")
+                tasks[name] = await self._set_task(task, "queued", changes)
             elif task.status == "pending":
                 blocked = [d for d in deps[name] if _gone(tasks[d])]
                 if blocked:
                     error = self.codec.encode(
                         {"reason": "dependency did not succeed", "dependencies": blocked}, where="error"
                     )
-                    tasks[name] = await self._set_task(task, "cancelled", error=error)
+                    tasks[name] = await self._set_task(task, "cancelled", changes, error=error)
                 elif all(tasks[d].status == "success" for d in deps[name]):
-                    tasks[name] = await self._set_task(task, "queued")
+                    tasks[name] = await self._set_task(task, "queued", changes)
         statuses = [t.status for t in tasks.values()]
         outcome: str | None = None
         if all(s == "success" for s in statuses):
@@ -325,6 +347,16 @@ class WorkflowEngine:
             return await self._move(wf, outcome, completed_at=dt.datetime.now(dt.UTC))
         # Only tasks changed, not the workflow's row, and each changed task is in hand as written.
         return replace(wf, steps=tuple(replace(s, task=tasks[s.name]) for s in wf.steps))
+
+
+WORKFLOW_ACTOR = "statekeel.workflow"
+
+
+async def _audit_changes(backend: StorageBackend, changes: Sequence[tuple[str, TaskRecord]]) -> None:
+    # Appended after every task of the transaction is updated: the audit chain's lock is always the last
+    # one a transaction takes, so a workflow and a worker's transition never wait for each other.
+    for before, task in changes:
+        await backend.append_audit(*transition_note(WORKFLOW_ACTOR, before, task, "workflow"))
 
 
 def _gone(task: TaskRecord) -> bool:

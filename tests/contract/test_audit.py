@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import statekeel
 from statekeel.audit import GENESIS_HASH, chain_hash
 from statekeel.backends.sql import Tx
+from statekeel.codec import canonical
 
 Store = statekeel.Store
 
@@ -94,3 +96,21 @@ async def test_updating_or_deleting_an_entry_through_the_backend_is_refused(
         await store.backend._write(op)  # type: ignore[attr-defined]
     assert await store.audit.query() == [entry]
     assert (await store.audit.verify()).ok
+
+
+@pytest.mark.parametrize("subject", ["task:42", "nul\x00inside"])
+def test_an_entry_hash_is_the_sha256_of_the_canonical_encoding_of_its_fields(subject: str) -> None:
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    fields = {
+        "seq": 7,
+        "kind": "task.transitioned",
+        "actor": "worker-1",
+        "subject": subject,
+        "data": '{"to":"running"}',
+        "created_at": 1767323045678901,
+        "prev_hash": "a" * 64,
+    }
+    expected = hashlib.sha256(canonical(fields)).hexdigest()
+    assert (
+        chain_hash(7, "task.transitioned", "worker-1", subject, '{"to":"running"}', at, "a" * 64) == expected
+    )

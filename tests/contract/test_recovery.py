@@ -57,10 +57,16 @@ async def test_recover_without_repair_writes_nothing(store: statekeel.Store) -> 
     task = await store.tasks.create("build", status="queued")
     claimed = await store.tasks.claim("w1", lease_seconds=30)
     assert claimed is not None and claimed.id == task.id
+    live = await store.tasks.create("live", status="queued")
+    assert await store.tasks.claim("w2", lease_seconds=3600) is not None
+    entries = (await store.audit.verify()).count
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
     report = await store.recover(repair=False, now=later)
     assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
-    assert [t.id for t in report.interrupted_tasks] == [task.id]
+    assert [t.id for t in report.interrupted_tasks] == [task.id]  # not the live one
+    assert any("would be moved to interrupted" in a for a in report.advice)
+    assert (await store.audit.verify()).count == entries
+    assert (await store.tasks.get(live.id)).status == "running"  # type: ignore[union-attr]
     assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]
     current = await store.tasks.get(task.id)
     assert current is not None and current.status == "running"
@@ -167,6 +173,8 @@ async def test_recover_checks_every_argument_before_writing_anything(store: stat
         {"now": 1767225600},
         {"repair": "yes"},
         {"repair": None},
+        {"check_integrity": "no"},
+        {"files_root": 42},
     ]
     for bad in bad_arguments:
         with pytest.raises(statekeel.InvalidArgument):
@@ -177,3 +185,109 @@ async def test_recover_checks_every_argument_before_writing_anything(store: stat
     report = await store.recover(now=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
     assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
     assert [t.id for t in report.interrupted_tasks] == [claimed.id]
+
+
+def _embed(texts: list[str]) -> list[list[float]]:
+    """A small deterministic embedder: the text's length and its count of two letters."""
+    return [[len(t) + 1.0, float(t.count("a")), float(t.count("e"))] for t in texts]
+
+
+def _span(n: int) -> dict[str, object]:
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=n)
+    return {"span_id": f"s{n:05d}", "name": "tool", "kind": "tool", "started_at": at, "ended_at": at}
+
+
+async def test_recover_counts_the_spans_a_full_trace_buffer_dropped_and_says_they_are_lost(
+    store: statekeel.Store,
+) -> None:
+    # Nothing yields in between, so the background writer takes none of them: the 3 oldest are dropped.
+    for n in range(10_003):
+        store.traces.record("t", _span(n))
+    first = await store.recover()
+    assert first.traces_dropped == 3 and first.summary()["traces_dropped"] == 3
+    assert any("3 span(s) were dropped" in a for a in first.advice)
+    assert first.ok  # lost spans are reported, not damage
+    await store.traces.flush()
+    second = await store.recover()  # nothing to repair: the same count, no new loss
+    assert second.traces_dropped == 3 and second.advice == first.advice
+
+
+async def test_recover_counts_lagging_vectors_until_a_rebuild_catches_up(store: statekeel.Store) -> None:
+    await store.memory.put("semantic", "tea", "green tea is brewed at 80 degrees")
+    await store.memory.put("semantic", "coffee", "espresso needs fine grounds")
+    await store.vectors.source_changed("doc-1", 1)
+    first = await store.recover()
+    assert first.lagging_vectors == 3 and first.summary()["lagging_vectors"] == 3
+    assert any("vectors.rebuild" in a for a in first.advice) and first.ok
+    again = await store.recover()
+    assert again.lagging_vectors == 3  # recovery reports the lag; only a rebuild (derived tier) closes it
+    assert await store.vectors.rebuild(_embed, model="m", text_for=lambda s: "the document") == 3
+    caught_up = await store.recover()
+    assert caught_up.lagging_vectors == 0 and not any("vectors" in a for a in caught_up.advice)
+    await store.memory.put("semantic", "tea", "green tea is brewed at 75 degrees")  # a new version
+    assert (await store.recover()).lagging_vectors == 1
+
+
+async def test_recover_lists_files_whose_bytes_changed_since_the_ledger_recorded_them(
+    store: statekeel.Store, tmp_path: Path
+) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_bytes(b"print('v1')\n")
+    (tmp_path / "notes.txt").write_bytes(b"kept")
+    await store.files.record("src/app.py", hashlib.sha256(b"print('v1')\n").hexdigest(), 12)
+    await store.files.record("notes.txt", hashlib.sha256(b"kept").hexdigest(), 4)
+    assert (await store.recover(files_root=tmp_path)).drifted_files == []
+    (tmp_path / "src" / "app.py").write_bytes(b"print('edited by hand')\n")  # outside the agent
+
+    report = await store.recover(files_root=tmp_path)
+    [drift] = report.drifted_files
+    assert (drift.path, drift.kind) == ("src/app.py", "changed")
+    assert drift.checksum == hashlib.sha256(b"print('edited by hand')\n").hexdigest()
+    assert any("1 file(s) no longer match the ledger (changed" in a for a in report.advice)
+    again = await store.recover(files_root=tmp_path)
+    assert [(d.path, d.kind) for d in again.drifted_files] == [("src/app.py", "changed")]
+    # Recording what is there now settles it.
+    await store.files.record("src/app.py", drift.checksum, drift.size)  # type: ignore[arg-type]
+    assert (await store.recover(files_root=tmp_path)).drifted_files == []
+
+
+async def test_recover_twice_the_second_run_repairs_nothing_and_lists_the_same_decisions(
+    store: statekeel.Store, tmp_path: Path
+) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    await store.tasks.create("build", status="queued")
+    claimed = await store.tasks.claim("w1", lease_seconds=1)
+    assert claimed is not None
+    a = await store.memory.put("user", "diet", "vegan")
+    b = await store.memory.put("user", None, "ordered a steak")
+    await store.memory.record_contradiction(a.id, b.id, "diet vs. order")
+    await store.files.record("gone.txt", hashlib.sha256(b"x").hexdigest(), 1)
+    for n in range(10_001):
+        store.traces.record("t", _span(n))
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+
+    first = await store.recover(now=later, files_root=tmp_path)
+    assert first.orphaned_tool_calls == {"agent-1": ["c2"]}
+    assert [t.id for t in first.interrupted_tasks] == [claimed.id]
+    entries = (await store.audit.verify()).count
+    second = await store.recover(now=later, files_root=tmp_path)
+
+    assert second.orphaned_tool_calls == {} and second.interrupted_tasks == []
+    assert (await store.audit.verify()).count == entries  # nothing was written by the second run
+    assert [c.id for c in second.open_contradictions] == [c.id for c in first.open_contradictions]
+    assert [(d.path, d.kind) for d in second.drifted_files] == [("gone.txt", "missing")]
+    assert second.traces_dropped == first.traces_dropped == 1
+    assert second.lagging_vectors == first.lagging_vectors == 2
+    decisions = [a for a in first.advice if "answered" not in a and "interrupted" not in a]
+    assert second.advice == decisions
+    session = await store.sessions.load("agent-1")
+    assert session is not None and [m.get("tool_call_id") for m in session.messages[-2:]] == ["c1", "c2"]
+
+
+async def test_recover_without_the_integrity_check_says_so_and_does_the_rest(store: statekeel.Store) -> None:
+    await _session_with_unanswered_call(store, "agent-1")
+    report = await store.recover(check_integrity=False)
+    assert not report.integrity_checked and report.summary()["integrity_checked"] is False
+    assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
+    assert report.audit is not None and report.audit.ok
+    assert (await store.recover()).integrity_checked

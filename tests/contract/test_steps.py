@@ -4,6 +4,7 @@ large or unprintable — on every backend."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import inspect
 import os
 from typing import Any
@@ -231,3 +232,52 @@ async def test_a_coroutine_given_to_step_with_bad_arguments_is_closed_not_left_u
             await store.tasks.step(task.id, fn=coro, **bad)  # type: ignore[arg-type]
         assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
     assert await store.tasks.steps(task.id) == []
+
+
+async def test_each_step_record_is_in_the_audit_log_with_the_digest_of_its_outcome(store: Store) -> None:
+    task = await _running(store)
+    assert await store.tasks.step(task.id, "read", Counter({"lines": 3}), actor="agent-7") == {"lines": 3}
+    assert await store.tasks.step(task.id, "read", Counter()) == {"lines": 3}  # a replay writes nothing
+
+    def boom() -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        await store.tasks.step(task.id, "write", boom, actor="agent-7")
+    await _crash_after_start(store, task.id, "charge")
+    await store.tasks.resolve_step(task.id, "charge", "succeeded", result={"id": 1}, actor="alice")
+
+    entries = [
+        (e.kind, e.actor, e.data) for e in await store.audit.query(subject=f"task:{task.id}", limit=100)
+    ]
+    steps = [(k, a, d["step_key"], d["attempt"]) for k, a, d in entries if k.startswith("task.step.")]
+    assert steps[:4] == [
+        ("task.step.started", "agent-7", "read", 1),
+        ("task.step.succeeded", "agent-7", "read", 1),
+        ("task.step.started", "agent-7", "write", 1),
+        ("task.step.failed", "agent-7", "write", 1),
+    ]
+    assert steps[-1] == ("task.step.resolved", "alice", "charge", 1)
+    succeeded = next(d for k, _, d in entries if k == "task.step.succeeded")
+    stored = store.codec.encode({"lines": 3}, where="result")
+    assert succeeded["result_sha256"] == hashlib.sha256(stored).hexdigest()
+    failed = next(d for k, _, d in entries if k == "task.step.failed")
+    assert failed["status"] == "failed" and len(failed["error_sha256"]) == 64
+    assert (await store.audit.verify()).ok
+
+
+async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _running(store)
+
+    # The entry is built after the change's statement ran, in its transaction: failing there must undo it.
+    def refuse(*args: object) -> None:
+        raise statekeel.BackendUnavailable("the audit log is not writable")
+
+    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
+    fn = Counter()
+    with pytest.raises(statekeel.BackendUnavailable):
+        await store.tasks.step(task.id, "charge", fn)
+    monkeypatch.undo()
+    assert fn.calls == 0 and await store.tasks.get_step(task.id, "charge") is None

@@ -77,9 +77,10 @@ async def test_counts_follow_each_state_kind_by_status(store: Store) -> None:
     assert counts.workflows == {**dict.fromkeys(WORKFLOW_STATUSES, 0), "pending": 1}
     assert counts.approvals_pending == 1 == len(await store.approvals.pending())
     assert [a.id for a in await store.approvals.pending()] == [kept.id]
-    # Two requests and a decision were audited with the approvals, then one entry appended by hand.
+    # Four tasks created and one transition, two requests and a decision were audited with the changes,
+    # then one entry appended by hand.
     entries = await store.audit.query(limit=1000)
-    assert counts.audit_entries == len(entries) == entries[-1].seq == 4
+    assert counts.audit_entries == len(entries) == entries[-1].seq == 9
 
 
 async def test_counts_include_live_memories_open_contradictions_and_file_changes(store: Store) -> None:

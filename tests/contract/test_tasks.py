@@ -380,3 +380,90 @@ async def test_tasks_iter_pages_through_every_task_in_order(store: Store) -> Non
         store.tasks.iter(status="napping")
     with pytest.raises(statekeel.InvalidArgument):
         store.tasks.iter(page_size=0)
+
+
+# --- the audit log -------------------------------------------------------------------------------------
+
+
+async def _task_entries(store: Store, task_id: str) -> list[tuple[str, str, dict[str, object]]]:
+    return [(e.kind, e.actor, e.data) for e in await store.audit.query(subject=f"task:{task_id}")]
+
+
+async def test_each_task_change_is_in_the_audit_log_and_the_chain_verifies(store: Store) -> None:
+    task = await store.tasks.create("deploy")
+    await store.tasks.transition(task.id, "queued", actor="alice")
+    claimed = await store.tasks.claim("worker-1")
+    assert claimed is not None
+    done = await store.tasks.transition(
+        task.id, "success", worker_id="worker-1", lease_epoch=claimed.lease_epoch, result={"ok": True}
+    )
+    entries = await _task_entries(store, task.id)
+    assert [(kind, actor) for kind, actor, _ in entries] == [
+        ("task.created", "unspecified"),
+        ("task.transitioned", "alice"),
+        ("task.transitioned", "worker-1"),
+        ("task.transitioned", "worker-1"),
+    ]
+    assert [(d.get("from"), d.get("to", d.get("status")), d["version"]) for _, _, d in entries] == [
+        (None, "pending", 1),
+        ("pending", "queued", 2),
+        ("queued", "running", 3),
+        ("running", "success", done.version),
+    ]
+    assert entries[2][2]["via"] == "claim" and entries[2][2]["lease_epoch"] == claimed.lease_epoch
+    assert all(d["task_id"] == task.id for _, _, d in entries)
+    verification = await store.audit.verify()
+    assert verification.ok and verification.count == 4
+
+
+async def test_a_refused_transition_appends_no_audit_entry(store: Store) -> None:
+    task = await store.tasks.create("deploy")
+    with pytest.raises(statekeel.InvalidTransition):
+        await store.tasks.transition(task.id, "success")
+    with pytest.raises(statekeel.ConflictError):
+        await store.tasks.transition(task.id, "queued", expected_version=7)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.transition(task.id, "queued", actor="")
+    assert [kind for kind, _, _ in await _task_entries(store, task.id)] == ["task.created"]
+    # An idempotent create that returns the earlier task created nothing: no second entry.
+    first = await store.tasks.create("once", idempotency_key="k-1")
+    again = await store.tasks.create("once", idempotency_key="k-1")
+    assert again.id == first.id
+    assert len(await _task_entries(store, first.id)) == 1
+
+
+async def test_expired_leases_are_audited_as_interrupted_by_lease_expiry(store: Store) -> None:
+    await store.tasks.create("long", status="queued")
+    claimed = await store.tasks.claim("worker-gone", lease_seconds=1)
+    assert claimed is not None
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    [expired] = await store.tasks.expire_leases(now=later)
+    kind, actor, data = (await _task_entries(store, claimed.id))[-1]
+    assert (kind, actor) == ("task.transitioned", "statekeel.lease-expiry")
+    assert (data["from"], data["to"], data["via"], data["version"]) == (
+        "running",
+        "interrupted",
+        "lease_expired",
+        expired.version,
+    )
+    assert (await store.audit.verify()).ok
+
+
+async def test_a_transition_whose_audit_entry_fails_is_not_made(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await store.tasks.create("deploy", status="queued")
+
+    # The entry is built after the change's statement ran, in its transaction: failing there must undo it.
+    def refuse(*args: object) -> None:
+        raise statekeel.BackendUnavailable("the audit log is not writable")
+
+    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
+    with pytest.raises(statekeel.BackendUnavailable):
+        await store.tasks.transition(task.id, "running")
+    with pytest.raises(statekeel.BackendUnavailable):
+        await store.tasks.claim("worker-1")
+    monkeypatch.undo()
+    after = await store.tasks.get(task.id)
+    assert after is not None and (after.status, after.version, after.lease_epoch) == ("queued", 1, 0)
+    assert [kind for kind, _, _ in await _task_entries(store, task.id)] == ["task.created"]

@@ -182,3 +182,32 @@ async def test_workflow_step_objects_are_validated_like_dicts(store: Store) -> N
         await store.workflows.create("w", [WorkflowStep("a"), WorkflowStep("b", depends_on="a")])  # type: ignore[arg-type]
     wf = await store.workflows.create("w", [WorkflowStep("a"), WorkflowStep("b", depends_on=["a"])])  # type: ignore[arg-type]
     assert wf.steps[1].depends_on == ("a",)
+
+
+async def test_the_task_changes_a_workflow_makes_are_in_the_audit_log(store: Store) -> None:
+    wf = await store.workflows.create(
+        "release", [{"name": "build"}, {"name": "test", "depends_on": ["build"]}]
+    )
+    wf = await store.workflows.start(wf.id)
+    await _finish(store, wf, "build", "failed")
+    for _ in range(3):  # each retry fails too, until the retries are used up
+        wf = await store.workflows.advance(wf.id)
+        await _finish(store, wf, "build", "failed")
+    wf = await store.workflows.advance(wf.id)  # the dependent step is cancelled, the workflow failed
+    assert wf.status == "failed"
+    test_task = next(s.task for s in wf.steps if s.name == "test")
+    kinds = [
+        (e.kind, e.actor, e.data.get("to")) for e in await store.audit.query(subject=f"task:{test_task.id}")
+    ]
+    assert kinds == [
+        ("task.created", "unspecified", None),
+        ("task.transitioned", "statekeel.workflow", "cancelled"),
+    ]
+    build = next(s.task for s in wf.steps if s.name == "build")
+    requeued = [
+        e.data
+        for e in await store.audit.query(subject=f"task:{build.id}")
+        if e.kind == "task.transitioned" and e.data["via"] == "workflow"
+    ]
+    assert [(d["from"], d["to"]) for d in requeued] == [("pending", "queued")] + [("failed", "queued")] * 3
+    assert (await store.audit.verify()).ok

@@ -146,10 +146,14 @@ async def test_a_commit_whose_answer_is_lost_raises_unknown_outcome_and_a_re_rea
         proxy.drop_next_commit_answer()
         with pytest.raises(statekeel.BackendUnavailable):
             await store.audit.append("tool.call", "agent", "task:1", {"n": 1})
-        entries = await store.audit.query()
+        entries = await store.audit.query(kind="tool.call")
         assert [e.data for e in entries] == [{"n": 1}]
+        # The claim whose answer was lost committed with its audit entry, once.
+        claims = await store.audit.query(subject=f"task:{task.id}", kind="task.transitioned")
+        assert [(e.data["to"], e.actor) for e in claims] == [("running", "w1")]
         await store.audit.append("tool.call", "agent", "task:1", {"n": 2})
-        assert (await store.audit.verify()).count == 2
+        # The task's creation and claim, and the two appended by hand.
+        assert (await store.audit.verify()).count == 4
 
 
 @pytest.mark.postgres

@@ -54,7 +54,7 @@ def test_info_reports_every_state_kind_and_the_database_files(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     out = flat(result.output)
     assert "sessions: 0 tasks: 1 (1 queued) workflows: 0" in out
-    assert "approvals pending: 1 audit entries: 1" in out
+    assert "approvals pending: 1 audit entries: 3" in out  # the task's creation and transition, the request
     assert "memories: 0, open contradictions: 0, file changes: 0" in out
     assert "database file: " in out and "WAL: " in out
 

@@ -16,6 +16,7 @@ from statekeel.backends.contract.audit import (
     ApprovalBackend,
     ApprovalRecord,
     AuditBackend,
+    AuditNote,
     AuditRecord,
 )
 from statekeel.backends.contract.checkpoints import (
@@ -79,6 +80,7 @@ from statekeel.backends.contract.tasks import (
     STEP_STATUSES,
     TASK_STATUSES,
     WORKFLOW_STATUSES,
+    AuditNotes,
     NewTask,
     NewWorkflowStep,
     StepRecord,
@@ -114,6 +116,8 @@ __all__ = [
     "ApprovalRecord",
     "ArchivedMessage",
     "AuditBackend",
+    "AuditNote",
+    "AuditNotes",
     "AuditRecord",
     "ChannelBlob",
     "CheckpointBackend",

@@ -8,7 +8,7 @@ ever appended, and the next message gets ``seq == head_seq``.
 
 from __future__ import annotations
 
-from statekeel.backends.contract.audit import APPROVAL_STATUSES, ApprovalRecord, AuditRecord
+from statekeel.backends.contract.audit import APPROVAL_STATUSES, ApprovalRecord, AuditNote, AuditRecord
 from statekeel.backends.contract.checkpoints import (
     ChannelBlob,
     CheckpointLineage,
@@ -85,6 +85,7 @@ __all__ = [
     "WORKFLOW_STATUSES",
     "ApprovalRecord",
     "ArchivedMessage",
+    "AuditNote",
     "AuditRecord",
     "ChannelBlob",
     "CheckpointLineage",

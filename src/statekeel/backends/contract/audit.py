@@ -12,11 +12,17 @@ __all__ = [
     "ApprovalBackend",
     "ApprovalRecord",
     "AuditBackend",
+    "AuditNote",
     "AuditRecord",
 ]
 
 
 APPROVAL_STATUSES = ("pending", "granted", "denied")
+
+
+AuditNote = tuple[str, str, str, str]
+"""An audit entry to append with a change, in the change's transaction: (kind, actor, subject, data as
+canonical JSON text)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from statekeel.backends.contract.audit import AuditNote
 from statekeel.backends.contract.store import Page
 
 __all__ = [
     "STEP_STATUSES",
     "TASK_STATUSES",
     "WORKFLOW_STATUSES",
+    "AuditNotes",
     "NewTask",
     "NewWorkflowStep",
     "StepRecord",
@@ -142,14 +144,20 @@ class WorkflowRecord:
     steps: tuple[WorkflowStepRecord, ...] = ()
 
 
+AuditNotes = Callable[[Any], Sequence[AuditNote]]
+"""Given what a change returned, the audit entries to append with it, in the same transaction (after
+the change's statements: the audit chain's lock is the last one the transaction takes)."""
+
+
 class TaskBackend(abc.ABC):
     """Tasks (conditional transitions, leases) and their step journal."""
 
     @abc.abstractmethod
-    async def create_task(self, task: NewTask) -> tuple[TaskRecord, bool]:
+    async def create_task(self, task: NewTask, *, audit: AuditNotes | None = None) -> tuple[TaskRecord, bool]:
         """Insert a task; with an ``idempotency_key`` already used, return that task instead.
 
         Returns ``(record, created)``. ``NotFound`` if ``workflow_id`` or ``parent_task_id`` is unknown.
+        Every task method that writes takes ``audit``: see :data:`AuditNotes`.
         """
 
     @abc.abstractmethod
@@ -176,6 +184,7 @@ class TaskBackend(abc.ABC):
         expected_version: int,
         change: TaskChange,
         lease_valid_at: dt.datetime | None = None,
+        audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
         """Apply ``change`` with one conditional UPDATE (status and version as expected), bumping the
         version. None when the condition did not hold (or the task does not exist).
@@ -185,7 +194,12 @@ class TaskBackend(abc.ABC):
 
     @abc.abstractmethod
     async def claim_task(
-        self, worker_id: str, *, lease_expires_at: dt.datetime, workflow_id: str | None = None
+        self,
+        worker_id: str,
+        *,
+        lease_expires_at: dt.datetime,
+        workflow_id: str | None = None,
+        audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
         """Atomically take the queued task with the highest priority (then the oldest), set it running
         under ``worker_id``'s lease and bump ``lease_epoch``. None when nothing is queued."""
@@ -204,8 +218,15 @@ class TaskBackend(abc.ABC):
         has not expired at ``now`` (the caller's clock); else None."""
 
     @abc.abstractmethod
-    async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+    async def expire_task_leases(
+        self, now: dt.datetime, *, audit: AuditNotes | None = None
+    ) -> list[TaskRecord]:
         """Move running tasks whose lease expired before ``now`` to interrupted; return them."""
+
+    @abc.abstractmethod
+    async def expired_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+        """Running tasks whose lease expired before ``now`` (what :meth:`expire_task_leases` would move),
+        read through the status index; nothing is written."""
 
     @abc.abstractmethod
     async def begin_step(
@@ -216,6 +237,7 @@ class TaskBackend(abc.ABC):
         rerun_started: bool,
         lease_epoch: int | None = None,
         now: dt.datetime | None = None,
+        audit: AuditNotes | None = None,
     ) -> tuple[StepRecord, bool]:
         """Record that a step starts, in its own transaction. Returns ``(record, run)``.
 
@@ -238,6 +260,7 @@ class TaskBackend(abc.ABC):
         attempt: int | None,
         result: bytes | None = None,
         error: bytes | None = None,
+        audit: AuditNotes | None = None,
     ) -> StepRecord | None:
         """Record the outcome of a *started* step (of that ``attempt``, if given). None when the step is
         no longer started at that attempt (settled or re-run by someone else)."""

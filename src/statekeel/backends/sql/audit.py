@@ -8,10 +8,13 @@ transaction, so two writers can never give two entries the same predecessor.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any, TypeVar
 
 from ...chain import GENESIS_HASH, chain_hash, entry_mac
-from ..base import AuditBackend, AuditRecord
-from . import Row, SqlBackend, Tx, utcnow
+from ..base import AuditBackend, AuditNotes, AuditRecord
+from . import Op, Row, SqlBackend, Tx, utcnow
+
+T = TypeVar("T")
 
 
 def audit_from_row(tx: Tx, row: Row) -> AuditRecord:
@@ -41,6 +44,20 @@ async def op_append_audit(
         "audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest, mac
     )
     return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac)
+
+
+def audited(op: Op[T], audit: AuditNotes | None, key: bytes | None) -> Op[T]:
+    """``op`` followed, in its transaction, by the audit entries ``audit`` names for what it returned."""
+    if audit is None:
+        return op
+
+    async def run(tx: Tx, *args: Any) -> T:
+        out = await op(tx, *args)
+        for kind, actor, subject, data in audit(out):
+            await op_append_audit(tx, kind, actor, subject, data, key)
+        return out
+
+    return run
 
 
 async def op_latest_approval_entry(tx: Tx, approval_id: str) -> AuditRecord | None:

@@ -10,8 +10,9 @@ import datetime as dt
 from typing import Any
 
 from ...errors import LeaseLost, NotFound
-from ..base import NewTask, Page, StepRecord, TaskBackend, TaskChange, TaskRecord
+from ..base import AuditNotes, NewTask, Page, StepRecord, TaskBackend, TaskChange, TaskRecord
 from . import Row, SqlBackend, Tx, utcnow
+from .audit import audited
 from .sessions import decode_cursor, encode_cursor
 
 # Listing starts after this (created_at, id): before any task.
@@ -178,6 +179,10 @@ async def op_expire_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
     return [task_from_row(tx, r) for r in rows]
 
 
+async def op_expired_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
+    return [task_from_row(tx, r) for r in await tx.fetchall("task_expired_leases", tx.ts_in(now))]
+
+
 async def op_begin_step(
     tx: Tx, task_id: str, step_key: str, rerun_started: bool, lease_epoch: int | None, at: dt.datetime
 ) -> tuple[StepRecord, bool]:
@@ -256,8 +261,8 @@ async def op_steps_in_doubt(tx: Tx, now: dt.datetime) -> list[StepRecord]:
 class SqlTasks(SqlBackend, TaskBackend):
     """The task contract over the shared operations above."""
 
-    async def create_task(self, task: NewTask) -> tuple[TaskRecord, bool]:
-        return await self._write(op_create_task, task)
+    async def create_task(self, task: NewTask, *, audit: AuditNotes | None = None) -> tuple[TaskRecord, bool]:
+        return await self._write(audited(op_create_task, audit, self.audit_key), task)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._read(op_get_task, task_id)
@@ -280,15 +285,27 @@ class SqlTasks(SqlBackend, TaskBackend):
         expected_version: int,
         change: TaskChange,
         lease_valid_at: dt.datetime | None = None,
+        audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
         return await self._write(
-            op_update_task, task_id, expected_status, expected_version, change, lease_valid_at
+            audited(op_update_task, audit, self.audit_key),
+            task_id,
+            expected_status,
+            expected_version,
+            change,
+            lease_valid_at,
         )
 
     async def claim_task(
-        self, worker_id: str, *, lease_expires_at: dt.datetime, workflow_id: str | None = None
+        self,
+        worker_id: str,
+        *,
+        lease_expires_at: dt.datetime,
+        workflow_id: str | None = None,
+        audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
-        return await self._write(op_claim_task, worker_id, lease_expires_at, workflow_id)
+        op = audited(op_claim_task, audit, self.audit_key)
+        return await self._write(op, worker_id, lease_expires_at, workflow_id)
 
     async def heartbeat_task(
         self,
@@ -303,8 +320,13 @@ class SqlTasks(SqlBackend, TaskBackend):
             op_heartbeat_task, task_id, worker_id, lease_epoch, lease_expires_at, now or utcnow()
         )
 
-    async def expire_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
-        return await self._write(op_expire_task_leases, now)
+    async def expire_task_leases(
+        self, now: dt.datetime, *, audit: AuditNotes | None = None
+    ) -> list[TaskRecord]:
+        return await self._write(audited(op_expire_task_leases, audit, self.audit_key), now)
+
+    async def expired_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
+        return await self._read(op_expired_task_leases, now)
 
     async def begin_step(
         self,
@@ -314,9 +336,15 @@ class SqlTasks(SqlBackend, TaskBackend):
         rerun_started: bool,
         lease_epoch: int | None = None,
         now: dt.datetime | None = None,
+        audit: AuditNotes | None = None,
     ) -> tuple[StepRecord, bool]:
         return await self._write(
-            op_begin_step, task_id, step_key, rerun_started, lease_epoch, now or utcnow()
+            audited(op_begin_step, audit, self.audit_key),
+            task_id,
+            step_key,
+            rerun_started,
+            lease_epoch,
+            now or utcnow(),
         )
 
     async def finish_step(
@@ -328,8 +356,10 @@ class SqlTasks(SqlBackend, TaskBackend):
         attempt: int | None,
         result: bytes | None = None,
         error: bytes | None = None,
+        audit: AuditNotes | None = None,
     ) -> StepRecord | None:
-        return await self._write(op_finish_step, task_id, step_key, status, attempt, result, error)
+        op = audited(op_finish_step, audit, self.audit_key)
+        return await self._write(op, task_id, step_key, status, attempt, result, error)
 
     async def get_step(self, task_id: str, step_key: str) -> StepRecord | None:
         return await self._read(op_get_step, task_id, step_key)

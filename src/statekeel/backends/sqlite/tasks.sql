@@ -61,6 +61,12 @@ RETURNING *;
 -- name: workflow_exists
 SELECT 1 AS found FROM workflows WHERE id = ?1;
 
+-- name: task_expired_leases
+-- What task_expire_leases would move, read through tasks_claim (status first).
+SELECT * FROM tasks
+WHERE status = 'running' AND lease_expires_at IS NOT NULL AND lease_expires_at <= ?1
+ORDER BY created_at, id;
+
 -- name: task_fence
 -- SQLite has one writer: nobody can take the task over during this transaction.
 SELECT status, lease_owner, lease_epoch,
