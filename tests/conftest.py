@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -170,3 +173,17 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
 def prepared_pg(pg_migrated: str) -> Prepared:
     """The same store on PostgreSQL."""
     return asyncio.run(fill_ui_store(pg_migrated))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def filled(request: pytest.FixtureRequest, tmp_path: Path) -> Prepared:
+    """A store holding every kind of state (a tampered audit entry, a tool call without a result, an
+    expired lease …) that this test may change: a copy of the prepared SQLite file, or a fresh PostgreSQL
+    database. The command-line tests run ``statekeel`` against it."""
+    if request.param == "postgres":
+        prepared_pg: Prepared = request.getfixturevalue("prepared_pg")
+        return prepared_pg
+    prepared: Prepared = request.getfixturevalue("prepared")
+    path = tmp_path / "agent-state.db"
+    shutil.copyfile(prepared.path, path)  # closed: everything is in the file
+    return dataclasses.replace(prepared, path=path, url=f"sqlite:///{path}")
