@@ -112,6 +112,23 @@ async def test_list_namespaces_with_prefix_suffix_depth_and_paging(lg: Statekeel
     assert await lg.alist_namespaces(limit=2, offset=1) == [("a", "b", "d"), ("a", "e")]
 
 
+async def test_a_namespace_prefix_matches_whole_labels_only(
+    lg: StatekeelStore, store: statekeel.Store
+) -> None:
+    for ns in [("a",), ("a", "b"), ("a-x",), ("ab",), ("ab", "b"), ("a", "c", "b")]:
+        await lg.aput(ns, "k", {"ns": list(ns)})
+    await store.memory.put("semantic", "k", "not an item", scope="langgraph")
+    await store.memory.put("semantic", "k", "not an item", scope="a")
+    assert sorted(i.namespace for i in await lg.asearch(("a",))) == [("a",), ("a", "b"), ("a", "c", "b")]
+    assert [i.namespace for i in await lg.asearch(("ab",))] == [("ab", "b"), ("ab",)]
+    # Sorted as tuples of labels, not as the scopes' text ("a.b" comes after "a-x" there).
+    assert await lg.alist_namespaces(prefix=("a",)) == [("a",), ("a", "b"), ("a", "c", "b")]
+    assert await lg.alist_namespaces(prefix=("a", "*", "b")) == [("a", "c", "b")]
+    assert await lg.alist_namespaces(suffix=("b",)) == [("a", "b"), ("a", "c", "b"), ("ab", "b")]
+    assert await lg.alist_namespaces(max_depth=1) == [("a",), ("a-x",), ("ab",)]
+    assert await lg.alist_namespaces(limit=2, offset=2) == [("a", "c", "b"), ("a-x",)]
+
+
 async def test_semantic_search_ranks_by_similarity(store: statekeel.Store) -> None:
     lg = StatekeelStore(store, index={"dims": len(WORDS) + 1, "embed": embed, "fields": ["text"]})
     await lg.aput(("notes", "u1"), "pets", {"text": "my cat and my dog"})
