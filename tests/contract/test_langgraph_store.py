@@ -17,7 +17,15 @@ import pytest
 pytest.importorskip("langgraph.store.base")
 
 from langgraph.graph import END, START, StateGraph
-from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp, SearchItem
+from langgraph.store.base import (
+    BaseStore,
+    InvalidNamespaceError,
+    ListNamespacesOp,
+    MatchCondition,
+    PutOp,
+    SearchItem,
+    SearchOp,
+)
 
 import statekeel
 from statekeel.integrations.langgraph_store import StatekeelStore
@@ -237,6 +245,19 @@ async def test_a_bad_filter_or_paging_is_a_value_error(lg: StatekeelStore) -> No
         await lg.asearch(("a",), limit=0)
     with pytest.raises(statekeel.InvalidConfig, match="max_depth"):
         await lg.alist_namespaces(max_depth=0)
+
+
+async def test_a_namespace_prefix_no_scope_can_hold_is_refused_before_the_batch_runs(
+    lg: StatekeelStore, store: statekeel.Store
+) -> None:
+    too_long = ("x" * 600,)
+    for op in (
+        SearchOp(too_long),
+        ListNamespacesOp(match_conditions=(MatchCondition("prefix", (*too_long, "*")),)),
+    ):
+        with pytest.raises(statekeel.InvalidConfig, match="namespace"):
+            await lg.abatch([PutOp(("ok",), "first", {"v": 0}), op])
+    assert (await store.memory.query()).items == []
 
 
 async def test_a_bad_configuration_is_a_value_error(store: statekeel.Store) -> None:

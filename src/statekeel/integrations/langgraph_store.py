@@ -85,6 +85,16 @@ def _scope_prefix(prefix: tuple[str, ...]) -> str:
     return _scope(prefix) if prefix else SCOPE_PREFIX
 
 
+def _fixed_labels(conditions: Iterable[MatchCondition]) -> tuple[str, ...]:
+    """The longest run of labels before a wildcard that a prefix condition fixes."""
+    fixed: tuple[str, ...] = ()
+    for condition in conditions:
+        if condition.match_type == "prefix":
+            labels = tuple(itertools.takewhile(lambda label: label != "*", condition.path))
+            fixed = max(fixed, labels, key=len)
+    return fixed
+
+
 def _namespace(scope: str) -> tuple[str, ...]:
     return tuple(scope[len(SCOPE_PREFIX) :].split("."))
 
@@ -288,6 +298,7 @@ class StatekeelStore(BaseStore):
                         raise
                     raise UnserializableValue(exc.message, path="value") from None
         if isinstance(op, SearchOp):
+            _scope_prefix(tuple(op.namespace_prefix))
             _check_filter(op.filter)
             for name, value, low in (("limit", op.limit, 1), ("offset", op.offset, 0)):
                 if type(value) is not int or value < low:
@@ -298,6 +309,7 @@ class StatekeelStore(BaseStore):
                     raise InvalidConfig(f"{name} must be an int >= {low}, got {value!r}")
             if op.max_depth is not None and (type(op.max_depth) is not int or op.max_depth < 1):
                 raise InvalidConfig(f"max_depth must be None or an int >= 1, got {op.max_depth!r}")
+            _scope_prefix(_fixed_labels(op.match_conditions or ()))
 
     # --- operations -----------------------------------------------------------------------------------
 
@@ -465,18 +477,12 @@ class StatekeelStore(BaseStore):
 
     async def _list_namespaces(self, op: ListNamespacesOp) -> builtins.list[tuple[str, ...]]:
         conditions = op.match_conditions or ()
-        # The longest run of labels before a wildcard that a prefix condition fixes: only the scopes under
-        # it are read (the conditions themselves are checked on each namespace).
-        fixed: tuple[str, ...] = ()
-        for condition in conditions:
-            if condition.match_type == "prefix":
-                labels = tuple(itertools.takewhile(lambda label: label != "*", condition.path))
-                fixed = max(fixed, labels, key=len)
+        # Only the scopes under the labels a prefix condition fixes are read; the conditions themselves
+        # are checked on each namespace.
+        prefix = _scope_prefix(_fixed_labels(conditions))
         seen: set[tuple[str, ...]] = set()
         scopes = every_item(
-            lambda cursor: self.store.memory.scopes(
-                _scope_prefix(fixed), type=self.memory_type, limit=_PAGE, cursor=cursor
-            )
+            lambda cursor: self.store.memory.scopes(prefix, type=self.memory_type, limit=_PAGE, cursor=cursor)
         )
         async for scope in scopes:
             namespace = _namespace(scope)
