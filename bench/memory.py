@@ -1,4 +1,4 @@
-"""Memory costs: ``python bench/memory.py [--puts 2000] [--memories 100000] [--pg URL]``.
+"""Memory costs: ``python bench/memory.py [--puts 2000] [--memories 100000] [--namespaces 1000] [--pg URL]``.
 
 - The cost of a ``memory.put`` with its history event, one call awaited after the other: an UPDATE of a
   live key (the row changes, its version grows, an UPDATE event is written, one transaction), an ADD of a
@@ -8,6 +8,13 @@
   ``min_confidence``, and the first 10 pages of a scope through cursors. Medians in µs per call. On
   PostgreSQL the first page is also timed right after the fill, before ``ANALYZE`` (which autovacuum
   runs within a minute of a bulk load).
+
+- LangGraph's ``StatekeelStore`` over a store holding ``--memories`` items spread over ``--namespaces``
+  namespaces (100 items each by default, added in turn so that a namespace's items are spread over the
+  whole store): ``alist_namespaces(prefix=ns)`` and a search without a query that returns the 100 items
+  of one namespace, each timed the way it ran before (a scan of every memory of the type, page by page,
+  kept here as it was) and now (the scope index's range of the namespace). Medians in µs.
+  ``--langgraph-only`` runs this part alone.
 
 SQLite file at durability normal and full; PostgreSQL too with ``--pg postgresql://…/postgres`` (a
 database is created and dropped). Prints the figures and writes ``bench/results/memory-<time>.json``.
@@ -133,6 +140,66 @@ async def query_costs(url: str, n: int, durability: str = "normal") -> dict[str,
         return out
 
 
+async def _scan_before(store: statekeel.Store, keep: Callable[[Any], bool]) -> list[Any]:
+    """How StatekeelStore read items before the scope-prefix query: every memory of its type, 500 a page,
+    filtered here."""
+    found = []
+    cursor = None
+    while True:
+        page = await store.memory.query("semantic", limit=500, cursor=cursor)
+        found += [m for m in page.items if keep(m)]
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
+async def langgraph_costs(url: str, n: int, namespaces: int) -> dict[str, float]:
+    from statekeel.integrations.langgraph_store import StatekeelStore
+
+    async with statekeel.open_store(url) as store:
+        began = time.perf_counter()
+        for start in range(0, n, FILL_BATCH):
+            async with store.backend.atomic():
+                for i in range(start, min(n, start + FILL_BATCH)):
+                    await store.memory.put(
+                        "semantic", f"item-{i}", {"n": i}, scope=f"langgraph/users.u{i % namespaces}"
+                    )
+        out: dict[str, float] = {"langgraph_fill_s": time.perf_counter() - began}
+        if url.startswith("postgresql"):
+            await pg_admin(url, "ANALYZE")
+        lg = StatekeelStore(store)
+        per_namespace = n // namespaces
+        wanted = f"langgraph/users.u{namespaces // 2}"
+        namespace = ("users", f"u{namespaces // 2}")
+
+        async def search_before(i: int) -> list[Any]:
+            found = await _scan_before(store, lambda m: m.scope == wanted)
+            return found[:per_namespace]
+
+        async def list_before(i: int) -> list[Any]:
+            found = await _scan_before(store, lambda m: m.scope.startswith(wanted))
+            return sorted({m.scope for m in found})
+
+        async def search_now(i: int) -> list[Any]:
+            return await lg.asearch(namespace, limit=per_namespace)
+
+        async def list_now(i: int) -> list[Any]:
+            return await lg.alist_namespaces(prefix=namespace)
+
+        # The bench checks that both ways find the same items.
+        if [m.key for m in await search_before(0)] != [item.key for item in await search_now(0)]:
+            raise SystemExit("search: the scan and the prefix query disagree")
+        if len(await search_now(0)) != per_namespace or await list_now(0) != [namespace]:
+            raise SystemExit("langgraph: the namespace's items or its listing are not what was written")
+        if await list_before(0) != [wanted]:
+            raise SystemExit("list_namespaces: the scan found other namespaces")
+        out["langgraph_search_scan_us"] = await _timed(5, search_before)
+        out["langgraph_search_prefix_us"] = await _timed(QUERY_REPEATS, search_now)
+        out["langgraph_list_namespaces_scan_us"] = await _timed(5, list_before)
+        out["langgraph_list_namespaces_prefix_us"] = await _timed(QUERY_REPEATS, list_now)
+        return out
+
+
 def _show(name: str, figures: dict[str, float]) -> None:
     print(name, {k: round(v, 1) for k, v in figures.items()})
 
@@ -141,22 +208,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--puts", type=int, default=2000)
     parser.add_argument("--memories", type=int, default=100_000)
+    parser.add_argument("--namespaces", type=int, default=1000)
+    parser.add_argument("--langgraph-only", action="store_true")
     parser.add_argument("--pg", default=None, help="admin URL of a PostgreSQL server, e.g. …/postgres")
     args = parser.parse_args()
     results: dict[str, Any] = {"when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    full = not args.langgraph_only
     with tempfile.TemporaryDirectory() as directory:
-        for durability in ("normal", "full"):
+        results["sqlite-normal"] = {}
+        for durability in ("normal", "full") if full else ():
             name = f"sqlite-{durability}"
             url = f"sqlite:///{os.path.join(directory, f'puts-{durability}.db')}"
             results[name] = asyncio.run(put_costs(url, args.puts, durability))
             _show(name, results[name])
-        url = f"sqlite:///{os.path.join(directory, 'query.db')}"
-        results["sqlite-normal"].update(asyncio.run(query_costs(url, args.memories)))
+        if full:
+            url = f"sqlite:///{os.path.join(directory, 'query.db')}"
+            results["sqlite-normal"].update(asyncio.run(query_costs(url, args.memories)))
+        url = f"sqlite:///{os.path.join(directory, 'langgraph.db')}"
+        results["sqlite-normal"].update(asyncio.run(langgraph_costs(url, args.memories, args.namespaces)))
         _show("sqlite-normal", results["sqlite-normal"])
     if args.pg:
-        with pg_databases(args.pg, 2) as (puts_url, query_url):
-            results["postgres"] = asyncio.run(put_costs(puts_url, args.puts))
-            results["postgres"].update(asyncio.run(query_costs(query_url, args.memories)))
+        with pg_databases(args.pg, 3) as (puts_url, query_url, langgraph_url):
+            results["postgres"] = {}
+            if full:
+                results["postgres"].update(asyncio.run(put_costs(puts_url, args.puts)))
+                results["postgres"].update(asyncio.run(query_costs(query_url, args.memories)))
+            results["postgres"].update(
+                asyncio.run(langgraph_costs(langgraph_url, args.memories, args.namespaces))
+            )
             _show("postgres", results["postgres"])
     write_results("memory", results)
 

@@ -178,10 +178,14 @@ class MemoryStore:
         include_expired: bool = False,
         limit: int = 100,
         cursor: str | None = None,
+        scope_prefix: str | None = None,
     ) -> Page:
         """Memories matching every given filter, newest change first; ``Page.next_cursor`` continues.
 
-        Forgotten, superseded and expired memories are left out unless asked for.
+        Forgotten, superseded and expired memories are left out unless asked for. ``scope_prefix``
+        (instead of ``scope``) keeps the memories whose scope starts with it — ``"user:42/"`` matches
+        ``"user:42/notes"`` but not ``"user:420"`` — reading only those from the scope index, whatever
+        the size of the store.
         """
         for flag, what in (
             (include_forgotten, "include_forgotten"),
@@ -193,9 +197,16 @@ class MemoryStore:
         check_int(limit, "limit", minimum=1)
         if cursor is not None and builtins.type(cursor) is not str:
             raise InvalidArgument(f"cursor must be a str from a previous page, got {cursor!r}")
+        if scope is not None and scope_prefix is not None:
+            raise InvalidArgument(
+                f"give scope ({scope!r}) or scope_prefix ({scope_prefix!r}), not both",
+                scope=scope,
+                scope_prefix=scope_prefix,
+            )
         return await self.backend.query_memories(
             type=None if type is None else _check_type(type),
             scope=None if scope is None else check_key(scope, "scope"),
+            scope_prefix=None if scope_prefix is None else check_key(scope_prefix, "scope_prefix"),
             key=None if key is None else check_key(key, "key"),
             min_confidence=None
             if min_confidence is None
@@ -203,6 +214,29 @@ class MemoryStore:
             include_forgotten=include_forgotten,
             include_superseded=include_superseded,
             live_at=None if include_expired else dt.datetime.now(dt.UTC),
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def scopes(
+        self,
+        prefix: str | None = None,
+        *,
+        type: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """The distinct scopes that hold a memory neither forgotten, superseded nor expired (of ``type``
+        when given), starting with ``prefix`` when given, in code point order; ``Page.next_cursor``
+        continues. Reads only the memories under the prefix (from the scope index), whatever the size of
+        the store."""
+        check_int(limit, "limit", minimum=1)
+        if cursor is not None and builtins.type(cursor) is not str:
+            raise InvalidArgument(f"cursor must be a str from a previous page, got {cursor!r}")
+        return await self.backend.memory_scopes(
+            prefix=None if prefix is None else check_key(prefix, "prefix"),
+            type=None if type is None else _check_type(type),
+            live_at=dt.datetime.now(dt.UTC),
             limit=limit,
             cursor=cursor,
         )

@@ -17,7 +17,15 @@ import pytest
 pytest.importorskip("langgraph.store.base")
 
 from langgraph.graph import END, START, StateGraph
-from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp, SearchItem
+from langgraph.store.base import (
+    BaseStore,
+    InvalidNamespaceError,
+    ListNamespacesOp,
+    MatchCondition,
+    PutOp,
+    SearchItem,
+    SearchOp,
+)
 
 import statekeel
 from statekeel.integrations.langgraph_store import StatekeelStore
@@ -110,6 +118,23 @@ async def test_list_namespaces_with_prefix_suffix_depth_and_paging(lg: Statekeel
     assert await lg.alist_namespaces(prefix=("*", "b")) == [("a", "b", "c"), ("a", "b", "d"), ("x", "b", "c")]
     assert await lg.alist_namespaces(max_depth=2) == [("a", "b"), ("a", "e"), ("x", "b")]
     assert await lg.alist_namespaces(limit=2, offset=1) == [("a", "b", "d"), ("a", "e")]
+
+
+async def test_a_namespace_prefix_matches_whole_labels_only(
+    lg: StatekeelStore, store: statekeel.Store
+) -> None:
+    for ns in [("a",), ("a", "b"), ("a-x",), ("ab",), ("ab", "b"), ("a", "c", "b")]:
+        await lg.aput(ns, "k", {"ns": list(ns)})
+    await store.memory.put("semantic", "k", "not an item", scope="langgraph")
+    await store.memory.put("semantic", "k", "not an item", scope="a")
+    assert sorted(i.namespace for i in await lg.asearch(("a",))) == [("a",), ("a", "b"), ("a", "c", "b")]
+    assert [i.namespace for i in await lg.asearch(("ab",))] == [("ab", "b"), ("ab",)]
+    # Sorted as tuples of labels, not as the scopes' text ("a.b" comes after "a-x" there).
+    assert await lg.alist_namespaces(prefix=("a",)) == [("a",), ("a", "b"), ("a", "c", "b")]
+    assert await lg.alist_namespaces(prefix=("a", "*", "b")) == [("a", "c", "b")]
+    assert await lg.alist_namespaces(suffix=("b",)) == [("a", "b"), ("a", "c", "b"), ("ab", "b")]
+    assert await lg.alist_namespaces(max_depth=1) == [("a",), ("a-x",), ("ab",)]
+    assert await lg.alist_namespaces(limit=2, offset=2) == [("a", "c", "b"), ("a-x",)]
 
 
 async def test_semantic_search_ranks_by_similarity(store: statekeel.Store) -> None:
@@ -220,6 +245,19 @@ async def test_a_bad_filter_or_paging_is_a_value_error(lg: StatekeelStore) -> No
         await lg.asearch(("a",), limit=0)
     with pytest.raises(statekeel.InvalidConfig, match="max_depth"):
         await lg.alist_namespaces(max_depth=0)
+
+
+async def test_a_namespace_prefix_no_scope_can_hold_is_refused_before_the_batch_runs(
+    lg: StatekeelStore, store: statekeel.Store
+) -> None:
+    too_long = ("x" * 600,)
+    for op in (
+        SearchOp(too_long),
+        ListNamespacesOp(match_conditions=(MatchCondition("prefix", (*too_long, "*")),)),
+    ):
+        with pytest.raises(statekeel.InvalidConfig, match="namespace"):
+            await lg.abatch([PutOp(("ok",), "first", {"v": 0}), op])
+    assert (await store.memory.query()).items == []
 
 
 async def test_a_bad_configuration_is_a_value_error(store: statekeel.Store) -> None:

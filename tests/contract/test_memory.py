@@ -263,6 +263,129 @@ async def test_expired_memories_are_left_out_unless_asked(store: Store) -> None:
     assert got is not None and got.expired() and not live.expired()
 
 
+# --- by scope prefix --------------------------------------------------------------------------------------
+
+# Scopes around the prefix "a/b": equal to it, under it, beside it ("a/bc" starts with it too), before and
+# after it in code point order, and scopes of characters at the edges of Unicode.
+PREFIX_SCOPES = ("a/", "a/a", "a/b", "a/b/c", "a/bc", "a/b\U0010ffff", "a/c", "a0", "b", "é/x", "éa", "ê")
+
+
+async def _scoped(store: Store, scopes: tuple[str, ...]) -> None:
+    for scope in scopes:
+        await store.memory.put("semantic", "k", scope, scope=scope)
+
+
+async def test_query_by_scope_prefix_keeps_exactly_the_scopes_that_start_with_it(store: Store) -> None:
+    await _scoped(store, PREFIX_SCOPES)
+
+    async def scopes(prefix: str, **filters: Any) -> set[str]:
+        return {m.scope for m in (await store.memory.query(scope_prefix=prefix, **filters)).items}
+
+    assert await scopes("a/b") == {"a/b", "a/b/c", "a/bc", "a/b\U0010ffff"}
+    assert await scopes("a/b/") == {"a/b/c"}
+    assert await scopes("a/b/c") == {"a/b/c"}
+    assert await scopes("a/b\U0010ffff") == {"a/b\U0010ffff"}
+    assert await scopes("a/") == {s for s in PREFIX_SCOPES if s.startswith("a/")}
+    assert await scopes("é") == {"é/x", "éa"}
+    assert await scopes("\U0010ffff") == set()
+    assert await scopes("z") == set()
+    assert await scopes("a/b", type="semantic") == {"a/b", "a/b/c", "a/bc", "a/b\U0010ffff"}
+    assert await scopes("a/b", type="user") == set()
+    assert [m.scope for m in (await store.memory.query(scope_prefix="a/b", key="k")).items] == [
+        "a/b\U0010ffff",
+        "a/bc",
+        "a/b/c",
+        "a/b",
+    ]
+
+
+async def test_a_prefix_of_the_last_code_point_reaches_every_scope_under_it(store: Store) -> None:
+    top = "\U0010ffff"
+    await _scoped(store, (top, top * 2, top + "a", "\U0010fffe", "\ud7ff", "\ue000"))
+    assert {m.scope for m in (await store.memory.query(scope_prefix=top)).items} == {top, top * 2, top + "a"}
+    # The character after U+D7FF is U+E000 (surrogates are not text): the bound skips them.
+    assert {m.scope for m in (await store.memory.query(scope_prefix="\ud7ff")).items} == {"\ud7ff"}
+    assert (await store.memory.scopes(top)).items == [top, top + "a", top * 2]
+
+
+async def test_query_by_scope_prefix_is_newest_first_and_pages_with_a_cursor(store: Store) -> None:
+    for i in range(25):
+        await store.memory.put("semantic", f"k{i:02d}", i, scope=f"p/{i % 3}")
+        await store.memory.put("semantic", f"k{i:02d}", -i, scope=f"q/{i % 3}")
+    await store.memory.put("semantic", "k03", "updated", scope="p/0")
+    seen: list[Any] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await store.memory.query(scope_prefix="p/", limit=10, cursor=cursor)
+        seen += [m.content for m in page.items]
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert pages == 3
+    assert seen == ["updated", *[i for i in range(24, -1, -1) if i != 3]]
+
+
+async def test_forgotten_superseded_and_expired_memories_are_left_out_of_a_prefix_unless_asked(
+    store: Store,
+) -> None:
+    live = await store.memory.put("user", "live", 1, scope="t/live")
+    forgotten = await store.memory.put("user", "gone", 2, scope="t/forgotten")
+    await store.memory.forget(forgotten.id, reason="r", actor=None)
+    old = await store.memory.put("user", "old", 3, scope="t/superseded")
+    new = await store.memory.put("user", "new", 4, scope="t/superseded")
+    await store.memory.supersede(old.id, new.id, reason="r", actor=None)
+    stale = await store.memory.put("user", "stale", 5, scope="t/expired", expires_at=_ago(seconds=1))
+
+    async def ids(**flags: Any) -> set[str]:
+        return {m.id for m in (await store.memory.query(scope_prefix="t/", **flags)).items}
+
+    assert await ids() == {live.id, new.id}
+    assert await ids(include_forgotten=True) == {live.id, new.id, forgotten.id}
+    assert await ids(include_superseded=True) == {live.id, new.id, old.id}
+    assert await ids(include_expired=True) == {live.id, new.id, stale.id}
+    # A scope is listed while it holds a live memory.
+    assert (await store.memory.scopes("t/")).items == ["t/live", "t/superseded"]
+
+
+async def test_scopes_lists_each_scope_under_a_prefix_once_in_code_point_order(store: Store) -> None:
+    await _scoped(store, PREFIX_SCOPES)
+    await store.memory.put("semantic", "k2", "again", scope="a/b")
+    await store.memory.put("user", "k", "other type", scope="a/bd")
+    assert (await store.memory.scopes("a/b")).items == ["a/b", "a/b/c", "a/bc", "a/bd", "a/b\U0010ffff"]
+    assert (await store.memory.scopes("a/b", type="semantic")).items == [
+        "a/b",
+        "a/b/c",
+        "a/bc",
+        "a/b\U0010ffff",
+    ]
+    assert (await store.memory.scopes("a/b", type="user")).items == ["a/bd"]
+    assert (await store.memory.scopes("é")).items == ["é/x", "éa"]
+    assert (await store.memory.scopes()).items == sorted([*PREFIX_SCOPES, "a/bd"])
+    assert (await store.memory.scopes("zz")).items == []
+
+
+async def test_scopes_pages_with_a_cursor(store: Store) -> None:
+    names = tuple(f"n/{i:02d}" for i in range(23))
+    await _scoped(store, (*names, "m", "o"))
+    for scope in names[:5]:
+        await store.memory.put("semantic", "k2", "second memory of the scope", scope=scope)
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await store.memory.scopes("n/", limit=10, cursor=cursor)
+        seen += page.items
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert (pages, seen) == (3, list(names))
+    last = await store.memory.scopes("n/", limit=23)
+    assert (last.items, last.next_cursor) == (list(names), None)
+
+
 async def test_changed_lists_every_change_since_a_time_oldest_first(store: Store) -> None:
     a = await store.memory.put("user", "a", 1)
     mark = dt.datetime.now(dt.UTC)
@@ -584,6 +707,19 @@ BAD_INPUT: list[tuple[str, type[statekeel.StatekeelError], BadCall]] = [
         lambda s, ids: s.memory.add_episode("s", "x", entities="abc"),
     ),
     ("query-unknown-type", statekeel.InvalidArgument, lambda s, ids: s.memory.query(type="opinion")),
+    ("query-empty-prefix", statekeel.InvalidKey, lambda s, ids: s.memory.query(scope_prefix="")),
+    ("query-prefix-not-text", statekeel.InvalidKey, lambda s, ids: s.memory.query(scope_prefix=1)),  # type: ignore[arg-type]
+    (
+        "query-scope-and-prefix",
+        statekeel.InvalidArgument,
+        lambda s, ids: s.memory.query(scope="a", scope_prefix="a"),
+    ),
+    ("scopes-empty-prefix", statekeel.InvalidKey, lambda s, ids: s.memory.scopes("")),
+    ("scopes-nul-prefix", statekeel.InvalidKey, lambda s, ids: s.memory.scopes("a\x00")),
+    ("scopes-limit-zero", statekeel.InvalidArgument, lambda s, ids: s.memory.scopes(limit=0)),
+    ("scopes-limit-bool", statekeel.InvalidArgument, lambda s, ids: s.memory.scopes(limit=True)),
+    ("scopes-unknown-type", statekeel.InvalidArgument, lambda s, ids: s.memory.scopes(type="opinion")),
+    ("scopes-bad-cursor", statekeel.InvalidArgument, lambda s, ids: s.memory.scopes(cursor="nope")),
     ("query-bad-cursor", statekeel.InvalidArgument, lambda s, ids: s.memory.query(cursor="not-a-cursor")),
     (
         "query-min-confidence",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import datetime as dt
+import itertools
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -49,7 +50,7 @@ except ImportError as exc:  # an optional extra
         f"statekeel.integrations.langgraph_store needs LangGraph: pip install 'statekeel[langgraph]' ({exc})"
     ) from exc
 
-from ..backends.base import MEMORY_TYPES
+from ..backends.base import MEMORY_TYPES, every_item
 from ..backends.records import Memory
 from ..errors import (
     InvalidConfig,
@@ -62,7 +63,7 @@ from ..store import Store, open_store
 from ..validation import check_key
 
 SCOPE_PREFIX = "langgraph/"
-# Memories read per page when a search or a namespace listing scans them.
+# Memories (or scopes) read per page by a search without a query or a namespace listing.
 _PAGE = 500
 # Item metadata kept in the memory's ``data``: LangGraph's update time (a TTL refresh is not an update)
 # and the item's TTL in minutes.
@@ -76,6 +77,22 @@ def _scope(namespace: tuple[str, ...]) -> str:
         return check_key(SCOPE_PREFIX + ".".join(namespace), "namespace")
     except InvalidKey as exc:
         raise InvalidConfig(exc.message, namespace=namespace) from None
+
+
+def _scope_prefix(prefix: tuple[str, ...]) -> str:
+    """What the scopes of the namespaces under ``prefix`` start with (and a few more: ``("a",)`` gives
+    ``langgraph/a``, the start of ``("ab",)``'s scope too)."""
+    return _scope(prefix) if prefix else SCOPE_PREFIX
+
+
+def _fixed_labels(conditions: Iterable[MatchCondition]) -> tuple[str, ...]:
+    """The longest run of labels before a wildcard that a prefix condition fixes."""
+    fixed: tuple[str, ...] = ()
+    for condition in conditions:
+        if condition.match_type == "prefix":
+            labels = tuple(itertools.takewhile(lambda label: label != "*", condition.path))
+            fixed = max(fixed, labels, key=len)
+    return fixed
 
 
 def _namespace(scope: str) -> tuple[str, ...]:
@@ -157,8 +174,10 @@ class StatekeelStore(BaseStore):
     the interface; the sync ones run on the store's event loop from another thread (on that loop they
     raise :class:`~statekeel.errors.SyncCallRefused`). Ops of a batch run in order.
 
-    Search without a query and ``list_namespaces`` read the memories of the type page by page (their
-    cost grows with the number of items); ``search(query=...)`` reads the nearest vectors first.
+    Search without a query reads only the items under its namespace prefix, and ``list_namespaces`` only
+    the scopes under the labels its prefix condition fixes (both from the memories' scope index: their
+    cost grows with what they read, not with the store); ``search(query=...)`` reads the nearest vectors
+    first.
     """
 
     supports_ttl = True
@@ -279,6 +298,7 @@ class StatekeelStore(BaseStore):
                         raise
                     raise UnserializableValue(exc.message, path="value") from None
         if isinstance(op, SearchOp):
+            _scope_prefix(tuple(op.namespace_prefix))
             _check_filter(op.filter)
             for name, value, low in (("limit", op.limit, 1), ("offset", op.offset, 0)):
                 if type(value) is not int or value < low:
@@ -289,6 +309,7 @@ class StatekeelStore(BaseStore):
                     raise InvalidConfig(f"{name} must be an int >= {low}, got {value!r}")
             if op.max_depth is not None and (type(op.max_depth) is not int or op.max_depth < 1):
                 raise InvalidConfig(f"max_depth must be None or an int >= 1, got {op.max_depth!r}")
+            _scope_prefix(_fixed_labels(op.match_conditions or ()))
 
     # --- operations -----------------------------------------------------------------------------------
 
@@ -392,16 +413,16 @@ class StatekeelStore(BaseStore):
                 texts.append((field, text))
         return texts
 
-    async def _scan(self) -> AsyncIterator[Memory]:
-        cursor = None
-        while True:
-            page = await self.store.memory.query(self.memory_type, limit=_PAGE, cursor=cursor)
-            for memory in page.items:
-                if memory.scope.startswith(SCOPE_PREFIX):
-                    yield memory
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+    async def _scan(self, prefix: tuple[str, ...]) -> AsyncIterator[Memory]:
+        """The items under the namespace ``prefix``, newest first: the memories whose scope starts with the
+        prefix's scope (read from the scope index alone), less those of a longer last label."""
+        async for memory in every_item(
+            lambda cursor: self.store.memory.query(
+                self.memory_type, scope_prefix=_scope_prefix(prefix), limit=_PAGE, cursor=cursor
+            )
+        ):
+            if _namespace(memory.scope)[: len(prefix)] == prefix:
+                yield memory
 
     async def _search(self, op: SearchOp) -> builtins.list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
@@ -411,10 +432,8 @@ class StatekeelStore(BaseStore):
         if op.query and self.embeddings is not None:
             found = await self._nearest(op.query, prefix, wanted, need)
         else:
-            async for memory in self._scan():
-                if _namespace(memory.scope)[: len(prefix)] == prefix and (
-                    wanted is None or _matches(memory.content, wanted)
-                ):
+            async for memory in self._scan(prefix):
+                if wanted is None or _matches(memory.content, wanted):
                     found.append((memory, None))
                     if len(found) >= need:
                         break
@@ -457,10 +476,17 @@ class StatekeelStore(BaseStore):
             k *= 4
 
     async def _list_namespaces(self, op: ListNamespacesOp) -> builtins.list[tuple[str, ...]]:
+        conditions = op.match_conditions or ()
+        # Only the scopes under the labels a prefix condition fixes are read; the conditions themselves
+        # are checked on each namespace.
+        prefix = _scope_prefix(_fixed_labels(conditions))
         seen: set[tuple[str, ...]] = set()
-        async for memory in self._scan():
-            namespace = _namespace(memory.scope)
-            if all(_matches_condition(c, namespace) for c in op.match_conditions or ()):
+        scopes = every_item(
+            lambda cursor: self.store.memory.scopes(prefix, type=self.memory_type, limit=_PAGE, cursor=cursor)
+        )
+        async for scope in scopes:
+            namespace = _namespace(scope)
+            if all(_matches_condition(c, namespace) for c in conditions):
                 seen.add(namespace if op.max_depth is None else namespace[: op.max_depth])
         return sorted(seen)[op.offset : op.offset + op.limit]
 

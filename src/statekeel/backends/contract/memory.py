@@ -228,9 +228,25 @@ class MemoryBackend(abc.ABC):
         live_at: dt.datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        scope_prefix: str | None = None,
     ) -> Page:
         """Memories newest first (by ``updated_at``, then id), cursor-paginated; with ``live_at``,
-        those expired by then are left out."""
+        those expired by then are left out. ``scope_prefix`` (instead of ``scope``) keeps the memories
+        whose scope starts with it, read from the scope index's range of that prefix alone."""
+
+    @abc.abstractmethod
+    async def memory_scopes(
+        self,
+        *,
+        prefix: str | None = None,
+        type: str | None = None,
+        live_at: dt.datetime,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """The distinct scopes (``str`` items) starting with ``prefix`` (all when None) that hold a memory
+        neither forgotten, superseded nor expired at ``live_at`` (of ``type`` when given), in code point
+        order, cursor-paginated; read from the scope index's range of that prefix alone."""
 
     @abc.abstractmethod
     async def changed_memories(

@@ -11,6 +11,7 @@ instead of retrying; a put does not, so that a put of unchanged values writes no
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import orjson
 
 from ...errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
+from ...validation import MAX_KEY_BYTES
 from ..base import (
     Contradiction,
     Episode,
@@ -33,6 +35,9 @@ from . import Row, SqlBackend, Tx, from_micros, to_micros
 from .sessions import decode_cursor, encode_cursor
 from .tasks import ts_in_or_none, ts_or_none
 
+# Code points: the last one, and the surrogate range UTF-8 cannot encode.
+_LAST_CODE_POINT = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
 # A writer that keeps losing the race this many times in one call gives up with ConflictError.
 _TRIES = 100
 # Newest-first listings start before this (updated_at, id); oldest-first ones after the epoch.
@@ -240,17 +245,10 @@ async def op_query_memories(
     live_at: dt.datetime | None,
     limit: int,
     cursor: str | None,
+    scope_prefix: str | None = None,
 ) -> Page:
     before, before_id = _NEWEST if cursor is None else decode_cursor(cursor)
-    # One query per shape of filter, so that each reads its own index in order and stops at the page.
-    if key is not None:
-        name = "memory_query_key"
-    elif scope is not None:
-        name = "memory_query_scope" if type_ is None else "memory_query_type_scope"
-    else:
-        name = "memory_query"
-    rows = await tx.fetchall(
-        name,
+    args: list[Any] = [
         type_,
         scope,
         key,
@@ -261,8 +259,67 @@ async def op_query_memories(
         tx.ts_in(before),
         before_id,
         limit + 1,
-    )
+    ]
+    # One query per shape of filter, so that each reads its own index in order and stops at the page; a
+    # prefix reads the index range of its scopes, and sorts only those.
+    if scope_prefix is not None:
+        name = "memory_query_prefix" if type_ is None else "memory_query_type_prefix"
+        args[1], upper = scope_range(scope_prefix)
+        args.append(upper)
+    elif key is not None:
+        name = "memory_query_key"
+    elif scope is not None:
+        name = "memory_query_scope" if type_ is None else "memory_query_type_scope"
+    else:
+        name = "memory_query"
+    rows = await tx.fetchall(name, *args)
     return _page(tx, rows, limit)
+
+
+def scope_range(prefix: str) -> tuple[str, str]:
+    """The bounds ``[lower, upper)`` of the scopes that start with ``prefix``, in code point order (which
+    is UTF-8 byte order: SQLite's BINARY and PostgreSQL's "C" collation). ``upper`` is the prefix with its
+    last character that can grow moved to the next code point; when none can (only U+10FFFF, or no
+    character at all) it is a string above every scope, which holds at most MAX_KEY_BYTES bytes."""
+    chars = list(prefix)
+    while chars:
+        following = ord(chars.pop()) + 1
+        if following <= _LAST_CODE_POINT:
+            if _SURROGATES[0] <= following <= _SURROGATES[1]:
+                following = _SURROGATES[1] + 1  # never stored: not encodable as UTF-8
+            return prefix, "".join(chars) + chr(following)
+    return prefix, prefix + chr(_LAST_CODE_POINT) * MAX_KEY_BYTES
+
+
+def _scopes_cursor(scope: str) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([scope])).decode("ascii")
+
+
+def _scopes_after(cursor: Any) -> str:
+    try:
+        (scope,) = orjson.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
+        if type(scope) is not str:
+            raise ValueError
+        return scope
+    except Exception:
+        raise InvalidArgument(f"cursor {cursor!r} is not one that scopes returned", cursor=cursor) from None
+
+
+async def op_memory_scopes(
+    tx: Tx, prefix: str | None, type_: str | None, live_at: dt.datetime, limit: int, cursor: str | None
+) -> Page:
+    lower, upper = scope_range(prefix or "")
+    inclusive = True
+    if cursor is not None:
+        after = _scopes_after(cursor)
+        if after >= upper:
+            return Page(items=[], next_cursor=None)
+        if after >= lower:  # a cursor from this listing: go on after its last scope
+            lower, inclusive = after, False
+    name = "memory_scopes" if type_ is None else "memory_scopes_type"
+    rows = await tx.fetchall(name, type_, lower, upper, inclusive, tx.ts_in(live_at), limit + 1)
+    scopes = [row["scope"] for row in rows[:limit]]
+    return Page(items=scopes, next_cursor=_scopes_cursor(scopes[-1]) if len(rows) > limit else None)
 
 
 async def op_changed_memories(tx: Tx, since: dt.datetime | None, limit: int, cursor: str | None) -> Page:
@@ -556,6 +613,7 @@ class SqlMemory(SqlBackend, MemoryBackend):
         live_at: dt.datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        scope_prefix: str | None = None,
     ) -> Page:
         return await self._read(
             op_query_memories,
@@ -568,7 +626,19 @@ class SqlMemory(SqlBackend, MemoryBackend):
             live_at,
             limit,
             cursor,
+            scope_prefix,
         )
+
+    async def memory_scopes(
+        self,
+        *,
+        prefix: str | None = None,
+        type: str | None = None,
+        live_at: dt.datetime,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        return await self._read(op_memory_scopes, prefix, type, live_at, limit, cursor)
 
     async def changed_memories(
         self, *, since: dt.datetime | None = None, limit: int = 100, cursor: str | None = None

@@ -79,6 +79,41 @@ WHERE key = ?3 AND (updated_at, id) < (?8, ?9)
   AND (?7 IS NULL OR expires_at IS NULL OR expires_at > ?7)
 ORDER BY updated_at DESC, id DESC LIMIT ?10;
 
+-- name: memory_query_prefix
+-- Scopes starting with a prefix: the range [?2, ?11) of the scope index, the bounds computed by the caller.
+-- INDEXED BY: without statistics the planner could walk memories_by_updated (the whole table) to skip the
+-- sort; the range holds only the prefix's memories.
+SELECT * FROM memories INDEXED BY memories_by_scope
+WHERE scope >= ?2 AND scope < ?11 AND (updated_at, id) < (?8, ?9)
+  AND (?1 IS NULL OR type = ?1) AND (?3 IS NULL OR key = ?3)
+  AND (?4 IS NULL OR confidence >= ?4) AND (?5 OR deleted_at IS NULL) AND (?6 OR superseded_by IS NULL)
+  AND (?7 IS NULL OR expires_at IS NULL OR expires_at > ?7)
+ORDER BY updated_at DESC, id DESC LIMIT ?10;
+
+-- name: memory_query_type_prefix
+SELECT * FROM memories INDEXED BY memories_by_type_scope
+WHERE type = ?1 AND scope >= ?2 AND scope < ?11 AND (updated_at, id) < (?8, ?9)
+  AND (?3 IS NULL OR key = ?3)
+  AND (?4 IS NULL OR confidence >= ?4) AND (?5 OR deleted_at IS NULL) AND (?6 OR superseded_by IS NULL)
+  AND (?7 IS NULL OR expires_at IS NULL OR expires_at > ?7)
+ORDER BY updated_at DESC, id DESC LIMIT ?10;
+
+-- name: memory_scopes
+-- The distinct scopes in [?2, ?3) holding a live memory (of type ?1 when given), in byte order; ?4 false
+-- leaves out ?2 itself (the last scope of the previous page).
+SELECT DISTINCT scope FROM memories INDEXED BY memories_by_scope
+WHERE scope >= ?2 AND scope < ?3 AND (?4 OR scope <> ?2)
+  AND (?1 IS NULL OR type = ?1) AND deleted_at IS NULL AND superseded_by IS NULL
+  AND (expires_at IS NULL OR expires_at > ?5)
+ORDER BY scope LIMIT ?6;
+
+-- name: memory_scopes_type
+SELECT DISTINCT scope FROM memories INDEXED BY memories_by_type_scope
+WHERE type = ?1 AND scope >= ?2 AND scope < ?3 AND (?4 OR scope <> ?2)
+  AND deleted_at IS NULL AND superseded_by IS NULL
+  AND (expires_at IS NULL OR expires_at > ?5)
+ORDER BY scope LIMIT ?6;
+
 -- name: memory_changed
 SELECT * FROM memories WHERE (updated_at, id) > (?1, ?2) ORDER BY updated_at, id LIMIT ?3;
 
