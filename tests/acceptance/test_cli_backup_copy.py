@@ -81,8 +81,10 @@ def test_copy_moves_every_kind_and_verifies_the_counts(filled: Prepared, tmp_pat
     assert result.returncode == 0, result.stderr
     out = flat(result.stdout)
     assert "every table verified" in out
-    assert "audit_log │ 6 │ 6 │ 6" in out and "sessions │ 8 │ 8 │ 8" in out
-    assert counts(dest, tmp_path) == counts(filled.url, tmp_path)
+    source = counts(filled.url, tmp_path)
+    audited = source["audit_entries"]
+    assert f"audit_log │ {audited} │ {audited} │ {audited}" in out and "sessions │ 8 │ 8 │ 8" in out
+    assert counts(dest, tmp_path) == source
 
 
 @pytest.mark.postgres
@@ -122,6 +124,7 @@ def test_copy_into_a_store_that_holds_data_needs_force(filled: Prepared, tmp_pat
 
 def test_gc_dry_run_counts_and_gc_deletes_what_retention_allows(filled: Prepared, tmp_path: Path) -> None:
     # The prepared trace started on 2025-03-01: older than the 30 days spans are kept.
+    before = counts(filled.url, tmp_path)
     dry = run_statekeel("gc", "--dry-run", "--db", filled.url, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "would delete 6 rows" in flat(dry.stdout)
@@ -134,7 +137,7 @@ def test_gc_dry_run_counts_and_gc_deletes_what_retention_allows(filled: Prepared
     assert run_statekeel("trace", filled.trace_id, "--db", filled.url, cwd=tmp_path).returncode == 1
     # Never an audit entry, an approval or an unfinished task.
     after = counts(filled.url, tmp_path)
-    assert after["audit_entries"] == 6 and after["approvals_pending"] == 2
+    assert after["audit_entries"] == before["audit_entries"] > 0 and after["approvals_pending"] == 2
     again = json.loads(run_statekeel("gc", "--json", "--db", filled.url, cwd=tmp_path).stdout)
     assert again["total"] == 0
 
