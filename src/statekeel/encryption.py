@@ -92,8 +92,8 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
         raise InvalidArgument(f"key file {name} does not exist", hint="") from None
     except OSError as exc:
         raise InvalidArgument(f"cannot read key file {name}: {exc.strerror}", hint="") from None
-    with os.fdopen(fd, "rb") as file:
-        st = os.fstat(file.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InvalidArgument(f"key file {name} is not a regular file", hint="")
         # The mode of the file opened, not of the path looked at earlier (no check-then-use race).
@@ -106,14 +106,17 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
         if st.st_size > KEY_FILE_MAX_BYTES:
             raise InvalidArgument(f"key file {name} is {st.st_size} bytes: not a key file", hint="")
         try:
-            text = file.read(KEY_FILE_MAX_BYTES + 1).decode("ascii")
-        except UnicodeDecodeError:
-            raise InvalidArgument(
-                f"key file {name} is not text: write each key as 64 hex digits (openssl rand -hex 32)",
-                hint="",
-            ) from None
+            data = os.read(fd, KEY_FILE_MAX_BYTES + 1)
         except OSError as exc:
             raise InvalidArgument(f"cannot read key file {name}: {exc.strerror}", hint="") from None
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"key file {name} is not text: write each key as 64 hex digits (openssl rand -hex 32)", hint=""
+        ) from None
     keys: list[bytes] = []
     seen: dict[bytes, int] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
