@@ -90,6 +90,23 @@ def test_without_a_key_show_says_a_key_is_needed_and_counts_still_work(
     assert json.loads(status.stdout)["counts"]["sessions"]["active"] == 1
 
 
+def test_without_a_key_doctor_and_recover_say_the_session_needs_the_key_and_repair_nothing(
+    tmp_path: Path,
+) -> None:
+    url, db = sqlite_store(tmp_path)
+    doctor = run_statekeel("doctor", "--json", "--db", url, cwd=tmp_path)
+    assert doctor.returncode == 1, doctor.stderr
+    [finding] = [f for f in json.loads(doctor.stdout)["findings"] if f["severity"] == "problem"]
+    assert "session chat could not be checked" in finding["detail"] and "--key-file" in finding["advice"]
+    recovered = run_statekeel("recover", "--db", url, cwd=tmp_path)
+    assert recovered.returncode == 1
+    out = flat(recovered.stdout)
+    assert "1 sessions that could not be checked" in out and "needs its keys (--key-file PATH)" in out
+    # No repair was written into the transcript it could not read (it would have been in plaintext).
+    payloads = sealed_payloads(db)
+    assert len(payloads) == 2 and all(json.loads(p)["$sk"] == "enc" for p in payloads)
+
+
 def test_a_wrong_key_names_the_key_id_the_store_needs(tmp_path: Path) -> None:
     url, _ = sqlite_store(tmp_path)
     wrong = write_key_file(tmp_path / "wrong.key", OLD_KEY)
