@@ -588,6 +588,27 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+SECRET_TEXT = "SECRET-TEXT-4711"
+
+
+def write_key_file(path: Path, *keys: bytes, mode: int = 0o600) -> Path:
+    """A key file for ``--key-file``: a comment, then each key as hex, current first; ``mode`` set."""
+    path.write_text("# the current key first\n" + "".join(k.hex() + "\n" for k in keys))
+    path.chmod(mode)
+    return path
+
+
+async def fill_sealed_session(url: str, key: bytes | None) -> None:
+    """Session ``chat`` in the store at ``url``: a message holding :data:`SECRET_TEXT` and a tool call
+    still without a result, sealed under ``key`` (in plaintext for None)."""
+    async with statekeel.open_store(url, encryption_key=key) as store:
+        chat = await store.sessions.get_or_create("chat")
+        chat.add_message("user", f"tell me {SECRET_TEXT}")
+        call = {"id": "call_ls", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        chat.add_message("assistant", None, tool_calls=[call])
+        await store.sessions.save(chat)
+
+
 @contextlib.contextmanager
 def ui_process(*args: str, cwd: Path | None = None) -> Iterator[str]:
     """``statekeel ui`` in a subprocess on a free port; yields its base URL, then stops it (SIGTERM) and

@@ -58,7 +58,8 @@ def _reserve(dest: str) -> str:
     return full
 
 
-def _discard(dest: str) -> None:
+def discard_files(dest: str) -> None:
+    """Remove the SQLite file ``dest`` and its -wal, -shm and -journal files, those that exist."""
     for path in (dest, dest + "-wal", dest + "-shm", dest + "-journal"):
         try:
             os.unlink(path)
@@ -120,7 +121,7 @@ async def backup(store: Store, dest: str | os.PathLike[str]) -> BackupReport:
             await copy_store(store, "sqlite:///" + full)
             await asyncio.to_thread(_fold, path)
     except BaseException:
-        await asyncio.to_thread(_discard, path)
+        await asyncio.to_thread(discard_files, path)
         raise
     size = await asyncio.to_thread(lambda: os.stat(path).st_size)
     return BackupReport(path=path, bytes=size, seconds=time.monotonic() - started, method=method)

@@ -26,7 +26,8 @@ import binascii
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,79 @@ def check_keys(value: Any) -> tuple[bytes, ...]:
     ids = [key_id(k) for k in keys]
     if len(set(ids)) != len(ids):
         raise InvalidArgument("encryption_key lists the same key twice")
+    return tuple(keys)
+
+
+KEY_FILE_MAX_BYTES = 64 * 1024
+
+
+def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
+    """The keys of a key file, current first, for ``encryption_key``: one key per line as 64 hex digits
+    (``openssl rand -hex 32``); blank lines and lines starting with ``#`` are skipped. The file must be a
+    regular file readable by its owner only (like ssh's private keys): one readable by group or others
+    is refused. Raises ``InvalidArgument`` (never quoting the file's contents) when the file is missing,
+    unreadable, too open, empty or holds a malformed or repeated key."""
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidArgument(f"key file {name} does not exist", hint="") from None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read key file {name}: {exc.strerror}", hint="") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"key file {name} is not a regular file", hint="")
+        # The mode of the file opened, not of the path looked at earlier (no check-then-use race).
+        if os.name == "posix" and st.st_mode & 0o077:
+            raise InvalidArgument(
+                f"key file {name} is readable by others than its owner (mode {st.st_mode & 0o777:04o}): "
+                f"refused; run chmod 600 {name}",
+                hint="",
+            )
+        if st.st_size > KEY_FILE_MAX_BYTES:
+            raise InvalidArgument(f"key file {name} is {st.st_size} bytes: not a key file", hint="")
+        try:
+            data = os.read(fd, KEY_FILE_MAX_BYTES + 1)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read key file {name}: {exc.strerror}", hint="") from None
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"key file {name} is not text: write each key as 64 hex digits (openssl rand -hex 32)", hint=""
+        ) from None
+    keys: list[bytes] = []
+    seen: dict[bytes, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        # The message says what is wrong with the line, never what it holds: it may be a key.
+        try:
+            key = bytes.fromhex(line) if len(line) == 2 * KEY_BYTES else None
+        except ValueError:
+            key = None
+        if key is None:
+            raise InvalidArgument(
+                f"key file {name}, line {number}: not a key ({len(line)} characters); each line holds one "
+                f"key of {2 * KEY_BYTES} hex digits (openssl rand -hex 32)",
+                hint="",
+            )
+        if key in seen:
+            raise InvalidArgument(
+                f"key file {name}, line {number}: the same key as line {seen[key]}", hint=""
+            )
+        seen[key] = number
+        keys.append(key)
+    if not keys:
+        raise InvalidArgument(
+            f"key file {name} holds no key: write one key of {2 * KEY_BYTES} hex digits per line, the "
+            "current key first (openssl rand -hex 32)",
+            hint="",
+        )
     return tuple(keys)
 
 
@@ -221,7 +295,12 @@ class RotationReport:
         return sum(self.rewritten.values())
 
 
-async def rotate(backend: StorageBackend, current: str, batch_size: int) -> RotationReport:
+RotationProgress = Callable[[str, int, int], object]
+
+
+async def rotate(
+    backend: StorageBackend, current: str, batch_size: int, on_batch: RotationProgress | None = None
+) -> RotationReport:
     """Re-seal every table's encrypted fields under the current key, batch by batch (see
     :meth:`statekeel.Store.rotate_encryption_key`)."""
     scanned = dict.fromkeys(ROTATION_TABLES, 0)
@@ -232,6 +311,8 @@ async def rotate(backend: StorageBackend, current: str, batch_size: int) -> Rota
             page = await backend.reseal_rows(table, after=after, limit=batch_size)
             scanned[table] += page.scanned
             rewritten[table] += page.rewritten
+            if on_batch is not None:
+                on_batch(table, scanned[table], rewritten[table])
             if page.after is None:
                 break
             after = page.after
@@ -241,10 +322,12 @@ async def rotate(backend: StorageBackend, current: str, batch_size: int) -> Rota
 __all__ = [
     "ROTATION_TABLES",
     "Cipher",
+    "RotationProgress",
     "RotationReport",
     "check_keys",
     "is_envelope",
     "key_id",
     "make_cipher",
+    "read_key_file",
     "rotate",
 ]

@@ -74,14 +74,41 @@ _CHECKS = (
 _RECOVER = "run `statekeel recover` (store.recover())"
 
 
+_UNCHECKED = (
+    "read it (`statekeel show KEY`) to see the error: a damaged store, see the integrity check; an "
+    "encrypted one, open it with its key (encryption_key, or --key-file); then run `statekeel recover`"
+)
+
+
+def _damage_advice(rec: RecoveryReport, integrity_problems: bool) -> str:
+    """What to do about damage, from what recover() found (its structured fields, not its advice text,
+    which also holds the incidents' and the audit chain's: those have findings of their own)."""
+    steps: list[str] = []
+    lost = [d for d in rec.damage if not d.index_only]
+    indexes = [d.table for d in rec.damage if d.index_only]
+    if lost or rec.skipped or (integrity_problems and not rec.damage):
+        where = ", ".join(d.table for d in lost) or "the database"
+        steps.append(
+            f"rows of {where} cannot be read (report.damage lists them): stop the agents, then restore the "
+            "store from a backup (statekeel backup), or rebuild it into a new file with sqlite3 .recover "
+            "(`statekeel recover --dry-run` prints the commands); rows no backup holds are lost"
+        )
+    if rec.rebuilt_copy is not None:
+        steps.append(
+            f"a copy with every index rebuilt was written to {rec.rebuilt_copy}: stop the agents, then move "
+            "it over the store (keep the old file until you have checked)"
+        )
+    elif indexes:
+        steps.append(f"{_RECOVER} rebuilds the damaged indexes of {', '.join(indexes)}, losing nothing")
+    return "; ".join(steps) or "restore the store from a backup"
+
+
 def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
     found: list[Finding] = []
 
     def add(check: str, severity: str, detail: str, advice: str) -> None:
         found.append(Finding(check, severity, detail, advice))
 
-    # recover() writes one sentence of advice per kind of damage; they are matched to the checks below.
-    advice = " ".join(rec.advice)
     problems = list(info.integrity or ()) + [
         p for p in rec.integrity_problems if p not in (info.integrity or ())
     ]
@@ -89,7 +116,7 @@ def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
         detail = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
         if rec.skipped:
             detail += (" " if detail else "") + "unreadable while checking: " + ", ".join(sorted(rec.skipped))
-        add("integrity", PROBLEM, detail or "damaged pages", advice or "restore the store from a backup")
+        add("integrity", PROBLEM, detail or "damaged pages", _damage_advice(rec, bool(problems)))
     if info.pending_migrations:
         versions = ", ".join(str(v) for v, _ in info.pending_migrations)
         add(
@@ -131,7 +158,7 @@ def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
             f"{_RECOVER}: it answers each with an explicit 'interrupted' result",
         )
     for key, why in sorted(rec.sessions_failed.items()):
-        add("tool calls", PROBLEM, f"session {key} could not be checked: {why}", advice or _RECOVER)
+        add("tool calls", PROBLEM, f"session {key} could not be checked: {why}", _UNCHECKED)
     if rec.interrupted_tasks:
         add(
             "leases",

@@ -24,7 +24,7 @@ from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, 
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
-from .encryption import RotationReport, check_keys, make_cipher, rotate
+from .encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
 from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
@@ -340,21 +340,27 @@ class Store:
         """
         return await backup(self, dest)
 
-    async def rotate_encryption_key(self, *, batch_size: int = 500) -> RotationReport:
+    async def rotate_encryption_key(
+        self, *, batch_size: int = 500, on_batch: RotationProgress | None = None
+    ) -> RotationReport:
         """Re-encrypt every encrypted field that is not under the current key (the first of
         ``encryption_key``) — and, in ``encrypt_existing`` mode, every plaintext one — in batches of
         ``batch_size`` rows, each committed on its own. Interrupted (killed, failed), it is run again and
         continues: rows already under the current key are left as they are. Once it returned, the old
-        keys can be dropped from ``encryption_key``. See :mod:`statekeel.encryption`.
+        keys can be dropped from ``encryption_key``. ``on_batch(table, scanned, rewritten)`` is called after
+        each committed batch with that table's counts so far (for a progress display). See
+        :mod:`statekeel.encryption`.
 
         store = await open_store(url, encryption_key=[new_key, old_key])
         report = await store.rotate_encryption_key()
         print(report.key_id, report.rewritten)
         """
         check_int(batch_size, "batch_size", minimum=1)
+        if on_batch is not None and not callable(on_batch):
+            raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
         if self.codec.cipher is None:
             raise InvalidArgument("rotate_encryption_key needs a store opened with an encryption_key")
-        return await rotate(self.backend, self.codec.cipher.key_id, batch_size)
+        return await rotate(self.backend, self.codec.cipher.key_id, batch_size, on_batch)
 
     async def vacuum(self) -> int | None:
         """Rewrite a SQLite file without its free pages (``VACUUM``: it holds the write lock until done)

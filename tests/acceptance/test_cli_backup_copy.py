@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
-from helpers import Prepared, one_line_error, run_statekeel
+from helpers import SECRET_TEXT, Prepared, fill_sealed_session, one_line_error, run_statekeel, write_key_file
 
 
 def flat(text: str) -> str:
@@ -99,6 +99,51 @@ def test_copy_from_sqlite_to_postgresql_and_back(
     back = f"sqlite:///{tmp_path / 'back.db'}"
     assert run_statekeel("copy", pg_migrated, back, cwd=tmp_path).returncode == 0
     assert counts(back, tmp_path) == counts(prepared.url, tmp_path) == counts(pg_migrated, tmp_path)
+
+
+def test_a_copy_that_fails_into_a_new_sqlite_file_leaves_no_file_behind(tmp_path: Path) -> None:
+    src = tmp_path / "src.db"
+
+    async def fill() -> None:
+        async with statekeel.open_store(f"sqlite:///{src}") as store, store.sessions.open("real") as session:
+            session.add_message("user", "hello")
+
+    asyncio.run(fill())
+    # A message of a session that does not exist, written behind statekeel with foreign keys off: the
+    # destination refuses it, after the copy has created the destination and copied the sessions.
+    conn = sqlite3.connect(src)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("INSERT INTO messages VALUES ('ghost', 0, 'user', '\"boo\"', 0)")
+    conn.commit()
+    conn.close()
+    (tmp_path / "same.db").symlink_to(src)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    source = hashlib.sha256(src.read_bytes()).hexdigest()
+    error = one_line_error(
+        run_statekeel("copy", f"sqlite:///{src}", f"sqlite:///{tmp_path / 'new.db'}", cwd=tmp_path)
+    )
+    assert "cannot copy to" in error and "FOREIGN KEY" in error
+    error = one_line_error(
+        run_statekeel("copy", f"sqlite:///{src}", f"sqlite:///{tmp_path / 'same.db'}", cwd=tmp_path)
+    )
+    assert "source and destination are the same database" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == source
+
+
+def test_copy_of_an_encrypted_store_keeps_its_values_sealed_under_the_same_key(tmp_path: Path) -> None:
+    key, src, dest = bytes(range(32)), tmp_path / "sealed.db", tmp_path / "copy.db"
+    asyncio.run(fill_sealed_session(f"sqlite:///{src}", key))
+    key_file = write_key_file(tmp_path / "store.key", key)
+    copied = run_statekeel("copy", f"sqlite:///{src}", f"sqlite:///{dest}", cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    assert SECRET_TEXT.encode() not in dest.read_bytes()
+    error = one_line_error(run_statekeel("show", "chat", "--db", f"sqlite:///{dest}", cwd=tmp_path))
+    assert "--key-file" in error
+    shown = run_statekeel(
+        "show", "chat", "--db", f"sqlite:///{dest}", "--key-file", str(key_file), cwd=tmp_path
+    )
+    assert shown.returncode == 0 and SECRET_TEXT in shown.stdout, shown.stderr
 
 
 def test_copy_into_a_store_that_holds_data_needs_force(filled: Prepared, tmp_path: Path) -> None:

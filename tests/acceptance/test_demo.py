@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,35 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 import statekeel
+from helpers import run_statekeel
 from statekeel.cli import main
 from statekeel.demo import expected_message, session_key, verify
 from statekeel.demo import runner as demo_runner
 from statekeel.demo.verify import Verification
 
 
-def statekeel_command() -> list[str]:
-    script = Path(sys.executable).parent / "statekeel"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "statekeel.cli"]
-
-
-def run_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "CI": "true", **(env or {})}
-    full_env.pop("STATEKEEL_URL", None)
-    return subprocess.run(
-        [*statekeel_command(), *args],
-        cwd=cwd,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_stress_demo_kills_the_writer_and_verifies_every_acknowledged_message(tmp_path: Path) -> None:
-    result = run_cli("demo", "--stress", cwd=tmp_path)
+    result = run_statekeel("demo", "--stress", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # rich wraps lines at 80 columns without a terminal
     assert "killed with SIGKILL" in out
@@ -64,7 +42,7 @@ def test_stress_demo_kills_the_writer_and_verifies_every_acknowledged_message(tm
 
 def test_stress_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    result = run_cli(
+    result = run_statekeel(
         "demo", "--stress", "--db", f"sqlite:///{db}", "--cycles", "3", "--sessions", "2", cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -83,7 +61,7 @@ def test_stress_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_pa
 
 
 def test_stress_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None:
-    result = run_cli("demo", "--stress", "--keep", cwd=tmp_path)
+    result = run_statekeel("demo", "--stress", "--keep", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())
     match = re.search(r"store: (\S+/demo\.db)", out)
@@ -100,7 +78,7 @@ def test_stress_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None
 
 
 def test_stress_demo_refuses_an_in_memory_store(tmp_path: Path) -> None:
-    result = run_cli("demo", "--stress", "--db", "memory://", cwd=tmp_path)
+    result = run_statekeel("demo", "--stress", "--db", "memory://", cwd=tmp_path)
     assert result.returncode == 2
     assert "another process" in result.stderr
 

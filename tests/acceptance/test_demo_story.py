@@ -19,10 +19,9 @@ from typing import Any
 import pydantic
 import pytest
 from click.testing import CliRunner
-from test_demo import run_cli
 
 import statekeel
-from helpers import CHAT, assert_accepted
+from helpers import CHAT, assert_accepted, run_statekeel
 from statekeel.cli import main
 from statekeel.demo import story
 from statekeel.demo import story_agent as agent
@@ -49,7 +48,7 @@ RESOLVED = {
 
 
 def story_json(*args: str, cwd: Path) -> dict[str, Any]:
-    result = run_cli("demo", "--json", *args, cwd=cwd)
+    result = run_statekeel("demo", "--json", *args, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     account: dict[str, Any] = json.loads(result.stdout)
     return account
@@ -117,7 +116,7 @@ def test_demo_story_json_account_has_a_stable_shape(tmp_path: Path) -> None:
 
 def test_demo_story_tells_what_happens_in_the_terminal_and_keeps_its_workspace(tmp_path: Path) -> None:
     crash_at = agent.CRASH_POINTS.index(agent.EDIT_DONE) + 1
-    result = run_cli("demo", "--crash-at", str(crash_at), "--keep", cwd=tmp_path)
+    result = run_statekeel("demo", "--crash-at", str(crash_at), "--keep", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # rich wraps lines at 80 columns without a terminal
     assert f"crash at point {crash_at} of {POINTS}" in out
@@ -212,7 +211,7 @@ def test_demo_story_exits_non_zero_when_a_check_fails(
     ],
 )
 def test_demo_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    result = run_cli("demo", *args, cwd=tmp_path)
+    result = run_statekeel("demo", *args, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr == f"statekeel demo: {message}\n"
     assert result.stdout == ""

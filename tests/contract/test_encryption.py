@@ -22,7 +22,7 @@ import pytest
 import statekeel
 from helpers import database_write_locked, kill9_when
 from statekeel.codec import Codec
-from statekeel.encryption import VERSION, make_cipher
+from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
 from statekeel.fallback import FallbackDir
 
 Store = statekeel.Store
@@ -280,6 +280,21 @@ async def test_rotation_interrupted_between_batches_resumes_and_then_needs_only_
     store = await opener.open(KEY_B)
     await check_all(store, ids)
     assert (await store.audit.verify()).ok
+
+
+async def test_rotation_reports_each_committed_batch_to_on_batch(opener: Opener) -> None:
+    store = await opener.open(KEY_A)
+    await fill(store)
+    store = await opener.open([KEY_B, KEY_A])
+    with pytest.raises(statekeel.InvalidArgument, match="on_batch must be callable"):
+        await store.rotate_encryption_key(on_batch=3)  # type: ignore[arg-type]
+    seen: list[tuple[str, int, int]] = []
+    report = await store.rotate_encryption_key(batch_size=1, on_batch=lambda *counts: seen.append(counts))
+    assert list(dict.fromkeys(table for table, _, _ in seen)) == list(ROTATION_TABLES)
+    last = {table: (scanned, rewritten) for table, scanned, rewritten in seen}
+    assert last == {t: (report.scanned[t], report.rewritten[t]) for t in ROTATION_TABLES}
+    messages = [scanned for table, scanned, _ in seen if table == "messages"]
+    assert messages == sorted(messages) and len(messages) >= report.scanned["messages"]  # one row a batch
 
 
 async def test_a_wrong_key_raises_decryption_error_naming_the_stored_key_id(opener: Opener) -> None:

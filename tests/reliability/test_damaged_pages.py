@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import statekeel
-from helpers import sqlite_url
+from helpers import RawDb, sqlite_url
 
 SESSIONS, MESSAGES, TASKS, ENTRIES = 30, 20, 80, 80
 # The audit log holds the entries appended by hand, each task's creation and the claim.
@@ -124,6 +124,29 @@ async def test_a_damaged_message_page_names_the_unreadable_messages_and_recovers
     assert report.skipped == {}
     advice = " ".join(report.advice)
     assert "messages" in advice and ".recover" in advice and "backup" in advice
+
+
+async def test_health_gives_damage_advice_to_the_integrity_check_and_audit_advice_to_the_audit_check(
+    tmp_path: Path,
+) -> None:
+    path, _ = await _filled_file(tmp_path)
+    await RawDb(sqlite_url(path)).execute(
+        "UPDATE audit_log SET actor = 'mallory' WHERE seq = 5", unguarded="audit_log"
+    )
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    leaves = _pages(path, "messages", "leaf")
+    _damage(path, leaves[len(leaves) // 2])
+
+    async with statekeel.open_store(sqlite_url(path), migrate=False) as store:
+        report = await store.health()
+    by_check = {f.check: f for f in report.problems}
+    integrity, audit = by_check["integrity"], by_check["audit"]
+    assert "messages" in integrity.advice and "backup" in integrity.advice
+    assert "audit" not in integrity.advice and "untrusted" not in integrity.advice
+    assert "untrusted" in audit.advice and "backup" in audit.advice
+    assert report.recovery.audit is not None and not report.recovery.audit.ok
 
 
 async def test_a_damaged_task_page_names_the_unreadable_task_ids(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ server process answers over HTTP, with its token when it has one, and leaves the
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import socket
 import urllib.error
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import Prepared, ui_process
+from helpers import SECRET_TEXT, Prepared, fill_sealed_session, ui_process, write_key_file
 from statekeel.cli import main
 
 TOKEN = "a-token-of-enough-length"
@@ -85,3 +86,30 @@ def test_a_server_with_a_token_refuses_requests_without_it(prepared: Prepared) -
         assert status_of(local) == 401
         assert status_of(local + "?token=" + TOKEN) == 200
         assert status_of(local + "tasks", {"Authorization": f"Bearer {TOKEN}"}) == 200
+
+
+def page(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_an_encrypted_store_shows_its_transcripts_with_the_key_file_and_says_a_key_is_needed_without(
+    tmp_path: Path,
+) -> None:
+    key, db = bytes(range(32)), tmp_path / "sealed.db"
+    asyncio.run(fill_sealed_session(f"sqlite:///{db}", key))
+    key_file = write_key_file(tmp_path / "store.key", key, mode=0o644)
+    code, output = run_ui("--db", f"sqlite:///{db}", "--key-file", str(key_file))
+    assert code == 1 and "chmod 600" in output and len(output.strip().splitlines()) == 1
+    key_file.chmod(0o600)
+    with ui_process("--db", f"sqlite:///{db}", "--key-file", str(key_file)) as base:
+        status, body = page(base + "session?key=chat")
+        assert status == 200 and SECRET_TEXT in body
+    with ui_process("--db", f"sqlite:///{db}") as base:
+        assert page(base + "sessions")[0] == 200  # the listing needs no key
+        status, body = page(base + "session?key=chat")
+        assert status == 500 and "a key is needed" in body and "--key-file" in body
+        assert SECRET_TEXT not in body

@@ -6,7 +6,9 @@ statekeel --db postgresql://me@db-host/agents doctor
 
 Every command takes ``--db URL`` (also accepted before the command name; the command's own wins), else
 ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db``. Read commands never create, migrate or change a store;
-read commands print JSON with ``--json``. Errors are one line on stderr and a non-zero exit.
+read commands print JSON with ``--json``. An encrypted store's keys are read from the file named by
+``--key-file PATH`` (else ``$STATEKEEL_KEY_FILE``), never from the command line. Errors are one line on
+stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -56,13 +58,21 @@ class _Cli(click.Group):
     show_default="$STATEKEEL_URL, else sqlite:///statekeel.db",
     help="Store URL for commands that use a store (a command's own --db wins).",
 )
+@click.option(
+    "--key-file",
+    "key_file",
+    default=None,
+    metavar="PATH",
+    show_default="$STATEKEEL_KEY_FILE, else no key",
+    help="Encryption keys of the store for commands that open one (a command's own --key-file wins).",
+)
 @click.version_option(package_name="statekeel")
 @click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
+def main(ctx: click.Context, url: str | None, key_file: str | None) -> None:
     """statekeel: a recoverable state layer for long-running, tool-executing AI agents."""
     # The library logs its findings as warnings for applications; a command prints them itself.
     logging.getLogger("statekeel").setLevel(logging.ERROR)
-    ctx.obj = {"url": resolve_url(url)}
+    ctx.obj = {"url": resolve_url(url), "key_file": key_file}
 
 
 from . import admin as _admin  # noqa: E402  (commands register themselves on ``main``)

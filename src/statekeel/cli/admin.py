@@ -1,6 +1,7 @@
-"""The commands that look after a store: ``recover``, ``audit verify``, ``migrate``, ``backup``, ``copy``
-and ``gc``. Each is one library call (``Store.recover``, ``AuditLog.verify``, ``open_store``,
-``Store.backup``, ``copy_store``, ``Store.purge``) with its outcome printed.
+"""The commands that look after a store: ``recover``, ``audit verify``, ``migrate``, ``backup``, ``copy``,
+``gc`` and ``rotate-key``. Each is one library call (``Store.recover``, ``AuditLog.verify``,
+``open_store``, ``Store.backup``, ``copy_store``, ``Store.purge``, ``Store.rotate_encryption_key``) with
+its outcome printed.
 """
 
 from __future__ import annotations
@@ -18,24 +19,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..audit import AuditVerification
-from ..backup import BackupReport
+from ..backup import BackupReport, discard_files
 from ..copy import CopyReport, copy_store
+from ..encryption import RotationReport
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
 from ..store import open_store, redact_url, sqlite_path
 from . import main
 from .common import (
+    KEY_FILE_ENV,
     F,
     Failure,
+    Keys,
     console,
-    db_option,
     echo_json,
     json_option,
     open_for_reading,
     require_existing,
     run,
     size_text,
+    store_keys,
+    store_options,
     store_url,
 )
 
@@ -69,13 +74,13 @@ _INFO = (
 )
 
 
-async def _recover(url: str, dry_run: bool, files_root: str | None) -> RecoveryReport:
-    async with open_for_reading(url) as store:
+async def _recover(url: str, keys: Keys | None, dry_run: bool, files_root: str | None) -> RecoveryReport:
+    async with open_for_reading(url, keys) as store:
         return await store.recover(repair=not dry_run, files_root=files_root)
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.option("--dry-run", is_flag=True, help="Report what would be repaired; write nothing.")
 @click.option(
@@ -85,15 +90,22 @@ async def _recover(url: str, dry_run: bool, files_root: str | None) -> RecoveryR
     help="Also compare the file ledger with the files under this directory.",
 )
 @click.pass_context
-def recover(ctx: click.Context, db: str | None, as_json: bool, dry_run: bool, files_root: str | None) -> None:
+def recover(
+    ctx: click.Context,
+    db: str | None,
+    key_file: str | None,
+    as_json: bool,
+    dry_run: bool,
+    files_root: str | None,
+) -> None:
     """Restore the meaning of the store after a crash (store.recover()): replay fallback files, answer
     tool calls left without a result, mark tasks with an expired lease interrupted, rebuild damaged
     indexes; report what needs a person. Running it again finds nothing more to repair.
 
     Exits 1 if something needs a person (damage, incidents, a failing audit chain).
     """
-    url = store_url(db)
-    report = run(_recover(url, dry_run, files_root), f"cannot recover {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    report = run(_recover(url, keys, dry_run, files_root), f"cannot recover {redact_url(url)}")
     summary = report.summary()
     if as_json:
         echo_json({"ok": report.ok, "dry_run": dry_run, "summary": summary, "advice": report.advice})
@@ -117,6 +129,12 @@ def recover(ctx: click.Context, db: str | None, as_json: bool, dry_run: bool, fi
             out.print(f"[dim]note[/dim] {summary[key]} {label}")
     for advice in report.advice:
         out.print(f"→ {advice}", markup=False)
+    if summary["sessions_failed"] and keys is None:
+        out.print(
+            "→ sessions that could not be checked: `statekeel show KEY` says why; an encrypted store needs "
+            "its keys (--key-file PATH)",
+            markup=False,
+        )
     ctx.exit(0 if report.ok else 1)
 
 
@@ -125,22 +143,22 @@ def audit() -> None:
     """The tamper-evident audit log."""
 
 
-async def _verify(url: str) -> AuditVerification:
-    async with open_for_reading(url) as store:
+async def _verify(url: str, keys: Keys | None) -> AuditVerification:
+    async with open_for_reading(url, keys) as store:
         return await store.audit.verify()
 
 
 @audit.command("verify")
-@db_option
+@store_options
 @json_option
 @click.pass_context
-def audit_verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
+def audit_verify(ctx: click.Context, db: str | None, key_file: str | None, as_json: bool) -> None:
     """Check the hash chain of every audit entry and the approvals recorded with them (audit.verify()).
 
     Exits 1 if an entry was changed, removed or inserted outside statekeel.
     """
-    url = store_url(db)
-    result = run(_verify(url), f"cannot verify the audit log of {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    result = run(_verify(url, keys), f"cannot verify the audit log of {redact_url(url)}")
     if as_json:
         echo_json(result)
     elif result.ok:
@@ -160,10 +178,10 @@ def audit_verify(ctx: click.Context, db: str | None, as_json: bool) -> None:
     ctx.exit(0 if result.ok else 1)
 
 
-async def _schema_version(url: str) -> tuple[int, list[int]]:
+async def _schema_version(url: str, keys: Keys | None) -> tuple[int, list[int]]:
     """The schema version of the store at ``url`` and the migrations it lacks, changing nothing."""
     try:
-        async with open_for_reading(url) as store:
+        async with open_for_reading(url, keys) as store:
             return (await store.info(check_integrity=False)).schema_version, []
     except MigrationError as exc:
         pending = getattr(exc, "pending", None)
@@ -172,8 +190,8 @@ async def _schema_version(url: str) -> tuple[int, list[int]]:
         return int(getattr(exc, "version", 0)), list(pending)
 
 
-async def _migrate(url: str) -> int:
-    async with open_store(url) as store:
+async def _migrate(url: str, keys: Keys | None) -> int:
+    async with open_store(url, encryption_key=keys) as store:
         return (await store.info(check_integrity=False)).schema_version
 
 
@@ -188,19 +206,21 @@ def _new_file(url: str) -> str | None:
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.option("--check", is_flag=True, help="Only say whether migrations are pending (exit 1 if so).")
 @click.option("--create", is_flag=True, help="Create the store if the SQLite file does not exist.")
 @click.pass_context
-def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, create: bool) -> None:
+def migrate(
+    ctx: click.Context, db: str | None, key_file: str | None, as_json: bool, check: bool, create: bool
+) -> None:
     """Upgrade the store's schema to this statekeel's version. Each migration commits with its record;
     a SQLite file is backed up next to itself first. Stop the agents of older versions first: they will
     refuse the newer schema.
 
     A database whose schema is newer than this statekeel is refused and left as it is.
     """
-    url = store_url(db)
+    url, keys = store_url(db), store_keys(key_file)
     out = console()
     new = _new_file(url)
     if new is not None and not check:
@@ -208,7 +228,7 @@ def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, crea
             raise Failure(f"{new} (nothing was created); pass --create to create a store there")
         version, pending = 0, [0]  # a new store: every migration applies
     else:
-        version, pending = run(_schema_version(url), f"cannot read the schema of {redact_url(url)}")
+        version, pending = run(_schema_version(url, keys), f"cannot read the schema of {redact_url(url)}")
     if check:
         if as_json:
             echo_json({"schema_version": version, "pending": pending})
@@ -220,7 +240,7 @@ def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, crea
         else:
             out.print(f"schema version {version}: up to date")
         ctx.exit(1 if pending else 0)
-    after = run(_migrate(url), f"cannot migrate {redact_url(url)}")
+    after = run(_migrate(url, keys), f"cannot migrate {redact_url(url)}")
     if as_json:
         echo_json({"schema_version_before": version, "schema_version": after})
     elif after == version and not pending:
@@ -229,22 +249,23 @@ def migrate(ctx: click.Context, db: str | None, as_json: bool, check: bool, crea
         out.print(f"schema version {version} → {after}: {after - version} migration(s) applied")
 
 
-async def _backup(url: str, dest: str) -> BackupReport:
-    async with open_for_reading(url) as store:
+async def _backup(url: str, keys: Keys | None, dest: str) -> BackupReport:
+    async with open_for_reading(url, keys) as store:
         return await store.backup(dest)
 
 
 @main.command()
-@db_option
+@store_options
 @click.argument("dest", type=click.Path(dir_okay=False))
-def backup(db: str | None, dest: str) -> None:
+def backup(db: str | None, key_file: str | None, dest: str) -> None:
     """Write a consistent copy of the store to the new SQLite file DEST (owner-only), while agents keep
     using the store: SQLite's online backup for a SQLite store, a verified copy_store for PostgreSQL.
 
-    DEST must not exist: a backup never overwrites a file.
+    DEST must not exist: a backup never overwrites a file. Encrypted values stay sealed in the backup
+    (no key is needed to take it; reading it needs the store's keys).
     """
-    url = store_url(db)
-    report = run(_backup(url, dest), f"cannot back up {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    report = run(_backup(url, keys, dest), f"cannot back up {redact_url(url)}")
     console().print(
         f"backed up {redact_url(url)} to {report.path}: {size_text(report.bytes)} in "
         f"{report.seconds:.2f} s ({report.method})",
@@ -302,12 +323,33 @@ def copy(ctx: click.Context, src_url: str, dst_url: str, force: bool, batch_size
     SQLite to PostgreSQL, then compare the row counts and every row.
 
     The destination is created or migrated if needed; one that holds data is refused unless --force.
-    Stop the source's agents first: rows written meanwhile fail the check.
+    Stop the source's agents first: rows written meanwhile fail the check. A copy that fails leaves no
+    new SQLite file behind.
+
+    Encrypted values are copied as they are, sealed, without a key: the copy is read with the source's
+    keys. Copying over a plain store (--force) gives an encrypted one, and the other way round.
     """
     src, dst = store_url(src_url, "SRC_URL"), store_url(dst_url, "DST_URL")
     require_existing(src)
-    with _progress() as progress:
-        report = run(_copy(src, dst, force, batch_size, progress), f"cannot copy to {redact_url(dst)}")
+    created = _new_sqlite_file(dst)
+    try:
+        with _progress() as progress:
+            report = run(_copy(src, dst, force, batch_size, progress), f"cannot copy to {redact_url(dst)}")
+        _print_copy(report, src, dst)
+    except BaseException:
+        # A copy that fails (or is interrupted) leaves no store behind that was not there before.
+        if created is not None:
+            discard_files(created)
+        raise
+
+
+def _new_sqlite_file(url: str) -> str | None:
+    """The path of the SQLite file ``url`` names if the command would create it (it does not exist)."""
+    path = sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+    return path if path is not None and not os.path.lexists(path) else None
+
+
+def _print_copy(report: CopyReport, src: str, dst: str) -> None:
     out = console()
     table = Table(show_edge=False)
     for column in ("table", "copied", "source rows", "destination rows"):
@@ -330,9 +372,9 @@ def _days(value: float | None, default: dt.timedelta | float | None) -> dt.timed
 
 
 async def _gc(
-    url: str, retention: Retention, dry_run: bool, vacuum: bool, progress: Progress | None
+    url: str, keys: Keys | None, retention: Retention, dry_run: bool, vacuum: bool, progress: Progress | None
 ) -> tuple[PurgeReport, int | None]:
-    async with open_for_reading(url, retention=retention) as store:
+    async with open_for_reading(url, keys, retention=retention) as store:
         if dry_run or progress is None:
             report = await store.purge(dry_run=dry_run)
         else:
@@ -361,7 +403,7 @@ def _age_option(kind: str, what: str) -> Callable[[F], F]:
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @_age_option("traces", "spans")
@@ -371,6 +413,7 @@ def _age_option(kind: str, what: str) -> Callable[[F], F]:
 @click.option("--vacuum", is_flag=True, help="Then rewrite a SQLite file without its free pages (VACUUM).")
 def gc(
     db: str | None,
+    key_file: str | None,
     as_json: bool,
     dry_run: bool,
     traces: float | None,
@@ -383,7 +426,7 @@ def gc(
     forgotten memories past their ages, in short batches. Never an audit entry, an approval, an unfinished
     task or a session that is not archived.
     """
-    url = store_url(db)
+    url, keys = store_url(db), store_keys(key_file)
     base = Retention()
     retention = Retention(
         traces=_days(traces, base.traces),
@@ -393,10 +436,10 @@ def gc(
     )
     doing = f"cannot purge {redact_url(url)}"
     if dry_run or as_json:
-        report, free = run(_gc(url, retention, dry_run, vacuum, None), doing)
+        report, free = run(_gc(url, keys, retention, dry_run, vacuum, None), doing)
     else:
         with _progress() as progress:
-            report, free = run(_gc(url, retention, dry_run, vacuum, progress), doing)
+            report, free = run(_gc(url, keys, retention, dry_run, vacuum, progress), doing)
     if as_json:
         echo_json({"report": report, "total": report.total, "free_pages_after_vacuum": free})
         return
@@ -416,3 +459,77 @@ def gc(
         out.print(f"free pages left in the file: {report.free_pages} (given back: {report.reclaimed_pages})")
     if free is not None:
         out.print(f"vacuumed: {free} free pages left")
+
+
+async def _rotate(
+    url: str, keys: Keys, encrypt_existing: bool, batch_size: int, progress: Progress | None
+) -> RotationReport:
+    tasks: dict[str, Any] = {}
+
+    def on_batch(table: str, scanned: int, rewritten: int) -> None:
+        if progress is None:
+            return
+        if table not in tasks:
+            tasks[table] = progress.add_task(table, total=None)
+        progress.update(tasks[table], completed=scanned)
+
+    async with open_for_reading(url, keys, encrypt_existing=encrypt_existing) as store:
+        return await store.rotate_encryption_key(batch_size=batch_size, on_batch=on_batch)
+
+
+@main.command("rotate-key")
+@store_options
+@json_option
+@click.option(
+    "--encrypt-existing",
+    is_flag=True,
+    help="Also encrypt the values stored in plaintext (to turn encryption on for a store written without "
+    "a key).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100_000),
+    default=500,
+    show_default=True,
+    help="Rows re-encrypted per transaction.",
+)
+def rotate_key(
+    db: str | None, key_file: str | None, as_json: bool, encrypt_existing: bool, batch_size: int
+) -> None:
+    """Re-encrypt every encrypted value under the current key — the first key of the key file — reading
+    the others with the keys on its later lines (store.rotate_encryption_key()). Each batch commits on its
+    own while agents keep using the store; interrupted, it is run again and continues.
+
+    Afterwards the old keys can be removed from the key file. With --encrypt-existing, plaintext values
+    (written before encryption was turned on) are encrypted too.
+    """
+    url, keys = store_url(db), store_keys(key_file)
+    if keys is None:
+        raise Failure(
+            f"rotate-key needs the store's keys: pass --key-file PATH (or set ${KEY_FILE_ENV}), a file "
+            "with the new key on its first line and the old keys after it"
+        )
+    doing = f"cannot rotate the encryption key of {redact_url(url)}"
+    if as_json:
+        report = run(_rotate(url, keys, encrypt_existing, batch_size, None), doing)
+        echo_json({**_plain_report(report), "total_rewritten": report.total_rewritten})
+        return
+    with _progress(transient=True) as progress:
+        report = run(_rotate(url, keys, encrypt_existing, batch_size, progress), doing)
+    out = console()
+    table = Table(show_edge=False)
+    for column in ("table", "rows read", "rows re-encrypted"):
+        table.add_column(column)
+    for name, scanned in report.scanned.items():
+        table.add_row(name, str(scanned), str(report.rewritten.get(name, 0)))
+    out.print(table)
+    extra = " — the old keys can now be removed from the key file" if len(keys) > 1 else ""
+    out.print(
+        f"re-encrypted {report.total_rewritten} of {sum(report.scanned.values())} rows under key id "
+        f"{report.key_id}{extra}",
+        markup=False,
+    )
+
+
+def _plain_report(report: RotationReport) -> dict[str, Any]:
+    return {"key_id": report.key_id, "scanned": dict(report.scanned), "rewritten": dict(report.rewritten)}

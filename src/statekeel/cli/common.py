@@ -17,11 +17,14 @@ from urllib.parse import urlsplit
 import click
 from rich.console import Console
 
-from ..errors import MigrationError, StatekeelError
+from ..encryption import read_key_file
+from ..errors import DecryptionError, MigrationError, PlaintextRefused, StatekeelError
 from ..retention import Retention
 from ..store import Store, open_store, redact_url, resolve_url, sqlite_path
 
 T = TypeVar("T")
+Keys = tuple[bytes, ...]
+KEY_FILE_ENV = "STATEKEEL_KEY_FILE"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -38,6 +41,19 @@ def failure(exc: BaseException, doing: str = "") -> Failure:
     """``exc`` as a one-line :class:`Failure` naming its type (``doing`` says what was being done)."""
     prefix = f"{doing}: " if doing else ""
     extra = ""
+    if isinstance(exc, DecryptionError) and exc.fields.get("kind") is None:
+        # The codec's error for a sealed value read by a store opened without any key.
+        return Failure(
+            f"{prefix}the store holds encrypted values and no key was given: pass --key-file PATH (a file "
+            f"with the store's key, 64 hex digits a line, the current key first) or set ${KEY_FILE_ENV}"
+        )
+    if isinstance(exc, DecryptionError):
+        extra = " — a key the --key-file lacks goes on a later line of it until statekeel rotate-key has run"
+    elif isinstance(exc, PlaintextRefused):
+        extra = (
+            " — a store written without a key is read without --key-file; to encrypt it: "
+            "statekeel rotate-key --encrypt-existing"
+        )
     if isinstance(exc, MigrationError) and getattr(exc, "pending", None):
         if getattr(exc, "version", None) == 0:
             extra = " — statekeel migrate creates the schema"
@@ -55,6 +71,41 @@ def db_option(fn: F) -> F:
         metavar="URL",
         help="Store URL (default: the group's --db, else $STATEKEEL_URL, else sqlite:///statekeel.db).",
     )(fn)
+
+
+def key_file_option(fn: F) -> F:
+    """``--key-file PATH``: the store's encryption keys (see :func:`store_keys`)."""
+    return click.option(
+        "--key-file",
+        "key_file",
+        default=None,
+        metavar="PATH",
+        help="File of the store's encryption keys, 64 hex digits a line, current first; owner-only "
+        f"(chmod 600). Default: the group's --key-file, else ${KEY_FILE_ENV}, else no key.",
+    )(fn)
+
+
+def store_options(fn: F) -> F:
+    """``--db URL`` and ``--key-file PATH``: what every command that opens a store takes."""
+    return db_option(key_file_option(fn))
+
+
+def store_keys(key_file: str | None) -> Keys | None:
+    """The keys a command opens its store with: its ``--key-file``, else the group's, else
+    ``$STATEKEEL_KEY_FILE``, else none. Read and checked before anything is opened: a missing, unreadable,
+    too open or malformed key file is a one-line :class:`Failure` (that never quotes the file)."""
+    what = "--key-file"
+    if key_file is None:
+        root = click.get_current_context().find_root().obj
+        key_file = (root or {}).get("key_file")
+    if key_file is None and os.environ.get(KEY_FILE_ENV):
+        key_file, what = os.environ[KEY_FILE_ENV], f"${KEY_FILE_ENV}"
+    if key_file is None:
+        return None
+    try:
+        return read_key_file(key_file)
+    except StatekeelError as exc:
+        raise Failure(f"{what}: {exc}") from None
 
 
 def json_option(fn: F) -> F:
@@ -114,11 +165,20 @@ def require_existing(url: str) -> None:
         )
 
 
-def open_for_reading(url: str, *, retention: Retention | None = None) -> AbstractAsyncContextManager[Store]:
-    """Open an existing store without changing its schema (``migrate=False``): a store an agent of another
-    version shares must not be upgraded by looking at it (nor by a command that repairs or purges it)."""
+def open_for_reading(
+    url: str,
+    keys: Keys | None = None,
+    *,
+    retention: Retention | None = None,
+    encrypt_existing: bool = False,
+) -> AbstractAsyncContextManager[Store]:
+    """Open an existing store, with its encryption ``keys`` if given, without changing its schema
+    (``migrate=False``): a store an agent of another version shares must not be upgraded by looking at it
+    (nor by a command that repairs or purges it)."""
     require_existing(url)
-    return open_store(url, migrate=False, retention=retention)
+    return open_store(
+        url, migrate=False, retention=retention, encryption_key=keys, encrypt_existing=encrypt_existing
+    )
 
 
 async def collect(items: AsyncIterator[T], limit: int | None) -> list[T]:

@@ -17,13 +17,15 @@ from ..health import PROBLEM, HealthReport
 from ..store import StoreInfo, redact_url
 from . import main
 from .common import (
+    Keys,
     console,
-    db_option,
     echo_json,
     json_option,
     open_for_reading,
     run,
     size_text,
+    store_keys,
+    store_options,
     store_url,
 )
 
@@ -92,13 +94,13 @@ def _health_json(report: HealthReport) -> dict[str, Any]:
     }
 
 
-async def _status(url: str) -> StoreInfo:
-    async with open_for_reading(url) as store:
+async def _status(url: str, keys: Keys | None) -> StoreInfo:
+    async with open_for_reading(url, keys) as store:
         return await store.info(check_integrity=False)
 
 
-async def _health(url: str, files_root: str | None) -> HealthReport:
-    async with open_for_reading(url) as store:
+async def _health(url: str, keys: Keys | None, files_root: str | None) -> HealthReport:
+    async with open_for_reading(url, keys) as store:
         return await store.health(files_root=files_root)
 
 
@@ -111,15 +113,15 @@ files_root_option = click.option(
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
-def status(db: str | None, as_json: bool) -> None:
+def status(db: str | None, key_file: str | None, as_json: bool) -> None:
     """Schema version, state counts per kind, database and WAL sizes, and fallback files waiting for replay.
 
     Quick: no integrity check (see doctor). Never changes the store.
     """
-    url = store_url(db)
-    facts = run(_status(url), f"cannot read {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    facts = run(_status(url, keys), f"cannot read {redact_url(url)}")
     if as_json:
         echo_json(facts)
         return
@@ -127,18 +129,20 @@ def status(db: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @files_root_option
 @click.pass_context
-def doctor(ctx: click.Context, db: str | None, as_json: bool, files_root: str | None) -> None:
+def doctor(
+    ctx: click.Context, db: str | None, key_file: str | None, as_json: bool, files_root: str | None
+) -> None:
     """Run every health check — integrity, schema, fallback files, incidents, audit chain, tool calls
     without a result, expired leases, steps in doubt, file drift — and say what to do about each problem.
 
     Exits 1 if any check finds a problem. Never changes the store (recover repairs what it can).
     """
-    url = store_url(db)
-    report = run(_health(url, files_root), f"cannot check {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    report = run(_health(url, keys, files_root), f"cannot check {redact_url(url)}")
     if as_json:
         echo_json(_health_json(report))
     else:
@@ -147,18 +151,20 @@ def doctor(ctx: click.Context, db: str | None, as_json: bool, files_root: str | 
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @files_root_option
 @click.pass_context
-def info(ctx: click.Context, db: str | None, as_json: bool, files_root: str | None) -> None:
+def info(
+    ctx: click.Context, db: str | None, key_file: str | None, as_json: bool, files_root: str | None
+) -> None:
     """Schema version, applied migrations, state counts and files of the store, then every health check
     of doctor.
 
     Exits 1 if the store cannot be opened or any check finds a problem. Never changes the store.
     """
-    url = store_url(db)
-    report = run(_health(url, files_root), f"cannot open {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    report = run(_health(url, keys, files_root), f"cannot open {redact_url(url)}")
     if as_json:
         echo_json({"info": report.info, **_health_json(report)})
     else:

@@ -20,6 +20,18 @@ as `postgresql://`.
   `migrate --check`) never create, migrate or change a store; they print JSON with `--json`.
 - A store that does not exist is reported, never created (only `migrate --create` and a `copy`
   destination create one).
+- An encrypted store (see encryption.md) is opened with the keys of a key file: `--key-file PATH` on
+  every command that opens a store (also before the command name), else `$STATEKEEL_KEY_FILE`. Keys
+  never go on the command line. The file holds one key per line as 64 hex digits (`openssl rand -hex
+  32`), the current key first, older ones after it; blank lines and `#` comments are skipped. It must
+  be owner-only (`chmod 600`): a file readable by group or others is refused, like ssh's keys; so is a
+  missing, unreadable or malformed one, before the store is opened, without quoting the file.
+- Without a key, counts, statuses and ids of an encrypted store show as usual; a command that would
+  show an encrypted value (`show`) says that a key is needed. `copy` and `backup` move encrypted
+  values as they are, without decrypting them: they need no key, and the copy is read with the same
+  keys as the source. A copy replaces what the destination held (`--force`), so a copy between an
+  encrypted and a plain store mixes nothing: the destination holds each value as the source did,
+  sealed or in plaintext (to encrypt a plain copy afterwards: `rotate-key --encrypt-existing`).
 - Errors are one line on stderr (`Error: ...`) and a non-zero exit: 1 when the command could not do its
   job or found a problem, 2 for a usage error. Nothing is changed by a command that fails.
 

@@ -21,25 +21,29 @@ from ..ui.transcript import Entry, Fold, Part, ToolCall, build_transcript, compa
 from . import main
 from .common import (
     Failure,
+    Keys,
     collect,
     console,
-    db_option,
     echo_json,
     json_option,
     listing_console,
     open_for_reading,
     run,
+    store_keys,
+    store_options,
     store_url,
 )
 
 
-async def _sessions(url: str, status: str | None, limit: int | None) -> list[SessionRecord]:
-    async with open_for_reading(url) as store:
+async def _sessions(
+    url: str, keys: Keys | None, status: str | None, limit: int | None
+) -> list[SessionRecord]:
+    async with open_for_reading(url, keys) as store:
         return await collect(store.sessions.iter(status=status), limit)
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.option(
     "--status", type=click.Choice(SESSION_STATUSES), default=None, help="Only sessions in this status."
@@ -50,10 +54,12 @@ async def _sessions(url: str, status: str | None, limit: int | None) -> list[Ses
     default=None,
     help="At most this many (newest first). Default: all.",
 )
-def sessions(db: str | None, as_json: bool, status: str | None, limit: int | None) -> None:
+def sessions(
+    db: str | None, key_file: str | None, as_json: bool, status: str | None, limit: int | None
+) -> None:
     """The sessions of the store, most recently updated first: key, status, messages, open tool calls."""
-    url = store_url(db)
-    found = run(_sessions(url, status, limit), f"cannot list the sessions of {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    found = run(_sessions(url, keys, status, limit), f"cannot list the sessions of {redact_url(url)}")
     out = listing_console(found, as_json, "no sessions" + (f" with status {status}" if status else ""))
     if out is None:
         return
@@ -75,8 +81,8 @@ def sessions(db: str | None, as_json: bool, status: str | None, limit: int | Non
     out.print(f"{len(found)} session(s)")
 
 
-async def _load(url: str, key: str) -> tuple[LoadedSession | None, bool]:
-    async with open_for_reading(url) as store:
+async def _load(url: str, keys: Keys | None, key: str) -> tuple[LoadedSession | None, bool]:
+    async with open_for_reading(url, keys) as store:
         loaded = await store.sessions.snapshot(key)
         fallback = store.sessions.fallback
         waiting = fallback is not None and await asyncio.to_thread(fallback.exists, key)
@@ -178,17 +184,17 @@ def _as_json(loaded: LoadedSession, waiting: bool) -> dict[str, Any]:
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.argument("session")
-def show(db: str | None, as_json: bool, session: str) -> None:
+def show(db: str | None, key_file: str | None, as_json: bool, session: str) -> None:
     """The transcript of SESSION: every message in order, each tool call with its result under it, calls
     left without a result marked, and the messages compression archived shown under their summary.
 
     Exits 1 if there is no such session.
     """
-    url = store_url(db)
-    loaded, waiting = run(_load(url, session), f"cannot read session {session!r}")
+    url, keys = store_url(db), store_keys(key_file)
+    loaded, waiting = run(_load(url, keys, session), f"cannot read session {session!r}")
     if loaded is None:
         raise Failure(f"there is no session {session!r} in {redact_url(url)} (statekeel sessions lists them)")
     if as_json:

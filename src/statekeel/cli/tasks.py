@@ -18,14 +18,16 @@ from ..ui.layout import waterfall
 from . import main
 from .common import (
     Failure,
+    Keys,
     collect,
     console,
-    db_option,
     echo_json,
     json_option,
     listing_console,
     open_for_reading,
     run,
+    store_keys,
+    store_options,
     store_url,
 )
 
@@ -34,22 +36,31 @@ def _when(value: dt.datetime | None) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-async def _tasks(url: str, status: str | None, workflow: str | None, limit: int | None) -> list[TaskRecord]:
-    async with open_for_reading(url) as store:
+async def _tasks(
+    url: str, keys: Keys | None, status: str | None, workflow: str | None, limit: int | None
+) -> list[TaskRecord]:
+    async with open_for_reading(url, keys) as store:
         return await collect(store.tasks.iter(workflow_id=workflow, status=status), limit)
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.option("--status", type=click.Choice(TASK_STATUSES), default=None, help="Only tasks in this status.")
 @click.option("--workflow", "workflow", default=None, metavar="ID", help="Only the tasks of this workflow.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many. Default: all.")
-def tasks(db: str | None, as_json: bool, status: str | None, workflow: str | None, limit: int | None) -> None:
+def tasks(
+    db: str | None,
+    key_file: str | None,
+    as_json: bool,
+    status: str | None,
+    workflow: str | None,
+    limit: int | None,
+) -> None:
     """The tasks of the store, oldest first: id, title, status, retries, workflow, lease holder and when
     its lease expires."""
-    url = store_url(db)
-    found = run(_tasks(url, status, workflow, limit), f"cannot list the tasks of {redact_url(url)}")
+    url, keys = store_url(db), store_keys(key_file)
+    found = run(_tasks(url, keys, status, workflow, limit), f"cannot list the tasks of {redact_url(url)}")
     out = listing_console(found, as_json, "no tasks" + (f" with status {status}" if status else ""))
     if out is None:
         return
@@ -74,23 +85,23 @@ def tasks(db: str | None, as_json: bool, status: str | None, workflow: str | Non
     out.print(f"{len(found)} task(s)")
 
 
-async def _trace(url: str, trace_id: str) -> list[Span]:
-    async with open_for_reading(url) as store:
+async def _trace(url: str, keys: Keys | None, trace_id: str) -> list[Span]:
+    async with open_for_reading(url, keys) as store:
         return await store.traces.get(trace_id)
 
 
 @main.command()
-@db_option
+@store_options
 @json_option
 @click.argument("trace_id")
-def trace(db: str | None, as_json: bool, trace_id: str) -> None:
+def trace(db: str | None, key_file: str | None, as_json: bool, trace_id: str) -> None:
     """The spans of TRACE_ID as a tree: each under its parent, in start order, with its kind, status and
     duration ("open" for a span that has not ended).
 
     Exits 1 if the trace has no span.
     """
-    url = store_url(db)
-    spans = run(_trace(url, trace_id), f"cannot read trace {trace_id!r}")
+    url, keys = store_url(db), store_keys(key_file)
+    spans = run(_trace(url, keys, trace_id), f"cannot read trace {trace_id!r}")
     if not spans:
         raise Failure(f"there is no span of trace {trace_id!r} in {redact_url(url)}")
     if as_json:

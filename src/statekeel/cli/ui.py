@@ -9,6 +9,7 @@ import click
 
 from ..errors import StatekeelError
 from . import main, redact_url
+from .common import key_file_option, store_keys
 
 
 @main.command()
@@ -24,16 +25,22 @@ from . import main, redact_url
     help="Every request must carry it (Authorization: Bearer T, or ?token=T); required with a --host "
     "other than the loopback interface. Also read from $STATEKEEL_UI_TOKEN.",
 )
+@key_file_option
 @click.pass_context
-def ui(ctx: click.Context, url: str | None, host: str, port: int, token: str | None) -> None:
+def ui(
+    ctx: click.Context, url: str | None, key_file: str | None, host: str, port: int, token: str | None
+) -> None:
     """Serve a read-only page of the store: sessions and transcripts, tasks, workflows, approvals, the
-    audit log and the recovery report. The store is opened with migrate=False and never written."""
+    audit log and the recovery report. The store is opened with migrate=False and never written.
+
+    An encrypted store's transcripts, memories and approval arguments need its keys (--key-file)."""
     try:
         from ..ui import serve
     except ImportError as exc:
         click.echo(f"statekeel ui needs the ui extra: pip install 'statekeel[ui]' ({exc})", err=True)
         ctx.exit(1)
     url = url or ctx.obj["url"]
+    keys = store_keys(key_file)
 
     def ready(address: str) -> None:
         click.echo(f"statekeel ui: {redact_url(url)} at {address}" + (" (token required)" if token else ""))
@@ -42,7 +49,7 @@ def ui(ctx: click.Context, url: str | None, host: str, port: int, token: str | N
     # for Ctrl-C, so that the store is closed and the command exits 0.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        asyncio.run(serve(url, host=host, port=port, token=token, on_ready=ready))
+        asyncio.run(serve(url, host=host, port=port, token=token, on_ready=ready, encryption_key=keys))
     except (StatekeelError, OSError) as exc:
         message = " ".join(str(exc).split())
         click.echo(f"statekeel ui: cannot serve {redact_url(url)}: {type(exc).__name__}: {message}", err=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import BackendUnavailable, InvalidArgument, NotFound, StatekeelError
+from ..errors import BackendUnavailable, DecryptionError, InvalidArgument, NotFound, StatekeelError
 from ..store import Store, open_store, redact_url
 from .layout import duration_text
 from .transcript import compact, pretty
@@ -189,12 +189,14 @@ def create_app(
     *,
     token: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    encryption_key: bytes | Sequence[bytes] | None = None,
 ) -> Starlette:
     """The read-only UI over a store.
 
     ``source`` is an open :class:`~statekeel.Store` (used as is, never closed here) or a URL, opened with
-    ``migrate=False`` when the application starts and closed when it stops. ``token``: every request
-    must carry it. ``allowed_hosts``: without a token, the ``Host`` names accepted (None: any).
+    ``migrate=False`` (and ``encryption_key``, for an encrypted store) when the application starts and
+    closed when it stops. ``token``: every request must carry it. ``allowed_hosts``: without a token, the
+    ``Host`` names accepted (None: any).
 
         app = create_app("sqlite:///agent-state.db", allowed_hosts=LOOPBACK_NAMES)
     """
@@ -212,7 +214,7 @@ def create_app(
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # migrate=False: looking at a store never upgrades it under the agents that use it.
-            store = await open_store(url, migrate=False)
+            store = await open_store(url, migrate=False, encryption_key=encryption_key)
             ui._store = store
             try:
                 yield
@@ -233,6 +235,13 @@ def create_app(
     async def store_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StatekeelError)
         status, title = _status_of(exc)
+        if isinstance(exc, DecryptionError) and exc.fields.get("kind") is None:
+            # A sealed value met by a store opened without any key (the codec's error).
+            detail = (
+                "This page shows encrypted values, and the ui was started without the store's key: "
+                "start it again with --key-file PATH (or $STATEKEEL_KEY_FILE)."
+            )
+            return ui.error(request, status, "Encrypted: a key is needed", detail)
         return ui.error(request, status, title, f"{type(exc).__name__}: {exc}")
 
     async def crash(request: Request, exc: Exception) -> Response:

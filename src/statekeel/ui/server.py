@@ -10,7 +10,7 @@ import asyncio
 import ipaddress
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import InvalidArgument
 from ..store import Store, open_store, sqlite_path
@@ -44,14 +44,15 @@ def check_binding(host: str, token: str | None) -> None:
         )
 
 
-async def open_for_reading(url: str) -> Store:
-    """Open the store at ``url`` without changing it: ``migrate=False``, and a SQLite file that does not
-    exist is an error (opening it would create an empty database)."""
+async def open_for_reading(url: str, encryption_key: bytes | Sequence[bytes] | None = None) -> Store:
+    """Open the store at ``url`` (with its ``encryption_key``, if encrypted) without changing it:
+    ``migrate=False``, and a SQLite file that does not exist is an error (opening it would create an empty
+    database)."""
     if url.startswith("sqlite:"):
         path = sqlite_path(url)
         if path is not None and not await asyncio.to_thread(os.path.exists, path):
             raise InvalidArgument(f"no store at {path}; pass --db with the URL of an existing store")
-    return await open_store(url, migrate=False)
+    return await open_store(url, migrate=False, encryption_key=encryption_key)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -84,8 +85,11 @@ async def serve(
     port: int = 8765,
     token: str | None = None,
     on_ready: Callable[[str], None] | None = None,
+    encryption_key: bytes | Sequence[bytes] | None = None,
 ) -> None:
-    """Open the store read-only, bind, call ``on_ready`` with the address, and serve until interrupted.
+    """Open the store read-only (with its ``encryption_key``, for an encrypted store: without it, pages
+    that show encrypted values say a key is needed), bind, call ``on_ready`` with the address, and serve
+    until interrupted.
 
     Raises before serving: ``InvalidArgument`` (binding, token, no such store), the store's errors when it
     does not open, ``OSError`` when the address cannot be bound.
@@ -93,7 +97,7 @@ async def serve(
     import uvicorn
 
     check_binding(host, token)
-    store = await open_for_reading(url)
+    store = await open_for_reading(url, encryption_key)
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.
