@@ -99,7 +99,7 @@ def test_info_with_an_unknown_scheme_exits_1(tmp_path: Path) -> None:
 
 def test_group_level_db_on_the_command_line_is_used_by_the_demo(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "demo", "--sessions", "1"])
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "demo", "--stress", "--sessions", "1"])
     assert result.exit_code == 0, result.output
     assert db.exists()
     assert f"store: sqlite:///{db}" in flat(result.output)
@@ -107,7 +107,9 @@ def test_group_level_db_on_the_command_line_is_used_by_the_demo(tmp_path: Path) 
 
 def test_demo_ignores_statekeel_url_and_uses_a_temporary_directory(tmp_path: Path) -> None:
     db = tmp_path / "mine.db"
-    result = CliRunner().invoke(main, ["demo", "--sessions", "1"], env={"STATEKEEL_URL": f"sqlite:///{db}"})
+    result = CliRunner().invoke(
+        main, ["demo", "--stress", "--sessions", "1"], env={"STATEKEEL_URL": f"sqlite:///{db}"}
+    )
     assert result.exit_code == 0, result.output
     assert not db.exists()
     assert "(temporary, removed afterwards)" in flat(result.output)
