@@ -13,6 +13,7 @@ import re
 import pytest
 
 from statekeel.backends.sql import load_queries
+from statekeel.backends.sql.copy import TABLES, table_spec
 
 SQLITE = load_queries("statekeel.backends.sqlite")
 POSTGRES = load_queries("statekeel.backends.postgres")
@@ -51,3 +52,20 @@ def test_parameters_are_found_past_comments_and_string_literals() -> None:
     sql = "SELECT '?9', '$9' -- ?8 $8\nFROM t WHERE a = ?1 AND b = ?2 AND c = 'it''s ?7'"
     assert parameters(sql, _SQLITE_PARAM) == {1, 2}
     assert parameters(sql.replace("?1", "$1").replace("?2", "$2"), _POSTGRES_PARAM) == {1, 2}
+
+
+def _insert_columns(sql: str) -> list[str]:
+    found = re.search(r"INSERT INTO \w+\s*\(([^)]*)\)", sql)
+    assert found, f"no column list in:\n{sql}"
+    return [c.strip() for c in found.group(1).split(",")]
+
+
+@pytest.mark.parametrize("table", [t.name for t in TABLES])
+def test_a_copy_insert_binds_one_parameter_per_column_of_its_table(table: str) -> None:
+    # copy_store hands import_rows rows as wide as the table's column list: an insert naming other
+    # columns, or binding another number of parameters, fails on the first row of that table only.
+    columns = [c for c, _ in table_spec(table).columns]
+    for queries, pattern in ((SQLITE, _SQLITE_PARAM), (POSTGRES, _POSTGRES_PARAM)):
+        sql = queries[f"copy_{table}_insert"]
+        assert _insert_columns(sql) == columns
+        assert parameters(sql, pattern) == set(range(1, len(columns) + 1))

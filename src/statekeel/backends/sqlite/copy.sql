@@ -474,7 +474,7 @@ SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints ORDER BY thread_
 
 -- name: copy_checkpoints_insert
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11);
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);
 
 -- name: copy_checkpoints_count
 SELECT count(*) AS n FROM checkpoints;
