@@ -36,6 +36,13 @@ def check_int(value: Any, what: str, *, minimum: int | None = 0) -> int:
     return value
 
 
+def check_bool(value: Any, what: str) -> bool:
+    """Return ``value`` if it is True or False (not 0, 1 or another truthy value)."""
+    if type(value) is not bool:
+        raise InvalidArgument(f"{what} must be True or False, got {value!r}", value=value)
+    return value
+
+
 def check_str(value: Any, what: str) -> str:
     """Return ``value`` if it is a non-empty str."""
     if type(value) is not str or not value:

@@ -6,8 +6,8 @@ async with statekeel.open_store("sqlite:///agent.db") as store:
 
 The package: ``session`` (the in-memory :class:`Session`, which owns its bookkeeping), ``lock``
 (:class:`SessionLock` and leases), ``fallback`` (fallback files written when the backend cannot take a
-save, merged on load and replayed; their file format is :mod:`statekeel.fallback`) and ``manager``
-(:class:`SessionManager`).
+save, merged on load and replayed; their file format is :mod:`statekeel.fallback`), ``listing`` (the
+read-only calls: ``list``, ``iter``, ``snapshot``, ``archived``) and ``manager`` (:class:`SessionManager`).
 """
 
 from __future__ import annotations

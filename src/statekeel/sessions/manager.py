@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import builtins
 import collections
 import datetime as dt
 import functools
@@ -30,14 +29,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..backends.base import (
-    SESSION_STATUSES,
-    ArchivedMessage,
-    LoadedSession,
-    Page,
     SessionLease,
     SessionRecord,
     StorageBackend,
-    every_item,
 )
 from ..codec import Codec
 from ..errors import (
@@ -51,8 +45,9 @@ from ..errors import (
 from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
 from ..journal import StepFn
-from ..validation import check_int, check_key, check_str, check_text
+from ..validation import check_bool, check_int, check_key, check_text
 from .fallback import SessionFallback
+from .listing import SessionListing
 from .lock import SessionLock
 from .session import Session, Summary
 from .tools import MISSING, ToolCalls, ToolRecovery
@@ -64,15 +59,13 @@ DEFAULT_EXPIRY_HOURS = 24.0
 DEFAULT_ARCHIVE_HOURS = 24.0 * 30
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_LOCK_TIMEOUT = 60.0
-DEFAULT_PAGE_SIZE = 500
-MAX_LIST_LIMIT = 1000
 _MAX_HOURS = 24.0 * 365 * 1000
 _MAX_LEASE_SECONDS = 86400.0 * 365
 # A load whose repair lost a race to another writer reads the session again, at most this many times.
 _LOAD_TRIES = 3
 
 
-class SessionManager:
+class SessionManager(SessionListing):
     """Loads, caches, locks and saves sessions through a backend.
 
     async with statekeel.open_store("sqlite:///agent.db") as store:
@@ -162,7 +155,7 @@ class SessionManager:
         :meth:`load`. The save on exit also runs when the block raises (then a failing save is logged and
         the block's exception propagates).
         """
-        _check_flag(repair, "repair")
+        check_bool(repair, "repair")
         lock = self.lock(key)
         await lock.acquire(timeout)
         try:
@@ -230,7 +223,7 @@ class SessionManager:
         stored.
         """
         check_key(key)
-        _check_flag(repair, "repair")
+        check_bool(repair, "repair")
         for _ in range(_LOAD_TRIES):
             session = await self._load(key, include_archived)
             if session is None or await self._tools.settle(session, repair):
@@ -251,7 +244,7 @@ class SessionManager:
         """Load the session (repairing it as :meth:`load` does), or start a new one in memory (created in
         the store by the first save)."""
         check_key(key)
-        _check_flag(repair, "repair")
+        check_bool(repair, "repair")
         for _ in range(_LOAD_TRIES):
             session = await self._get_or_create(key)
             if await self._tools.settle(session, repair):
@@ -576,60 +569,6 @@ class SessionManager:
         archived = await self.backend.transition_idle_sessions("expired", "archived", cutoffs[1])
         return expired + archived
 
-    # --- listing --------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _check_status(status: str | None) -> None:
-        if status is not None and status not in SESSION_STATUSES:
-            raise InvalidArgument(
-                f"status must be None or one of {', '.join(SESSION_STATUSES)}, got {status!r}"
-            )
-
-    @staticmethod
-    def _check_limit(limit: int, name: str) -> None:
-        check_int(limit, name, minimum=1)
-        if limit > MAX_LIST_LIMIT:
-            raise InvalidArgument(f"{name} must be at most {MAX_LIST_LIMIT}, got {limit}")
-
-    async def list(self, status: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
-        """Sessions (``SessionRecord``) newest first by ``updated_at``; pass ``next_cursor`` on."""
-        self._check_status(status)
-        self._check_limit(limit, "limit")
-        if cursor is not None and type(cursor) is not str:
-            raise InvalidArgument(f"cursor must be a str returned by list, got {type(cursor).__name__}")
-        return await self.backend.list_sessions(status=status, limit=limit, cursor=cursor)
-
-    def iter(
-        self, status: str | None = None, *, page_size: int = DEFAULT_PAGE_SIZE
-    ) -> AsyncIterator[SessionRecord]:
-        """Every session (``SessionRecord``), newest first by ``updated_at``, read a page at a time.
-
-        async for record in store.sessions.iter(status="active"):
-            print(record.key, record.head_seq)
-
-        Arguments are checked at the call, before anything is read. A session updated while the
-        iteration runs moves to the front and is not seen again; one created meanwhile may be missed.
-        """
-        self._check_status(status)
-        self._check_limit(page_size, "page_size")
-        return every_item(
-            lambda cursor: self.backend.list_sessions(status=status, limit=page_size, cursor=cursor)
-        )
-
-    async def snapshot(self, key: str, *, include_archived: bool = True) -> LoadedSession | None:
-        """The session as stored, read on one snapshot: its row, messages (from seq 0 with
-        ``include_archived``, else from ``last_consolidated``) and compression summaries; None when there
-        is no such session. Unlike :meth:`load` it never repairs, merges fallback files or caches: it
-        writes nothing (for tools that inspect a store agents are using).
-
-        loaded = await store.sessions.snapshot("chat-42")
-        print(loaded.record.status, len(loaded.messages), loaded.summaries)
-        """
-        check_key(key, "key")
-        if type(include_archived) is not bool:
-            raise InvalidArgument(f"include_archived must be True or False, got {include_archived!r}")
-        return await self.backend.load_session_payloads(key, include_archived=include_archived)
-
     # --- compression ----------------------------------------------------------------------------------
 
     async def compress(self, key: str, upto_seq: int, summary: str) -> str:
@@ -669,13 +608,6 @@ class SessionManager:
         self._after_commit(follow)
         return compression_id
 
-    async def archived(self, key: str, compression_id: str | None = None) -> builtins.list[ArchivedMessage]:
-        """Messages compression moved out, in sequence order (of every compression, or of one)."""
-        check_key(key)
-        if compression_id is not None:
-            check_str(compression_id, "compression_id")
-        return await self.backend.read_archive(key, compression_id=compression_id)
-
     # --- shutdown -------------------------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -691,11 +623,6 @@ class SessionManager:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._tools.close()
-
-
-def _check_flag(value: Any, name: str) -> None:
-    if type(value) is not bool:
-        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
 
 
 __all__ = ["SessionManager"]
