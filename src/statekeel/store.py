@@ -188,6 +188,11 @@ def sqlite_path(url: str) -> str | None:
     return path
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file path of a ``sqlite:///`` URL; None for a URL of any other scheme (no file of its own)."""
+    return sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+
+
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
     """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
     backend = _backend_for(url, options, codec)

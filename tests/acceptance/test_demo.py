@@ -83,6 +83,14 @@ def test_stress_demo_refuses_an_in_memory_store(tmp_path: Path) -> None:
     assert "another process" in result.stderr
 
 
+def test_demo_refusing_a_store_url_does_not_print_its_password(tmp_path: Path) -> None:
+    result = run_statekeel("demo", "--db", "mysql://agent:s3cret-pw@db.example/agent", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "another process" in result.stderr
+    assert "s3cret-pw" not in result.stderr
+    assert "mysql://agent:***@db.example/agent" in result.stderr
+
+
 def test_stress_demo_exits_non_zero_when_an_acknowledged_message_is_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

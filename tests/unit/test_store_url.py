@@ -41,3 +41,14 @@ def test_a_sqlalchemy_postgresql_url_is_read_as_postgresql() -> None:
     assert resolve_url("postgres+asyncpg://me@db/agents") == "postgresql://me@db/agents"
     assert resolve_url("sqlite:///a.db") == "sqlite:///a.db"
     assert os.environ.get("STATEKEEL_URL") is None or resolve_url(None) == os.environ["STATEKEEL_URL"]
+
+
+def test_sqlite_file_names_the_file_of_a_sqlite_url_only() -> None:
+    from statekeel.store import sqlite_file
+
+    assert sqlite_file("sqlite:///agent.db") == "agent.db"
+    assert sqlite_file("sqlite:////var/lib/agent.db") == "/var/lib/agent.db"
+    assert sqlite_file("memory://") is None
+    assert sqlite_file("postgresql://agent@db.example/agent") is None
+    with pytest.raises(statekeel.InvalidArgument, match="query string"):
+        sqlite_file("sqlite:///agent.db?mode=ro")

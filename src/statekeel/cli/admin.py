@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 from rich.markup import escape
@@ -25,7 +24,7 @@ from ..encryption import RotationReport
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
-from ..store import open_store, redact_url, sqlite_path
+from ..store import open_store, redact_url, sqlite_file
 from . import main
 from .common import (
     KEY_FILE_ENV,
@@ -197,7 +196,7 @@ async def _migrate(url: str, keys: Keys | None) -> int:
 
 def _new_file(url: str) -> str | None:
     """Why the SQLite file of ``url`` holds no store yet (missing, or empty), or None."""
-    path = sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+    path = sqlite_file(url)
     if path is None:
         return None
     if not os.path.exists(path):
@@ -345,7 +344,7 @@ def copy(ctx: click.Context, src_url: str, dst_url: str, force: bool, batch_size
 
 def _new_sqlite_file(url: str) -> str | None:
     """The path of the SQLite file ``url`` names if the command would create it (it does not exist)."""
-    path = sqlite_path(url) if urlsplit(url).scheme == "sqlite" else None
+    path = sqlite_file(url)
     return path if path is not None and not os.path.lexists(path) else None
 
 

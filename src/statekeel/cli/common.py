@@ -20,7 +20,7 @@ from rich.console import Console
 from ..encryption import read_key_file
 from ..errors import DecryptionError, MigrationError, PlaintextRefused, StatekeelError
 from ..retention import Retention
-from ..store import Store, open_store, redact_url, resolve_url, sqlite_path
+from ..store import Store, open_store, redact_url, resolve_url, sqlite_file, sqlite_path
 
 T = TypeVar("T")
 Keys = tuple[bytes, ...]
@@ -155,9 +155,7 @@ def check_url(url: str, what: str = "--db") -> None:
 
 def require_existing(url: str) -> None:
     """A :class:`Failure` when ``url`` names a SQLite file that does not exist: opening would create it."""
-    if urlsplit(url).scheme != "sqlite":
-        return
-    path = sqlite_path(url)
+    path = sqlite_file(url)
     if path is not None and not os.path.exists(path):
         raise Failure(
             f"no store at {path}: the file does not exist (nothing was created); pass --db URL or set "

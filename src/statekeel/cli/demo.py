@@ -113,8 +113,8 @@ def demo(
     if url is not None and urlsplit(url).scheme not in ("sqlite", "postgresql", "postgres"):
         _fail(
             ctx,
-            f"--db {url!r}: the agent is another process, so the store must be a sqlite:/// file or "
-            "a postgresql:// database",
+            f"--db {redact_url(url)!r}: the agent is another process, so the store must be a sqlite:/// "
+            "file or a postgresql:// database",
         )
     console = Console(highlight=False)
     started = time.perf_counter()

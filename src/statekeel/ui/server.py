@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidArgument
-from ..store import Store, open_store, sqlite_path
+from ..store import Store, open_store, sqlite_file
 from .app import LOOPBACK_NAMES, create_app
 
 MIN_TOKEN_CHARS = 16
@@ -48,10 +48,9 @@ async def open_for_reading(url: str, encryption_key: bytes | Sequence[bytes] | N
     """Open the store at ``url`` (with its ``encryption_key``, if encrypted) without changing it:
     ``migrate=False``, and a SQLite file that does not exist is an error (opening it would create an empty
     database)."""
-    if url.startswith("sqlite:"):
-        path = sqlite_path(url)
-        if path is not None and not await asyncio.to_thread(os.path.exists, path):
-            raise InvalidArgument(f"no store at {path}; pass --db with the URL of an existing store")
+    path = sqlite_file(url)
+    if path is not None and not await asyncio.to_thread(os.path.exists, path):
+        raise InvalidArgument(f"no store at {path}; pass --db with the URL of an existing store")
     return await open_store(url, migrate=False, encryption_key=encryption_key)
 
 
