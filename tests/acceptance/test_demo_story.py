@@ -221,7 +221,9 @@ def test_demo_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], mes
 @pytest.mark.postgres
 def test_demo_story_runs_on_postgres(tmp_path: Path, pg_database: str) -> None:
     crash_at = agent.CRASH_POINTS.index(agent.RELEASED) + 1
-    account = story_json("--crash-at", str(crash_at), "--db", pg_database, cwd=tmp_path)
+    # SQLAlchemy's spelling, accepted by the demo as by every other command.
+    url = pg_database.replace("postgresql://", "postgresql+asyncpg://", 1)
+    account = story_json("--crash-at", str(crash_at), "--db", url, cwd=tmp_path)
     assert account["checks"] == dict.fromkeys(CHECKS, True), account["details"]
     assert account["effects"]["release"] == 1
     assert account["runs"][1]["recovery"]["steps_in_doubt"] == [agent.STEP_RELEASE]

@@ -26,6 +26,7 @@ from ..demo.story import run_story
 from ..demo.story_agent import CRASH_POINTS
 from ..demo.story_report import StoryPrinter, as_json
 from ..errors import StatekeelError
+from ..store import resolve_url
 from . import main, redact_url
 
 
@@ -110,6 +111,8 @@ def demo(
         _fail(ctx, "--sessions and --cycles belong to --stress")
     if crash_value is not None and not 1 <= crash_value <= len(CRASH_POINTS):
         _fail(ctx, f"--crash-at must be between 1 and {len(CRASH_POINTS)}, got {crash_value}")
+    if url is not None:
+        url = resolve_url(url)  # postgresql+asyncpg:// as every other command takes it
     if url is not None and urlsplit(url).scheme not in ("sqlite", "postgresql", "postgres"):
         _fail(
             ctx,
