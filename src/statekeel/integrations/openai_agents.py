@@ -267,8 +267,7 @@ class StatekeelSession:
             if found is None:
                 return None
             seq, item = found
-            kept = sorted(s for s in hidden | {seq} if s >= first)
-            session.metadata[HIDDEN_KEY] = kept
+            _set_hidden(session, hidden | {seq}, first)
             try:
                 await store.sessions.save(session)
             except BaseException:
