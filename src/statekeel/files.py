@@ -62,6 +62,14 @@ def _text_path(value: Any, what: str) -> str:
     return check_text(value, what)
 
 
+def _check_owner(task_id: Any, session_key: Any) -> None:
+    """The optional task id and session key a record belongs to (or a query filters on) are keys."""
+    if task_id is not None:
+        check_key(task_id, "task_id")
+    if session_key is not None:
+        check_key(session_key, "session_key")
+
+
 def normalize_path(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> str:
     """``path`` as the ledger stores it: relative to ``root``, lexically normalised, with ``/``.
 
@@ -149,10 +157,7 @@ class FileLedger:
                     value=checksum,
                 )
             digest, length = checksum.lower(), check_int(size, "size", minimum=0)
-        if task_id is not None:
-            check_key(task_id, "task_id")
-        if session_key is not None:
-            check_key(session_key, "session_key")
+        _check_owner(task_id, session_key)
         return await self.backend.record_file(
             rel,
             checksum=digest,
@@ -174,10 +179,7 @@ class FileLedger:
     ) -> builtins.list[FileRecord]:
         """Every record matching the given filters, in the order they were recorded (all of them unless
         ``limit``)."""
-        if task_id is not None:
-            check_key(task_id, "task_id")
-        if session_key is not None:
-            check_key(session_key, "session_key")
+        _check_owner(task_id, session_key)
         rel = None if path is None else normalize_path(path, root)
         if limit is not None:
             check_int(limit, "limit", minimum=1)
@@ -196,10 +198,7 @@ class FileLedger:
         base = _text_path(root, "root")
         if not await asyncio.to_thread(os.path.isdir, base):
             raise InvalidArgument(f"root {base!r} is not a directory", root=base)
-        if task_id is not None:
-            check_key(task_id, "task_id")
-        if session_key is not None:
-            check_key(session_key, "session_key")
+        _check_owner(task_id, session_key)
         drifts: builtins.list[Drift] = []
         after = ""
         while True:

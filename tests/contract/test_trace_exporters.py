@@ -105,6 +105,20 @@ async def test_attributes_the_codec_refuses_are_stored_as_text(
     assert processor.refused == 0
 
 
+async def test_a_trace_the_sdk_cannot_export_is_skipped_without_raising(
+    store: statekeel.Store, processor: StatekeelTracingProcessor
+) -> None:
+    t = trace("broken")
+    t.export = lambda: 1 / 0  # type: ignore[method-assign]  # the SDK's own export fails
+    with t:
+        pass
+    with trace("fine") as ok:
+        pass
+    assert await store.traces.get(t.trace_id) == []
+    assert [s.name for s in await store.traces.get(ok.trace_id)] == ["fine"]
+    assert processor.refused == 0  # the SDK failed, statekeel refused nothing
+
+
 # --- OpenTelemetry -----------------------------------------------------------------------------------
 
 

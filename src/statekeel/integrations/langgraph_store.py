@@ -297,16 +297,14 @@ class StatekeelStore(BaseStore):
                     if type(exc) is not SerializationError:
                         raise
                     raise UnserializableValue(exc.message, path="value") from None
+        if isinstance(op, SearchOp | ListNamespacesOp):
+            for name, value, low in (("limit", op.limit, 1), ("offset", op.offset, 0)):
+                if type(value) is not int or value < low:
+                    raise InvalidConfig(f"{name} must be an int >= {low}, got {value!r}")
         if isinstance(op, SearchOp):
             _scope_prefix(tuple(op.namespace_prefix))
             _check_filter(op.filter)
-            for name, value, low in (("limit", op.limit, 1), ("offset", op.offset, 0)):
-                if type(value) is not int or value < low:
-                    raise InvalidConfig(f"{name} must be an int >= {low}, got {value!r}")
         if isinstance(op, ListNamespacesOp):
-            for name, value, low in (("limit", op.limit, 1), ("offset", op.offset, 0)):
-                if type(value) is not int or value < low:
-                    raise InvalidConfig(f"{name} must be an int >= {low}, got {value!r}")
             if op.max_depth is not None and (type(op.max_depth) is not int or op.max_depth < 1):
                 raise InvalidConfig(f"max_depth must be None or an int >= 1, got {op.max_depth!r}")
             _scope_prefix(_fixed_labels(op.match_conditions or ()))

@@ -267,8 +267,7 @@ class StatekeelSession:
             if found is None:
                 return None
             seq, item = found
-            kept = sorted(s for s in hidden | {seq} if s >= first)
-            session.metadata[HIDDEN_KEY] = kept
+            _set_hidden(session, hidden | {seq}, first)
             try:
                 await store.sessions.save(session)
             except BaseException:
@@ -424,22 +423,20 @@ class StatekeelTracingProcessor(SinkOwner, TracingProcessor):
             "ended_at": ended_at,
         }
 
-    def on_trace_start(self, trace: SdkTrace) -> None:
-        self._sink.bind()
+    def _record_trace(self, trace: SdkTrace, ended_at: dt.datetime | None) -> None:
         try:
-            span = self._trace_span(trace, None)
+            span = self._trace_span(trace, ended_at)
         except Exception as exc:  # the SDK's own export failed: nothing to record
             log.warning("trace %r could not be exported: %s", trace.trace_id, exc)
             return
         self._sink.record(trace.trace_id, span)
 
+    def on_trace_start(self, trace: SdkTrace) -> None:
+        self._sink.bind()
+        self._record_trace(trace, None)
+
     def on_trace_end(self, trace: SdkTrace) -> None:
-        try:
-            span = self._trace_span(trace, dt.datetime.now(dt.UTC))
-        except Exception as exc:
-            log.warning("trace %r could not be exported: %s", trace.trace_id, exc)
-            return
-        self._sink.record(trace.trace_id, span)
+        self._record_trace(trace, dt.datetime.now(dt.UTC))
 
     def _span(self, span: SdkSpan[Any]) -> dict[str, Any]:
         data = span.span_data.export()
