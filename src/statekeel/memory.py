@@ -48,7 +48,7 @@ from .backends.base import (
 from .buffer import WriteBuffer
 from .codec import Codec
 from .errors import InvalidArgument
-from .validation import check_aware, check_int, check_key, check_text
+from .validation import check_aware, check_bool, check_int, check_key, check_text
 
 ACCESS_BUFFER = 10_000
 ACCESS_BATCH = 500
@@ -192,8 +192,7 @@ class MemoryStore:
             (include_superseded, "include_superseded"),
             (include_expired, "include_expired"),
         ):
-            if builtins.type(flag) is not bool:
-                raise InvalidArgument(f"{what} must be True or False, got {flag!r}")
+            check_bool(flag, what)
         check_int(limit, "limit", minimum=1)
         if cursor is not None and builtins.type(cursor) is not str:
             raise InvalidArgument(f"cursor must be a str from a previous page, got {cursor!r}")
