@@ -546,6 +546,38 @@ async def test_the_count_is_set_only_on_the_head_it_was_computed_for(store: stat
     assert session.pending_calls()  # the count is only an index: the transcript is unchanged
 
 
+@pytest.mark.parametrize("owner", [42, "", {"host": "x"}], ids=["int", "empty", "dict"])
+async def test_a_calls_owner_that_is_not_a_non_empty_str_is_refused_and_nothing_is_written(
+    store: statekeel.Store, owner: Any
+) -> None:
+    await asked(store, "s", CHAT, "c1")
+    record = await store.backend.load_session("s")
+    assert record is not None
+    before = await counts(store)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.backend.append_messages(
+            "s",
+            record.head_seq,
+            [NewMessage("user", store.codec.encode(user()))],
+            open_calls=1,
+            calls_owner=owner,
+        )
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.backend.set_open_calls(
+            "s",
+            expected_head=record.head_seq,
+            expected_created_at=record.created_at,
+            open_calls=1,
+            calls_owner=owner,
+        )
+    [found] = await store.backend.sessions_with_open_calls()
+    good = dataclasses.replace(found, open_calls=0)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.backend.set_open_calls_many([good, dataclasses.replace(found, calls_owner=owner)])
+    assert await counts(store) == before
+    assert await store.backend.load_session("s") == record
+
+
 async def test_a_process_with_waiting_calls_keeps_a_heartbeat_until_its_store_closes(
     store: statekeel.Store,
 ) -> None:

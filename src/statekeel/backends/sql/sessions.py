@@ -222,6 +222,15 @@ async def op_delete_session(tx: Tx, key: str, lease: SessionLease | None = None)
     return await tx.execute("session_delete", key) > 0
 
 
+def stored_owner(open_calls: int, calls_owner: str | None) -> str | None:
+    """The ``calls_owner`` to store with ``open_calls`` (checked first): only a session whose calls wait
+    for a result has an owner."""
+    check_int(open_calls, "open_calls", minimum=-1)
+    if calls_owner is not None:
+        check_str(calls_owner, "calls_owner")
+    return calls_owner if open_calls else None
+
+
 async def op_append_messages(
     tx: Tx,
     key: str,
@@ -495,7 +504,7 @@ class SqlSessions(SqlBackend, SessionBackend):
         if expected_created_at is not None:
             check_aware(expected_created_at, "expected_created_at")
         if open_calls is not None:
-            check_int(open_calls, "open_calls", minimum=-1)
+            calls_owner = stored_owner(open_calls, calls_owner)
         if write_id is not None:
             check_str(write_id, "write_id")
         return await self._write(
@@ -510,7 +519,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             expected_created_at,
             expected_version,
             open_calls,
-            calls_owner if open_calls else None,
+            calls_owner if open_calls is not None else None,
             write_id,
         )
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...errors import InvalidArgument, NotFound
 from ...validation import check_int, check_key
 from ..base import SESSION_STEP_STATUSES, OpenCalls, SessionLease, SessionStepRecord, ToolCallBackend
 from . import Row, SqlBackend, Tx, utcnow
-from .sessions import check_fence
+from .sessions import check_fence, stored_owner
 from .tasks import ts_or_none
 
 
@@ -46,7 +47,7 @@ async def op_set_open_calls(
     changed = await tx.execute(
         "session_set_open_calls",
         open_calls,
-        calls_owner if open_calls else None,
+        calls_owner,
         key,
         expected_head,
         tx.ts_in(expected_created_at),
@@ -57,9 +58,8 @@ async def op_set_open_calls(
 async def op_set_open_calls_many(tx: Tx, counts: Sequence[OpenCalls]) -> int:
     done = 0
     for c in counts:
-        owner = c.calls_owner if c.open_calls else None
         done += await tx.execute(
-            "session_set_open_calls", c.open_calls, owner, c.key, c.head_seq, tx.ts_in(c.created_at)
+            "session_set_open_calls", c.open_calls, c.calls_owner, c.key, c.head_seq, tx.ts_in(c.created_at)
         )
     return done
 
@@ -186,15 +186,15 @@ class SqlToolCalls(SqlBackend, ToolCallBackend):
         calls_owner: str | None,
         lease: SessionLease | None = None,
     ) -> bool:
-        check_int(open_calls, "open_calls", minimum=-1)
+        owner = stored_owner(open_calls, calls_owner)
         return await self._write(
-            op_set_open_calls, key, expected_head, expected_created_at, open_calls, calls_owner, lease
+            op_set_open_calls, key, expected_head, expected_created_at, open_calls, owner, lease
         )
 
     async def set_open_calls_many(self, counts: Sequence[OpenCalls]) -> int:
-        for c in counts:
-            check_int(c.open_calls, "open_calls", minimum=-1)
-        return await self._write(op_set_open_calls_many, list(counts))
+        # All checked before the transaction: a bad entry writes none of them.
+        stored = [replace(c, calls_owner=stored_owner(c.open_calls, c.calls_owner)) for c in counts]
+        return await self._write(op_set_open_calls_many, stored)
 
     async def read_session_tails(self, keys: Sequence[str], n: int) -> dict[str, list[dict[str, Any]]]:
         check_int(n, "n", minimum=1)
