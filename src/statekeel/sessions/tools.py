@@ -40,7 +40,7 @@ from ..errors import (
 from ..holders import holder_is_dead
 from ..journal import StepFn, check_fn, discard, run_step
 from ..transcripts import ToolCall, TranscriptIndex, analyze, normalize_item, tool_result
-from ..validation import check_key
+from ..validation import check_bool, check_key
 from .session import Session
 from .transcript import take_back
 
@@ -229,8 +229,7 @@ class ToolCalls:
         try:
             session = self._manager._check_owned(session)
             check_key(call_id, "call_id")
-            if type(idempotent) is not bool:
-                raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
+            check_bool(idempotent, "idempotent")
             check_fn(fn, call_id=call_id)
             call = self._waiting_call(session, call_id)
             running = _key(session, call_id)
@@ -277,8 +276,7 @@ class ToolCalls:
         manager = self._manager
         session = manager._check_owned(session)
         check_key(call_id, "call_id")
-        if type(interrupted) is not bool:
-            raise InvalidArgument(f"interrupted must be a bool, got {interrupted!r}")
+        check_bool(interrupted, "interrupted")
         if interrupted == (result is not MISSING):
             raise InvalidArgument("pass the call's result (result=...) or interrupted=True, not both")
         async with session._saving:
