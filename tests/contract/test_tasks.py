@@ -449,6 +449,21 @@ async def test_expired_leases_are_audited_as_interrupted_by_lease_expiry(store: 
     assert (await store.audit.verify()).ok
 
 
+async def test_leases_expired_in_one_sweep_each_get_their_entry_in_one_unbroken_chain(store: Store) -> None:
+    for name in ("a", "b", "c"):
+        await store.tasks.create(name, status="queued")
+    claimed = [await store.tasks.claim(f"worker-{i}", lease_seconds=1) for i in range(3)]
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    expired = await store.tasks.expire_leases(now=later)
+    assert sorted(t.id for t in expired) == sorted(t.id for t in claimed if t is not None)
+    entries = await store.audit.query(kind="task.transitioned")
+    swept = [e for e in entries if e.actor == "statekeel.lease-expiry"]
+    assert sorted(e.data["task_id"] for e in swept) == sorted(t.id for t in expired)
+    assert [e.seq for e in swept] == list(range(swept[0].seq, swept[0].seq + 3))
+    verification = await store.audit.verify()
+    assert verification.ok and verification.count == 9
+
+
 async def test_a_transition_whose_audit_entry_fails_is_not_made(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,10 +8,11 @@ transaction, so two writers can never give two entries the same predecessor.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ...chain import GENESIS_HASH, chain_hash, entry_mac
-from ..base import AuditBackend, AuditNotes, AuditRecord
+from ..base import AuditBackend, AuditNote, AuditNotes, AuditRecord
 from . import Op, Row, SqlBackend, Tx, utcnow
 
 T = TypeVar("T")
@@ -34,16 +35,26 @@ def audit_from_row(tx: Tx, row: Row) -> AuditRecord:
 async def op_append_audit(
     tx: Tx, kind: str, actor: str, subject: str, data: str, key: bytes | None
 ) -> AuditRecord:
+    return (await op_append_audits(tx, [(kind, actor, subject, data)], key))[-1]
+
+
+async def op_append_audits(tx: Tx, notes: Sequence[AuditNote], key: bytes | None) -> list[AuditRecord]:
+    """Append ``notes`` in order: the lock is taken and the head read once, the entries chained in memory."""
     await tx.fetchone("audit_lock")
     head = await tx.fetchone("audit_head")
-    seq, prev_hash = (1, GENESIS_HASH) if head is None else (head["seq"] + 1, head["hash"])
-    created_at = utcnow()
-    digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
-    mac = None if key is None else entry_mac(key, digest)
-    await tx.execute(
-        "audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest, mac
-    )
-    return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac)
+    seq, prev_hash = (0, GENESIS_HASH) if head is None else (head["seq"], head["hash"])
+    out: list[AuditRecord] = []
+    for kind, actor, subject, data in notes:
+        seq += 1
+        created_at = utcnow()
+        digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
+        mac = None if key is None else entry_mac(key, digest)
+        await tx.execute(
+            "audit_insert", seq, kind, actor, subject, data, tx.ts_in(created_at), prev_hash, digest, mac
+        )
+        out.append(AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac))
+        prev_hash = digest
+    return out
 
 
 def audited(op: Op[T], audit: AuditNotes | None, key: bytes | None) -> Op[T]:
@@ -53,8 +64,9 @@ def audited(op: Op[T], audit: AuditNotes | None, key: bytes | None) -> Op[T]:
 
     async def run(tx: Tx, *args: Any) -> T:
         out = await op(tx, *args)
-        for kind, actor, subject, data in audit(out):
-            await op_append_audit(tx, kind, actor, subject, data, key)
+        notes = audit(out)
+        if notes:
+            await op_append_audits(tx, notes, key)
         return out
 
     return run
