@@ -204,7 +204,8 @@ async def op_begin_step(
             )
     row = await tx.fetchone("step_get", task_id, step_key)
     if row is None:
-        if await tx.fetchone("task_get", task_id) is None:
+        # A fenced start has read the task already (task_fence); only an unfenced one must look.
+        if lease_epoch is None and await tx.fetchone("task_get", task_id) is None:
             raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
         row = await tx.fetchone("step_insert", task_id, step_key, now)
         if row is not None:
