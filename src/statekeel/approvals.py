@@ -27,7 +27,7 @@ from .backends.base import ApprovalRecord, StorageBackend
 from .chain import approval_digest, args_digest
 from .codec import Codec
 from .errors import AuditTampered, ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .validation import check_aware, check_int, check_key, check_text
+from .validation import check_aware, check_bool, check_int, check_key, check_text
 
 Approval = ApprovalRecord
 """An approval as stored: see :class:`statekeel.backends.base.ApprovalRecord`."""
@@ -97,8 +97,7 @@ class ApprovalLog:
         """Grant or deny a pending approval, exactly once: a second decision raises ``ConflictError``,
         an expired approval ``InvalidTransition``, an unknown one ``NotFound`` (nothing written)."""
         check_key(approval_id, "approval_id")
-        if type(granted) is not bool:
-            raise InvalidArgument(f"granted must be a bool, got {granted!r}")
+        check_bool(granted, "granted")
         check_key(decided_by, "decided_by")
         if reason is not None:
             check_text(reason, "reason", allow_empty=True)

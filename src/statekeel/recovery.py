@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidArgument, StorageCorrupt
 from .transcripts import INTERRUPTED_TEXT
-from .validation import check_aware
+from .validation import check_aware, check_bool
 
 if TYPE_CHECKING:
     from .approvals import Approval
@@ -311,10 +311,8 @@ async def recover(
     check_integrity: bool = True,
 ) -> RecoveryReport:
     """See the module docstring. Raises only when the backend cannot be read at all."""
-    if type(repair) is not bool:
-        raise InvalidArgument(f"repair must be True or False, got {repair!r}")
-    if type(check_integrity) is not bool:
-        raise InvalidArgument(f"check_integrity must be True or False, got {check_integrity!r}")
+    check_bool(repair, "repair")
+    check_bool(check_integrity, "check_integrity")
     when = dt.datetime.now(dt.UTC) if now is None else check_aware(now, "now")
     if files_root is not None:
         root = os.fspath(files_root) if isinstance(files_root, os.PathLike) else files_root

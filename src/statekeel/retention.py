@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import FreeSpace, PurgeBatch, StorageBackend
 from .errors import InvalidArgument
-from .validation import check_aware, check_int
+from .validation import check_aware, check_bool, check_int
 
 if TYPE_CHECKING:
     from .store import Store
@@ -174,8 +174,7 @@ async def purge(
     """See the module documentation; ``Store.purge`` is the public entry."""
     if now is not None:
         check_aware(now, "now")
-    if type(dry_run) is not bool:
-        raise InvalidArgument(f"dry_run must be True or False, got {dry_run!r}")
+    check_bool(dry_run, "dry_run")
     if on_batch is not None and not callable(on_batch):
         raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
     when = dt.datetime.now(dt.UTC) if now is None else now

@@ -35,7 +35,7 @@ from .retention import PurgeReport, Retention, purge
 from .sessions import SessionManager
 from .tasks import TaskManager
 from .traces import TraceLog
-from .validation import check_int, check_key
+from .validation import check_bool, check_int, check_key
 from .vectors import VectorIndex
 from .workflows import WorkflowEngine
 
@@ -64,12 +64,10 @@ class StoreOptions:
             raise InvalidArgument(f"durability must be 'normal' or 'full', got {self.durability!r}")
         if self.fallback_dir is not None and not isinstance(self.fallback_dir, (str, os.PathLike)):
             raise InvalidArgument(f"fallback_dir must be a path, got {type(self.fallback_dir).__name__}")
-        if type(self.migrate) is not bool:
-            raise InvalidArgument(f"migrate must be True or False, got {self.migrate!r}")
+        check_bool(self.migrate, "migrate")
         if not isinstance(self.retention, Retention):
             raise InvalidArgument(f"retention must be a statekeel.Retention, got {self.retention!r}")
-        if type(self.encrypt_existing) is not bool:
-            raise InvalidArgument(f"encrypt_existing must be True or False, got {self.encrypt_existing!r}")
+        check_bool(self.encrypt_existing, "encrypt_existing")
         if self.encryption_key is not None:
             check_keys(self.encryption_key)
         elif self.encrypt_existing:
@@ -297,8 +295,7 @@ class Store:
         for incident in await store.incidents():
             print(incident.kind, incident.detail["what_to_do"])
         """
-        if type(include_acknowledged) is not bool:
-            raise InvalidArgument(f"include_acknowledged must be True or False, got {include_acknowledged!r}")
+        check_bool(include_acknowledged, "include_acknowledged")
         return await self.backend.list_incidents(include_acknowledged=include_acknowledged)
 
     async def acknowledge_incident(self, incident_id: int, by: str) -> Incident:
@@ -382,8 +379,7 @@ class Store:
         info = await store.info()
         print(info.schema_version, info.counts.sessions["active"], info.ok)
         """
-        if type(check_integrity) is not bool:
-            raise InvalidArgument(f"check_integrity must be True or False, got {check_integrity!r}")
+        check_bool(check_integrity, "check_integrity")
         backend = self.backend
         migrations = tuple(await backend.migrations())
         pending = tuple(await backend.pending_migrations())

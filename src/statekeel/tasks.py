@@ -60,7 +60,7 @@ from .errors import (
     StepInDoubt,
 )
 from .journal import StepFn, check_fn, discard, run_step
-from .validation import check_aware, check_int, check_key, check_text
+from .validation import check_aware, check_bool, check_int, check_key, check_text
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
@@ -556,8 +556,7 @@ def _check_step_args(
     try:
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
-        if type(idempotent) is not bool:
-            raise InvalidArgument(f"idempotent must be a bool, got {idempotent!r}")
+        check_bool(idempotent, "idempotent")
         if lease_epoch is not None:
             check_int(lease_epoch, "lease_epoch", minimum=1)
         if actor is not None:
