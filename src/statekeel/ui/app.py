@@ -85,10 +85,15 @@ class Guard:
             if auth[:7].lower() == b"bearer ":
                 given = auth[7:].strip()
             else:
-                for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+                # Each byte decoded as one latin-1 character, percent escapes too: encoded back to
+                # latin-1, the value is the bytes the client sent — a UTF-8 token's UTF-8 bytes — and no
+                # byte sequence (non-ASCII, not UTF-8, a broken escape) can fail to decode.
+                query = scope.get("query_string", b"").decode("latin-1")
+                for name, value in parse_qsl(query, encoding="latin-1", errors="strict"):
                     if name == "token":
                         given = value.encode("latin-1")
-            # compare_digest takes the same time wherever the first difference is.
+            # compare_digest takes the same time wherever the first difference is; both sides are bytes
+            # (the token's UTF-8), so any length or content compares without an error.
             if given is None or not hmac.compare_digest(given, self.token):
                 return PlainTextResponse(
                     "401 Unauthorized: this statekeel ui needs its token "
