@@ -8,6 +8,7 @@ import datetime as dt
 import enum
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
@@ -15,7 +16,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
-from rich.console import Console
+from rich.console import Console, HighlighterType, JustifyMethod, OverflowMethod
+from rich.style import Style
+from rich.text import Text
 
 from ..encryption import read_key_file
 from ..errors import DecryptionError, MigrationError, PlaintextRefused, StatekeelError
@@ -28,13 +31,69 @@ KEY_FILE_ENV = "STATEKEEL_KEY_FILE"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# C0 controls but tab and newline, DEL, and the C1 controls (U+0080 to U+009F: a terminal may take U+009B
+# for CSI): what a terminal could act on instead of showing.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _caret(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code == 0x7F:
+        return "^?"
+    if code < 0x20:
+        return "^" + chr(code + 0x40)
+    return "M-^" + chr(code - 0x80 + 0x40)
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character a terminal could act on (ESC and so OSC and CSI sequences,
+    BEL, backspace, carriage return, the other C0 and the C1 controls) shown as ``cat -v`` shows it —
+    ``^[``, ``^G``, ``^M``, ``M-^[`` — so that stored data can never move the cursor, retitle the window,
+    clear the screen or hide a line. Tab and newline are kept."""
+    return _CONTROL.sub(_caret, text) if _CONTROL.search(text) else text
+
+
+class SafeConsole(Console):
+    """A rich console that shows control characters as :func:`visible` does in every string it renders
+    (a print's text, a table's cells, with or without markup): no command can send a terminal a control
+    sequence that came from the store. Emoji codes are left as written (``:x:`` stays ``:x:``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(**kwargs)
+
+    def render_str(
+        self,
+        text: str,
+        *,
+        style: str | Style = "",
+        justify: JustifyMethod | None = None,
+        overflow: OverflowMethod | None = None,
+        emoji: bool | None = None,
+        markup: bool | None = None,
+        highlight: bool | None = None,
+        highlighter: HighlighterType | None = None,
+    ) -> Text:
+        return super().render_str(
+            visible(text),
+            style=style,
+            justify=justify,
+            overflow=overflow,
+            emoji=emoji,
+            markup=markup,
+            highlight=highlight,
+            highlighter=highlighter,
+        )
+
+
 class Failure(click.ClickException):
-    """A command that could not do its job: ``Error: <one line>`` on stderr, exit 1."""
+    """A command that could not do its job: ``Error: <one line>`` on stderr, exit 1 (control characters
+    of stored data it quotes shown as :func:`visible` does)."""
 
     exit_code = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(visible(" ".join(message.split())))
 
 
 def failure(exc: BaseException, doing: str = "") -> Failure:
@@ -202,9 +261,10 @@ def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
 
 
 def console() -> Console:
-    """The console commands print to (no syntax highlighting: values are shown as they are). Into a pipe
-    or a file, lines are not cut at 80 columns."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    """The console commands print to (no syntax highlighting, no emoji codes: values are shown as they
+    are, control characters escaped — see :class:`SafeConsole`). Into a pipe or a file, lines are not cut
+    at 80 columns."""
+    return SafeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _plain(value: Any) -> Any:

@@ -9,7 +9,7 @@ import click
 
 from ..errors import StatekeelError
 from . import main, redact_url
-from .common import key_file_option, store_keys
+from .common import key_file_option, store_keys, visible
 
 
 @main.command()
@@ -51,7 +51,7 @@ def ui(
     try:
         asyncio.run(serve(url, host=host, port=port, token=token, on_ready=ready, encryption_key=keys))
     except (StatekeelError, OSError) as exc:
-        message = " ".join(str(exc).split())
+        message = visible(" ".join(str(exc).split()))
         click.echo(f"statekeel ui: cannot serve {redact_url(url)}: {type(exc).__name__}: {message}", err=True)
         ctx.exit(1)
     except KeyboardInterrupt:
