@@ -195,11 +195,13 @@ def create_app(
     token: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
+    audit_key: bytes | None = None,
 ) -> Starlette:
     """The read-only UI over a store.
 
     ``source`` is an open :class:`~statekeel.Store` (used as is, never closed here) or a URL, opened with
-    ``migrate=False`` (and ``encryption_key``, for an encrypted store) when the application starts and
+    ``migrate=False`` (and ``encryption_key``, for an encrypted store; ``audit_key``, for a keyed audit
+    chain) when the application starts and
     closed when it stops. ``token``: every request must carry it. ``allowed_hosts``: without a token, the
     ``Host`` names accepted (None: any).
 
@@ -219,7 +221,7 @@ def create_app(
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # migrate=False: looking at a store never upgrades it under the agents that use it.
-            store = await open_store(url, migrate=False, encryption_key=encryption_key)
+            store = await open_store(url, migrate=False, encryption_key=encryption_key, audit_key=audit_key)
             ui._store = store
             try:
                 yield
