@@ -36,7 +36,9 @@ import orjson
 
 from .backends.base import ApprovalRecord, AuditRecord, StorageBackend
 from .chain import (
+    APPROVAL_ENTRY_KINDS,
     GENESIS_HASH,
+    RESERVED_KIND_PREFIX,
     approval_digest,
     approval_entry_kind,
     args_digest,
@@ -44,7 +46,7 @@ from .chain import (
     mac_ok,
 )
 from .codec import Codec, canonical
-from .errors import AuditTampered, SerializationError
+from .errors import AuditTampered, InvalidKey, SerializationError
 from .validation import check_aware, check_int, check_key
 
 _VERIFY_PAGE = 1000
@@ -198,8 +200,18 @@ class AuditLog:
         return canonical(data).decode("utf-8")
 
     async def append(self, kind: str, actor: str, subject: str, data: Any = None) -> AuditEntry:
-        """Append an entry (committed before returning; joins the caller's ``atomic()`` block)."""
+        """Append an entry (committed before returning; joins the caller's ``atomic()`` block).
+
+        Kinds starting with ``approval.`` (in any case) are statekeel's own and raise ``InvalidKey``: the
+        approvals write them, and an approval is honoured only while its latest such entry matches it.
+        """
         check_key(kind, "kind")
+        if kind.casefold().startswith(RESERVED_KIND_PREFIX):
+            raise InvalidKey(
+                f"audit kind {kind!r} is reserved: statekeel writes the approval.* entries itself (through "
+                "store.approvals); give your entry a kind of its own, e.g. 'app.approval_note'",
+                key=kind,
+            )
         check_key(actor, "actor")
         check_key(subject, "subject")
         text = self.encode_data(data)
@@ -254,7 +266,7 @@ class AuditLog:
                         )
                 if problem is not None:
                     return AuditVerification(False, count, expected_seq, problem, authenticated=authenticated)
-                if record.kind.startswith("approval."):
+                if record.kind in APPROVAL_ENTRY_KINDS:
                     approval_id = _entry_data(record).get("approval_id")
                     if isinstance(approval_id, str):
                         latest[approval_id] = record
