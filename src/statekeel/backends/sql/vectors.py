@@ -176,6 +176,25 @@ async def delete_source_vectors(tx: Tx, source_id: str, dry_run: bool) -> int:
     return len(rows)
 
 
+async def purge_gone_source(tx: Tx, source_id: str, cutoff: Any) -> int:
+    """Delete the vectors and the row of a source gone before ``cutoff`` — only while it still is gone:
+    a source announced again (``source_changed``, an upsert) keeps its row and its vectors. Returns the
+    vectors deleted.
+
+    The models of its vectors are locked (bumped) first, in name order, then the source's row with the
+    check: the order a vector upsert takes them in (models, then sources), so the two never deadlock."""
+    models = sorted({r["model"] for r in await tx.fetchall("vector_by_source", source_id)})
+    bumped = {model: await _bump(tx, model, 1) for model in models}
+    if await tx.fetchone("purge_vector_source_lock", source_id, cutoff) is None:
+        return 0  # announced again since it was listed: it stays, with its vectors
+    rows = await tx.fetchall("vector_by_source", source_id)
+    for model in sorted({r["model"] for r in rows} - set(bumped)):
+        await _bump(tx, model, 1)  # a vector of another model written before the lock
+    await tx.execute("vector_delete_source", source_id)
+    await tx.execute("purge_vector_source_delete", source_id, cutoff)
+    return len(rows)
+
+
 async def op_vectors_by_source(tx: Tx, source_id: str) -> list[Vector]:
     return [vector_from_row(tx, r) for r in await tx.fetchall("vector_by_source", source_id)]
 
