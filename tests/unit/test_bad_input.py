@@ -363,3 +363,20 @@ async def test_an_aware_datetime_without_a_utc_equivalent_is_invalid_argument_an
             await call()
         assert await _written(store) == before, name
     await assert_usable(store)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [dt.datetime.min.replace(tzinfo=dt.UTC), dt.datetime.max.replace(tzinfo=dt.UTC)],
+    ids=["min", "max"],
+)
+async def test_the_first_and_last_utc_datetimes_are_stored_and_read_back(
+    store: statekeel.Store, when: dt.datetime
+) -> None:
+    """The edges of the range check_aware accepts are stored as they are on every backend (PostgreSQL's
+    driver keeps them as -infinity / infinity and reads them back without a zone)."""
+    put = await store.memory.put("user", "edge", "c", expires_at=when)
+    got = await store.memory.get(put.id)
+    assert got is not None and got.expires_at == when
+    edge = await store.memory.relate("a", "r", "b", valid_from=when)
+    assert edge.valid_from == when
