@@ -29,7 +29,7 @@ from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument
 from ..base import Damage, DatabaseFiles, FreeSpace, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
-from ..sql.approvals import SqlApprovals
+from ..sql.approvals import SqlApprovals, op_scan_audit
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
@@ -295,6 +295,37 @@ class SqliteBackend(
     async def _call(self, worker: Worker, fn: Callable[[sqlite3.Connection], T]) -> T:
         result: T = await worker.submit(Job(CALL, fn, asyncio.get_running_loop()))
         return result
+
+    async def scan_audit(
+        self,
+        entries: Callable[[list[Any]], bool],
+        approvals: Callable[[list[Any]], bool],
+        *,
+        page: int = 1000,
+    ) -> None:
+        if self.path is None or self._current.get() is not None:
+            await super().scan_audit(entries, approvals, page=page)
+            return
+        self._require_open()
+        job = self._job(op_scan_audit, (entries, approvals, page))
+
+        # One snapshot for the whole walk, on a connection of its own: a long verify() of a large log
+        # never holds up the reader that every load of this process shares.
+        def scan() -> None:
+            try:
+                conn = self._open(read_only=True)
+                try:
+                    conn.execute("BEGIN")
+                    try:
+                        job(conn)
+                    finally:
+                        conn.execute("ROLLBACK")
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise translate(exc, self._where) from exc
+
+        await asyncio.to_thread(scan)
 
     async def schema_version(self) -> int:
         infos = await self.migrations()
