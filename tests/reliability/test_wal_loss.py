@@ -125,6 +125,11 @@ async def test_a_wal_in_use_by_a_live_process_is_not_taken_for_a_loss(tmp_path: 
         async with statekeel.open_store(url) as store:
             assert await store.incidents() == []
             assert await store.sessions.load("s39") is not None
+            # Two live writers on one WAL: neither takes the other's for a removed one.
+            session = await store.sessions.get_or_create("second-process")
+            session.add_message("user", "hello")
+            await store.sessions.save(session)
+            assert await store.incidents() == []
     finally:
         _kill(proc)
     async with statekeel.open_store(url) as store:
