@@ -211,7 +211,9 @@ async def test_a_forged_approval_with_a_consistent_forged_entry_is_refused_under
                 "reason": None,
             }
         ).decode()
-        # Appended like statekeel would, but without the key: a consistent chain entry with no MAC.
+        # Appended like statekeel would, but without the key: a consistent chain entry with no MAC
+        # (with its own SQL: statekeel refuses approval.* kinds from audit.append, and any entry without
+        # a MAC on a keyed chain).
         await append_without_a_mac(
             store, "approval.granted", "mallory", forged.subject, statekeel.codec.decode(data.encode())
         )
