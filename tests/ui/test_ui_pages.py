@@ -7,6 +7,7 @@ import asyncio
 import html
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -276,8 +277,12 @@ def test_recovery_banner_and_doctor_come_from_one_health_model(tmp_path: Path, p
     for finding in doctor["findings"]:
         assert f"{finding['severity']} {finding['check']}: {finding['detail']}" in page
     assert "lost : call_gone" in page or "lost: call_gone" in page
-    # The prepared store, with every kind of problem: the same count of problems on both.
-    page, doctor = _recovery_page(prepared.url), _doctor(prepared.url, tmp_path)
+    # The prepared store, with every kind of problem: the same count of problems on both. A copy: the
+    # module's client holds the prepared store open, and another process closing its last connection to
+    # the same file would remove the WAL file under it.
+    shutil.copyfile(prepared.path, tmp_path / "prepared.db")
+    copy = sqlite_url(tmp_path / "prepared.db")
+    page, doctor = _recovery_page(copy), _doctor(copy, tmp_path)
     problems = [f for f in doctor["findings"] if f["severity"] == "problem"]
     assert problems and f"The store needs attention: {len(problems)} problem(s)" in page
     for finding in doctor["findings"]:
