@@ -193,6 +193,15 @@ class Session:
         return self._first + len(self.messages)
 
     @property
+    def fallback_file(self) -> str | None:
+        """The path of the fallback file holding this session's last save (the backend could not take
+        it; the file is replayed into the backend later), or None when that save reached the backend."""
+        if self._fallback_sig is None:
+            return None
+        files = getattr(self._owner, "fallback", None)
+        return None if files is None else str(files.file_for(self.key))
+
+    @property
     def saved_head(self) -> int:
         """The head sequence the backend held when this session was last loaded or saved."""
         return self._head
