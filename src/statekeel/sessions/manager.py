@@ -262,13 +262,19 @@ class SessionManager(SessionListing):
         await self._remember(session)
         return session
 
-    async def _load_fresh(self, key: str, include_archived: bool) -> Session | None:
+    async def _load_fresh(self, key: str, include_archived: bool, *, settle: bool = True) -> Session | None:
         found = await self.backend.load_session_payloads(key, include_archived=include_archived)
         if found is None:
-            return await self._fallback.merge(key, None, None)
+            return await self._fallback.merge(key, None, None, settle=settle)
         session = self._new(key, found.record)
         session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
-        return await self._fallback.merge(key, session, found.record)
+        return await self._fallback.merge(key, session, found.record, settle=settle)
+
+    async def _peek(self, key: str) -> Session | None:
+        """The session as a load would return it (backend and fallback file merged), for reading only:
+        nothing is written — no repair, no file deleted or quarantined, and, since it does not join the
+        cache, no eviction (which saves what it evicts)."""
+        return await self._load_fresh(key, False, settle=False)
 
     # --- cache ----------------------------------------------------------------------------------------
 

@@ -469,7 +469,7 @@ class ToolCalls:
                     answered = [c.call_id for c in session.repaired]
                     doubt = await self.in_doubt(session, recovering=True)
             else:
-                loaded = await manager.load(key, repair=False)
+                loaded = await manager._peek(key)  # writes nothing: not even by evicting from the cache
                 if loaded is None:
                     return
                 waiting = self._index(loaded).awaiting()
