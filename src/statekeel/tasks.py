@@ -58,8 +58,9 @@ from .errors import (
     NotFound,
     SerializationError,
     StepInDoubt,
+    StepInTransaction,
 )
-from .journal import StepFn, check_fn, discard, run_step
+from .journal import StepFn, check_fn, check_outside_transaction, discard, run_step
 from .validation import check_aware, check_bool, check_int, check_key, check_text
 
 Task = TaskRecord
@@ -479,11 +480,23 @@ class TaskManager:
         anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+        Refused inside an ``atomic()`` block (``StepInTransaction``, nothing written or run): the
+        *started* record must commit on its own before ``fn`` runs.
 
         Each record written (started, succeeded, failed) commits with its audit entry, whose actor is
         ``actor`` (else "unspecified").
         """
         _check_step_args(task_id, step_key, fn, idempotent, lease_epoch, actor)
+        try:
+            check_outside_transaction(
+                self.backend.in_atomic(),
+                f"step {step_key!r} of task {task_id!r}",
+                task_id=task_id,
+                step_key=step_key,
+            )
+        except StepInTransaction:
+            discard(fn)
+            raise
         step = _TaskStep(self, task_id, step_key, idempotent, lease_epoch, actor or UNSPECIFIED_ACTOR)
         return await run_step(step, fn, self.codec)
 

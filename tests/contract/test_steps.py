@@ -281,3 +281,38 @@ async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run
         await store.tasks.step(task.id, "charge", fn)
     monkeypatch.undo()
     assert fn.calls == 0 and await store.tasks.get_step(task.id, "charge") is None
+
+
+async def test_a_step_inside_an_atomic_block_is_refused_so_a_rollback_never_makes_it_run_twice(
+    store: Store,
+) -> None:
+    task = await _running(store)
+    fn = Counter("charged")
+    entries = (await store.audit.verify()).count
+    with pytest.raises(RuntimeError, match="the caller's block fails"):
+        async with store.backend.atomic():
+            with pytest.raises(statekeel.StepInTransaction, match="outside the block"):
+                await store.tasks.step(task.id, "charge", fn)
+            raise RuntimeError("the caller's block fails")
+    assert fn.calls == 0  # refused before anything was written or run
+    assert await store.tasks.steps(task.id) == []
+    assert (await store.audit.verify()).count == entries
+    # Outside the block the step runs once, and a later call (in a block or not) replays nothing twice.
+    assert await store.tasks.step(task.id, "charge", fn) == "charged"
+    assert await store.tasks.step(task.id, "charge", fn) == "charged"
+    assert fn.calls == 1
+
+
+async def test_a_coroutine_given_to_a_step_refused_inside_an_atomic_block_is_closed(store: Store) -> None:
+    task = await _running(store)
+    ran = []
+
+    async def charge() -> str:
+        ran.append(1)
+        return "charged"
+
+    coroutine = charge()
+    async with store.backend.atomic():
+        with pytest.raises(statekeel.StepInTransaction):
+            await store.tasks.step(task.id, "charge", coroutine)
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED and ran == []

@@ -594,3 +594,21 @@ async def test_a_process_with_waiting_calls_keeps_a_heartbeat_until_its_store_cl
     assert (await store.backend.load_session("s")).calls_owner == other.owner_id  # type: ignore[union-attr]
     await other.close()
     assert await store.backend.read_heartbeat(other.owner_id) is None
+
+
+async def test_run_tool_inside_an_atomic_block_is_refused_so_a_rollback_never_makes_it_run_twice(
+    store: statekeel.Store,
+) -> None:
+    session = await asked(store, "s", CHAT, "c1")
+    before = await counts(store)
+    ran = []
+    with pytest.raises(RuntimeError, match="the caller's block fails"):
+        async with store.backend.atomic():
+            with pytest.raises(statekeel.StepInTransaction, match="outside the block"):
+                await store.sessions.run_tool(session, "c1", lambda: ran.append(1) or "charged")
+            raise RuntimeError("the caller's block fails")
+    assert ran == [] and await counts(store) == before  # nothing written, nothing run
+    assert await store.backend.get_session_step("s", "c1") is None
+    assert [c.call_id for c in session.pending_calls()] == ["c1"]
+    assert await store.sessions.run_tool(session, "c1", lambda: ran.append(1) or "charged") == "charged"
+    assert ran == [1]
