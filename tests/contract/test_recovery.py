@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
-from statekeel.fallback import FallbackSnapshot
+from statekeel.fallback import FallbackDir, FallbackSnapshot
 from statekeel.recovery import INTERRUPTED_CONTENT
 
 
@@ -73,6 +73,11 @@ async def test_recover_without_repair_writes_nothing(store: statekeel.Store) -> 
     assert current is not None and current.status == "running"
 
 
+def _file_bytes(files: FallbackDir) -> dict[str, bytes]:
+    """Every fallback file's bytes, by path."""
+    return {path: Path(path).read_bytes() for path in files.files()}
+
+
 async def test_recover_without_repair_writes_nothing_even_when_evicting_sessions_merged_from_fallback_files(
     store: statekeel.Store,
 ) -> None:
@@ -100,13 +105,13 @@ async def test_recover_without_repair_writes_nothing_even_when_evicting_sessions
             )
         )
     before = {key: await store.backend.load_session(key) for key in keys}
-    on_disk = {path: Path(path).read_bytes() for path in files.files()}
+    on_disk = _file_bytes(files)
     store.sessions.cache_size = 1  # more waiting sessions than the cache holds: recover evicts
     store.sessions._cache.clear()
     report = await store.recover(repair=False)
     assert report.orphaned_tool_calls == {key: ["c2"] for key in keys}
     assert {key: await store.backend.load_session(key) for key in keys} == before  # no row written
-    assert {path: Path(path).read_bytes() for path in files.files()} == on_disk  # nor any file
+    assert _file_bytes(files) == on_disk  # nor any file
     again = await store.sessions.load(keys[0], repair=False)
     assert again is not None and again.metadata == {"topic": "outage"} and again.is_dirty()
 

@@ -756,11 +756,13 @@ async def test_fallback_file_names_the_file_holding_the_last_save_and_none_once_
             s.add_message("user", "in the outage")
             await sm.save(s)  # no error: the caller learns where it went from fallback_file
             path = s.fallback_file
-            assert path is not None and os.path.exists(path)
+            assert path == os.path.join(fb, file_stem("s") + ".jsonl") and os.listdir(fb) == [
+                file_stem("s") + ".jsonl"
+            ]
             assert FallbackDir(fb, store.codec).read_path(path).messages == [
                 {"role": "user", "content": "in the outage"}
             ]
         s.add_message("user", "after")
         await sm.save(s)
-        assert s.fallback_file is None and not os.path.exists(path)
+        assert s.fallback_file is None and os.listdir(fb) == []
         assert await contents(store, "s") == ["stored", "in the outage", "after"]

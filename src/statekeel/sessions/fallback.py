@@ -167,7 +167,10 @@ class SessionFallback:
         if session is not None and session._fallback_sig == signature:
             return session  # it holds this very file already
         verdict = await self.judge(snap, record)
-        continues = await self._settle(key, snap, signature, verdict) if settle else verdict.kind == "continues"
+        if settle:
+            continues = await self._settle(key, snap, signature, verdict)
+        else:
+            continues = verdict.kind == "continues"
         if not continues:
             return session
         if session is None:
