@@ -165,7 +165,7 @@ def damaged(draw: st.DrawFn, dialect: Dialect) -> list[Message]:
 
 
 @over_dialects
-def test_the_history_window_is_taken_in_order_from_the_tail_and_the_provider_accepts_it_whatever_the_transcript(
+def test_the_history_window_is_in_tail_order_and_the_provider_accepts_it_whatever_the_transcript(
     provider_types: dict[Dialect, pydantic.TypeAdapter[Any]], dialect: Dialect, data: st.DataObject
 ) -> None:
     messages = data.draw(damaged(dialect))
@@ -244,6 +244,41 @@ def test_chat_calls_followed_by_a_user_message_get_their_results_inserted_before
     repaired = repair.apply(messages)
     assert [m["role"] for m in repaired] == ["user", "assistant", "tool", "tool", "user"]
     assert_accepted(provider_types, CHAT, repaired)
+
+
+def test_a_chat_result_stored_after_a_user_message_is_moved_before_it_not_answered_twice(
+    provider_types: dict[Dialect, pydantic.TypeAdapter[Any]],
+) -> None:
+    real = chat_result("a")
+    messages = [user(), chat_calls("a", "b"), user("still there?"), real, assistant()]
+    repair = plan_repair(messages)
+    repaired = repair.apply(messages)
+    interrupted = {"role": "tool", "tool_call_id": "b", "content": INTERRUPTED_TEXT}
+    assert repaired == [user(), chat_calls("a", "b"), real, interrupted, user("still there?"), assistant()]
+    assert analyze(repaired).consistent  # each call exactly one result: its real one where there is one
+    assert_accepted(provider_types, CHAT, repaired)
+    assert messages[3] is real and len(messages) == 5  # the stored list is not changed
+
+
+def test_an_anthropic_result_stored_after_a_text_block_is_moved_first_in_the_turn_not_answered_twice(
+    provider_types: dict[Dialect, pydantic.TypeAdapter[Any]],
+) -> None:
+    real = tool_results("t1")["content"][0]
+    late = {"role": "user", "content": [{"type": "text", "text": "and?"}, real]}
+    messages = [user(), tool_use("t1", "t2"), late, assistant()]
+    repaired = plan_repair(messages).apply(messages)
+    interrupted = {"type": "tool_result", "tool_use_id": "t2", "content": INTERRUPTED_TEXT, "is_error": True}
+    assert repaired == [
+        user(),
+        tool_use("t1", "t2"),
+        {"role": "user", "content": [real]},
+        {"role": "user", "content": [interrupted]},
+        {"role": "user", "content": [{"type": "text", "text": "and?"}]},
+        assistant(),
+    ]
+    assert analyze(repaired).consistent
+    assert_accepted(provider_types, ANTHROPIC, repaired)
+    assert late["content"] == [{"type": "text", "text": "and?"}, real]  # not changed in place
 
 
 def test_anthropic_calls_without_results_get_one_user_message_of_error_results(
