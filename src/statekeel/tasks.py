@@ -537,6 +537,17 @@ class TaskManager:
             error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
         result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
         error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
+        seen = await self.backend.get_step(task_id, step_key)
+        if seen is None:
+            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
+        if seen.status != "started":
+            raise InvalidTransition(
+                f"step {step_key!r} of task {task_id!r} is {seen.status}; only a started step can be "
+                "resolved",
+                task_id=task_id,
+                step_key=step_key,
+                current=seen.status,
+            )
         overridden = await self._live_lease(task_id, step_key, lease_epoch, force)
         extra: dict[str, Any] = {}
         if overridden is not None:
@@ -552,19 +563,33 @@ class TaskManager:
             error_sha256=_digest(error_raw),
             **extra,
         )
+        # Conditional on the attempt judged above: a run started again meanwhile is not settled blindly.
         done = await self.backend.finish_step(
-            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw, audit=notes
+            task_id,
+            step_key,
+            status=outcome,
+            attempt=seen.attempt,
+            result=result_raw,
+            error=error_raw,
+            audit=notes,
         )
         if done is not None:
             return done
         current = await self.backend.get_step(task_id, step_key)
-        if current is None:
-            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
+        if current is not None and current.status == "started":
+            raise ConflictError(
+                f"step {step_key!r} of task {task_id!r} was started again (attempt {current.attempt}) while "
+                "it was being resolved; nothing was written: its new run records its own outcome",
+                task_id=task_id,
+                step_key=step_key,
+                attempt=current.attempt,
+            )
         raise InvalidTransition(
-            f"step {step_key!r} of task {task_id!r} is {current.status}; only a started step can be resolved",
+            f"step {step_key!r} of task {task_id!r} is {'gone' if current is None else current.status}; only "
+            "a started step can be resolved",
             task_id=task_id,
             step_key=step_key,
-            current=current.status,
+            current=None if current is None else current.status,
         )
 
     async def _live_lease(

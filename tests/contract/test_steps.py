@@ -385,3 +385,25 @@ async def test_resolve_step_after_the_lease_ended_needs_no_force(store: Store) -
         if e.kind == "task.step.resolved"
     ]
     assert "forced" not in resolved.data
+
+
+async def test_resolve_step_never_settles_a_run_started_again_after_it_judged_the_step(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "read")
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    judge = store.tasks._live_lease
+
+    async def rerun_in_between(*args: Any) -> Any:
+        overridden = await judge(*args)
+        # Between the judgement and the write, a worker re-runs the idempotent step (attempt 2).
+        _, run = await store.backend.begin_step(task.id, "read", rerun_started=True)
+        assert run
+        return overridden
+
+    monkeypatch.setattr(store.tasks, "_live_lease", rerun_in_between)
+    with pytest.raises(statekeel.ConflictError, match="started again"):
+        await store.tasks.resolve_step(task.id, "read", "succeeded", result="by hand")
+    record = await store.tasks.get_step(task.id, "read")
+    assert record is not None and (record.status, record.attempt) == ("started", 2)
