@@ -136,6 +136,7 @@ class StatekeelSession:
         self._store: Store | None = None
         self._url: str | None = None
         self._opener: Any = None
+        self._opening: asyncio.Lock | None = None
         self._home: asyncio.AbstractEventLoop | None = None  # the loop the store runs on
         self._thread: LoopThread | None = None  # the session's own loop, for a store it opened
         self._thread_lock = threading.Lock()
@@ -193,11 +194,16 @@ class StatekeelSession:
             return self._thread.loop
 
     async def _run(self, what: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        return await on_loop(make(), self._loop(what), f"StatekeelSession.{what}")
+        loop = self._loop(what)  # before the coroutine is made: a refusal leaves none unawaited
+        return await on_loop(make(), loop, f"StatekeelSession.{what}")
 
     async def _open_here(self) -> Store:
         if self._store is None:
-            self._store = await self._opener
+            if self._opening is None:  # made on the store's loop, where every _open_here runs
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._store is None:
+                    self._store = await self._opener
         return self._store
 
     async def store(self) -> Store:
@@ -220,6 +226,7 @@ class StatekeelSession:
         connections; a store passed in is left open. Callable from any thread, also on an event loop."""
         with self._thread_lock:
             thread, self._thread = self._thread, None
+            self._closed = self._url is not None
         if thread is None:
             return
         try:
