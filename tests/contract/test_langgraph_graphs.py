@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import operator
 import os
+import threading
+from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -34,8 +36,11 @@ class Inner(TypedDict):
     checked: bool
 
 
-def _build(ran: list[str], *, fail_once: set[str] | None = None) -> StateGraph[Any]:
-    """plan -> (research || draft) -> review (asks a human) -> publish; review runs a subgraph first."""
+def _build(
+    ran: list[str], *, fail_once: set[str] | None = None, fail_after: threading.Event | None = None
+) -> StateGraph[Any]:
+    """plan -> (research || draft) -> review (asks a human) -> publish; review runs a subgraph first.
+    A node of ``fail_once`` fails its first run, once ``fail_after`` is set (when given)."""
     failing = fail_once if fail_once is not None else set()
 
     def node(name: str, **update: Any) -> Any:
@@ -43,6 +48,8 @@ def _build(ran: list[str], *, fail_once: set[str] | None = None) -> StateGraph[A
             ran.append(name)
             if name in failing:
                 failing.discard(name)
+                # Nodes run in worker threads: this one waits here, off the event loop, for its cue.
+                assert fail_after is None or fail_after.wait(30), "the cue to fail never came"
                 raise RuntimeError(f"{name} failed")
             return {"log": [name], **update}
 
@@ -150,11 +157,30 @@ async def test_graph_ends_as_with_langgraphs_own_saver_in_every_durability_mode(
     assert ours_history == their_history
 
 
+class _TellsWhenSaved(StatekeelSaver):
+    """A saver that sets ``saved`` once the writes of the node ``node`` are committed."""
+
+    def __init__(self, store: statekeel.Store, node: str, saved: threading.Event) -> None:
+        super().__init__(store)
+        self._node, self._saved = node, saved
+
+    async def aput_writes(
+        self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await super().aput_writes(config, writes, task_id, task_path)
+        if ("log", [self._node]) in writes:
+            self._saved.set()
+
+
 async def test_failed_node_is_retried_alone_and_finished_siblings_are_not_rerun(
     store: statekeel.Store,
 ) -> None:
+    # LangGraph cancels the siblings still running when a node fails (their results are dropped and they
+    # run again on the retry, with any saver): draft fails only once research's result is committed.
     ran: list[str] = []
-    graph = _build(ran, fail_once={"draft"}).compile(checkpointer=StatekeelSaver(store))
+    saved = threading.Event()
+    saver = _TellsWhenSaved(store, "research", saved)
+    graph = _build(ran, fail_once={"draft"}, fail_after=saved).compile(checkpointer=saver)
     with pytest.raises(RuntimeError, match="draft failed"):
         await graph.ainvoke({"log": [], "n": 0}, CFG, durability="sync")
     assert sorted(ran) == ["draft", "plan", "research"]
