@@ -431,3 +431,21 @@ async def test_items_saved_to_the_fallback_file_while_the_database_is_locked_are
         assert (await store.sessions.replay_fallback()).ok
         assert await session.get_items() == [user("before")]
         assert await StatekeelSession.from_store(store, "s1").get_items() == [user("before")]
+
+
+async def test_a_url_session_held_from_another_loop_makes_another_writer_wait(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sk.db'}"
+    mine = StatekeelSession("s1", url)
+    other = StatekeelSession("s1", url, lock_timeout=0.2)
+    try:
+        async with mine.hold():
+            await mine.add_items([user("mine, held")])
+            with pytest.raises(statekeel.LockTimeout):
+                await other.add_items([user("theirs")])
+            await mine.add_items([user("mine again")])
+        await other.add_items([user("theirs, after")])
+        got = [i["content"] for i in await other.get_items()]
+        assert got == ["mine, held", "mine again", "theirs, after"]
+    finally:
+        mine.close()
+        other.close()

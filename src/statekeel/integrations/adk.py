@@ -283,13 +283,14 @@ class StatekeelSessionService(BaseSessionService):
         stored = await store.sessions.load(key, repair=False)
         if stored is None:
             return None
-        events = [Event.model_validate(m["event"]) for m in stored.messages if m.get("role") == EVENT_ROLE]
-        if config is not None:
+        raw = [m["event"] for m in stored.messages if m.get("role") == EVENT_ROLE]
+        if config is not None:  # filtered before decoding: only the events returned are validated
             if config.num_recent_events is not None:
-                events = events[-config.num_recent_events :] if config.num_recent_events else []
+                raw = raw[-config.num_recent_events :] if config.num_recent_events else []
             if config.after_timestamp is not None:
                 after = config.after_timestamp
-                events = [e for e in events if e.timestamp >= after]
+                raw = [e for e in raw if e.get("timestamp", 0) >= after]
+        events = [Event.model_validate(e) for e in raw]
         scoped = await self._scoped(store, app_name, user_id)
         return self._session(stored, app_name, user_id, session_id.strip(), scoped, events)
 

@@ -21,6 +21,7 @@ store runs on a loop of its own), as ``SQLiteSession`` does.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import datetime as dt
 import logging
@@ -52,7 +53,7 @@ from ..sessions import Session as StoredSession
 from ..store import Store, open_store
 from ..transcripts import Dialect, interrupted_answer, normalize_item
 from ..validation import check_key
-from ._bridge import LoopThread, blocking, on_loop, running_loop
+from ._bridge import LoopThread, blocking, on_loop, running_loop, submit
 from ._spans import SinkOwner, SpanSink, utc_from_iso
 
 T = TypeVar("T")
@@ -253,22 +254,54 @@ class StatekeelSession:
         ``timeout``, default the session's ``lock_timeout``).
         """
         wait = self.lock_timeout if timeout is None else timeout
-
-        async def acquire() -> None:
+        loop = self._loop("hold")
+        if running_loop() is loop:  # on the store's loop: this task holds the lock
             store = await self._open_here()
-            await store.sessions.lock(self.session_id).acquire(wait)
+            lock = store.sessions.lock(self.session_id)
+            await lock.acquire(wait)
             self._holding += 1
-
-        async def release() -> None:
-            self._holding -= 1
-            assert self._store is not None
-            await self._store.sessions.lock(self.session_id).release()
-
-        await self._run("hold", acquire)
+            try:
+                yield self
+            finally:
+                self._holding -= 1
+                await lock.release()
+            return
+        # Elsewhere, one task on the store's loop takes the lock and gives it back (a lock is its task's).
+        held: concurrent.futures.Future[asyncio.Event] = concurrent.futures.Future()
+        holder = submit(self._hold_for(held, wait), loop, "StatekeelSession.hold")
+        try:
+            release = await asyncio.wrap_future(held)
+        except BaseException:
+            if held.done() and not held.cancelled() and held.exception() is None:
+                loop.call_soon_threadsafe(held.result().set)  # taken as this caller gave up: give it back
+            raise
         try:
             yield self
         finally:
-            await self._run("hold", release)
+            loop.call_soon_threadsafe(release.set)
+            await asyncio.wrap_future(holder)
+
+    async def _hold_for(self, held: concurrent.futures.Future[asyncio.Event], wait: float | None) -> None:
+        """Hold the session lock, on the store's loop, until the event handed out through ``held`` is set."""
+        try:
+            store = await self._open_here()
+            lock = store.sessions.lock(self.session_id)
+            await lock.acquire(wait)
+        except BaseException as exc:
+            if not held.done():
+                held.set_exception(exc)
+            raise
+        release = asyncio.Event()
+        self._holding += 1
+        try:
+            try:
+                held.set_result(release)
+            except concurrent.futures.InvalidStateError:
+                return  # the caller stopped waiting (it was cancelled): give the lock back
+            await release.wait()
+        finally:
+            self._holding -= 1
+            await lock.release()
 
     @asynccontextmanager
     async def _writing(self) -> AsyncIterator[tuple[Store, StoredSession]]:
