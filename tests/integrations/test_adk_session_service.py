@@ -4,6 +4,7 @@ the same database, the stale-writer check) and a real ADK ``Runner`` on a fake m
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -27,7 +28,9 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 
 import statekeel
+from helpers import kill9_when
 from statekeel.integrations.adk import StaleSession, StatekeelSessionService
+from statekeel.transcripts import INTERRUPTED_TEXT
 
 KINDS = ["InMemorySessionService", "StatekeelSessionService-memory", "StatekeelSessionService-sqlite"]
 
@@ -289,3 +292,62 @@ async def test_adks_runner_keeps_the_conversation_in_the_service(service: Any) -
     got = await service.get_session(app_name="geo", user_id="u1", session_id="s1")
     assert texts(got.events) == ["capital?", "Paris", "country?", "France"]
     assert got.state["last_answer"] == "France"
+
+
+# --- a run killed inside a tool ---------------------------------------------------------------------------
+
+KILLED_IN_A_TOOL = """
+import asyncio, sys, time
+from google.adk.events.event import Event
+from google.genai import types
+from statekeel.integrations.adk import StatekeelSessionService
+
+async def main(url, flag):
+    service = StatekeelSessionService(url)
+    session = await service.create_session(app_name="ops", user_id="u1", session_id="s1")
+    ask = types.Content(role="user", parts=[types.Part(text="remove x")])
+    await service.append_event(session, Event(invocation_id="inv-1", author="user", content=ask))
+    call = types.FunctionCall(id="call_rm", name="remove", args={"path": "x"})
+    made = types.Content(role="model", parts=[types.Part(function_call=call)])
+    await service.append_event(session, Event(invocation_id="inv-1", author="ops", content=made))
+    open(flag, "w").write("in the tool")
+    time.sleep(600)  # the tool runs: killed here
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_a_run_killed_inside_a_tool_comes_back_with_an_answered_call(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'adk.db'}"
+    flag = tmp_path / "flag"
+    await asyncio.to_thread(kill9_when, [KILLED_IN_A_TOOL, url, str(flag)], flag.exists, "the tool")
+    service = StatekeelSessionService(url)
+    try:
+        got = await service.get_session(app_name="ops", user_id="u1", session_id="s1")
+        assert got is not None and len(got.events) == 3
+        answer = got.events[2].get_function_responses()
+        assert [(r.id, r.name) for r in answer] == [("call_rm", "remove")]
+        assert answer[0].response == {"error": INTERRUPTED_TEXT}
+        assert got.events[2].author == "ops" and got.events[2].invocation_id == "inv-1"
+        again = await service.get_session(app_name="ops", user_id="u1", session_id="s1")
+        assert len(again.events) == 3  # answered once, not at every read
+        model = ScriptedLlm(model="scripted", replies=["the removal was interrupted"], seen=[])
+        runner = Runner(agent=LlmAgent(name="ops", model=model), app_name="ops", session_service=service)
+        message = types.Content(role="user", parts=[types.Part(text="what happened?")])
+        events = [e async for e in runner.run_async(user_id="u1", session_id="s1", new_message=message)]
+        assert texts(events)[-1] == "the removal was interrupted"
+    finally:
+        await service.aclose()
+
+
+async def test_a_call_of_a_live_run_is_left_waiting(tmp_path: Path) -> None:
+    service = StatekeelSessionService(f"sqlite:///{tmp_path / 'adk.db'}")
+    try:
+        session = await service.create_session(app_name="ops", user_id="u1", session_id="s1")
+        call = types.FunctionCall(id="call_1", name="remove", args={})
+        made = types.Content(role="model", parts=[types.Part(function_call=call)])
+        await service.append_event(session, Event(invocation_id="inv-1", author="ops", content=made))
+        got = await service.get_session(app_name="ops", user_id="u1", session_id="s1")
+        assert len(got.events) == 1  # this process runs it: no interrupted answer
+    finally:
+        await service.aclose()

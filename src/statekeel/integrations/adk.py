@@ -17,12 +17,14 @@ the rest of the invocation and never stored.
 ``append_event`` is one transaction (the event, and the state it changes in every scope) under the
 session's lock; a session object older than what the store holds — another writer appended since it was
 read — raises :class:`StaleSession` (ADK's ``StaleSessionError``, and a statekeel ``ConflictError``):
-two writers on one session conflict, never interleave. Rewinding a session (``sessions.rewind``) is not
-offered yet.
+two writers on one session conflict, never interleave. Function calls a process that is gone (killed
+inside a tool) left without a response are answered with an interrupted response when the session is next
+read, so that the next model call is valid. Rewinding a session (``sessions.rewind``) is not offered yet.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,6 +43,7 @@ try:
     )
     from google.adk.sessions.session import Session
     from google.adk.sessions.state import State
+    from google.genai import types
 except ImportError as exc:  # an optional extra
     raise ImportError(
         f"statekeel.integrations.adk needs Google ADK: pip install 'statekeel[adk]' ({exc})"
@@ -52,13 +55,21 @@ except ImportError:  # pragma: no cover - older ADK: a ValueError, as it is ther
     _AdkStale = ValueError  # type: ignore[assignment,misc]
 
 from ..errors import ConflictError, InvalidConfig, NotFound, SerializationError, UnserializableValue
+from ..holders import holder_is_dead
 from ..sessions import Session as StoredSession
 from ..store import Store, open_store
+from ..transcripts import INTERRUPTED_TEXT
 from ..validation import check_key
+
+log = logging.getLogger("statekeel.integrations.adk")
 
 EVENT_ROLE = "adk_event"
 _STATE = "adk.state"  # the session's own state, in its metadata
 _UPDATED = "adk.last_update_time"
+# The function calls still waiting for their response: {call id: [name, author, invocation id]}, and the
+# process whose run made them (a call of a process that is gone is answered as interrupted).
+_OPEN = "adk.open_calls"
+_OWNER = "adk.calls_owner"
 _IDS = ("app_name", "user_id", "session_id")
 
 
@@ -111,6 +122,27 @@ def _split(state: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]
         elif not key.startswith(State.TEMP_PREFIX):
             own[key] = value
     return app, user, own
+
+
+def _track_calls(stored: StoredSession, event: Event, owner: str) -> None:
+    """Keep the session's waiting function calls up to date with ``event`` (in its metadata)."""
+    calls = event.get_function_calls()
+    answered = {r.id for r in event.get_function_responses() if r.id}
+    waiting = stored.metadata.get(_OPEN)
+    waiting = dict(waiting) if isinstance(waiting, dict) else {}
+    if not calls and not (answered & set(waiting)):
+        return
+    for call in calls:
+        if call.id:
+            waiting[call.id] = [call.name or "", event.author, event.invocation_id]
+    for call_id in answered:
+        waiting.pop(call_id, None)
+    if waiting:
+        stored.metadata[_OPEN] = waiting
+        stored.metadata[_OWNER] = owner
+    else:
+        stored.metadata.pop(_OPEN, None)
+        stored.metadata.pop(_OWNER, None)
 
 
 def _state_of(session: StoredSession | None) -> dict[str, Any]:
@@ -203,6 +235,53 @@ class StatekeelSessionService(BaseSessionService):
 
     # --- BaseSessionService -------------------------------------------------------------------------
 
+    async def _answer_abandoned_calls(self, store: Store, key: str) -> StoredSession | None:
+        """Answer, once and under the session's lock, the function calls a process that is gone left
+        without a response: an event with an interrupted response each, so that the next model call is
+        valid. Returns the session as saved (None when it is gone or another writer answered first)."""
+        async with self._locked(key):
+            stored = await store.sessions.load(key, repair=False)
+            if stored is None:
+                return None
+            waiting = stored.metadata.get(_OPEN)
+            if (
+                not isinstance(waiting, dict)
+                or not waiting
+                or not holder_is_dead(stored.metadata.get(_OWNER))
+            ):
+                return stored
+            by_author: dict[tuple[str, str], list[Any]] = {}
+            for call_id, (name, author, invocation) in waiting.items():
+                response = types.FunctionResponse(id=call_id, name=name, response={"error": INTERRUPTED_TEXT})
+                by_author.setdefault((author, invocation), []).append(types.Part(function_response=response))
+            stamp = float(stored.metadata.get(_UPDATED) or 0.0)
+            for (author, invocation), parts in by_author.items():
+                answer = Event(
+                    author=author,
+                    invocation_id=invocation,
+                    content=types.Content(role="user", parts=parts),
+                    timestamp=max(time.time(), stamp),
+                )
+                stored.add_item(
+                    {
+                        "role": EVENT_ROLE,
+                        "event": answer.model_dump(mode="json", by_alias=True, exclude_none=True),
+                    }
+                )
+                stamp = answer.timestamp
+            stored.metadata.pop(_OPEN, None)
+            stored.metadata.pop(_OWNER, None)
+            stored.metadata[_UPDATED] = stamp
+            await self._save(store, [stored])
+            log.warning(
+                "ADK session %r: %d function call(s) left without a response by a process that is gone "
+                "answered as interrupted: %s",
+                key,
+                len(waiting),
+                ", ".join(waiting),
+            )
+            return stored
+
     async def create_session(
         self,
         *,
@@ -283,6 +362,8 @@ class StatekeelSessionService(BaseSessionService):
         stored = await store.sessions.load(key, repair=False)
         if stored is None:
             return None
+        if stored.metadata.get(_OPEN) and holder_is_dead(stored.metadata.get(_OWNER)):
+            stored = await self._answer_abandoned_calls(store, key) or stored
         raw = [m["event"] for m in stored.messages if m.get("role") == EVENT_ROLE]
         if config is not None:  # filtered before decoding: only the events returned are validated
             if config.num_recent_events is not None:
@@ -358,6 +439,7 @@ class StatekeelSessionService(BaseSessionService):
             except Exception as exc:
                 raise UnserializableValue(f"event {event.id!r} cannot be serialized: {exc}") from exc
             stored.add_item({"role": EVENT_ROLE, "event": payload})
+            _track_calls(stored, event, store.sessions.owner_id)
             state = _state_of(stored)
             state.update(own)
             stored.metadata[_STATE] = state
