@@ -79,7 +79,8 @@ class TranscriptIndex:
         self._count = 0
         self._calls: dict[_Key, ToolCall] = {}  # the latest call of each id
         self._all_calls: list[ToolCall] = []
-        self._answered_at: set[int] = set()  # the indexes of the calls that have their result
+        # The calls that have their result, by id and the index of the message that made them.
+        self._answered_at: set[tuple[Dialect, str, int]] = set()
         self._answered: dict[_Key, ToolResult] = {}
         self._unanswered: dict[_Key, ToolCall] = {}
         self._abandoned_at: dict[_Key, int] = {}
@@ -289,7 +290,7 @@ class TranscriptIndex:
             key = (result.dialect, result.call_id)
             self._answered[key] = result
             if result.call_index is not None:
-                self._answered_at.add(result.call_index)
+                self._answered_at.add((result.dialect, result.call_id, result.call_index))
             self._unanswered.pop(key, None)
             self._abandoned_at.pop(key, None)
             self._results.append(result)
@@ -365,7 +366,7 @@ class TranscriptIndex:
 
     def answered(self, call: ToolCall) -> bool:
         """Whether ``call`` has its result."""
-        return call.index in self._answered_at
+        return (call.dialect, call.call_id, call.index) in self._answered_at
 
     def repair(self, text: str = INTERRUPTED_TEXT, *, only: Iterable[str] | None = None) -> Repair:
         """The interrupted results that answer every unanswered call (see :func:`plan_repair`), or only
