@@ -226,3 +226,19 @@ def test_an_unknown_source_and_a_plain_file_without_an_export_reader_are_usage_e
     if not hasattr(statekeel, "import_store"):
         plain = run_statekeel("import", str(source), "--db", url, cwd=tmp_path)
         assert plain.returncode == 2 and "pass --from" in plain.stderr
+
+
+async def test_the_library_refuses_an_unknown_source_or_a_missing_file_before_writing(
+    tmp_path: Path,
+) -> None:
+    from statekeel.integrations.importers import import_from
+
+    async with statekeel.open_store("memory://") as store:
+        with pytest.raises(statekeel.InvalidImportSource, match="unknown import source 'redis'"):
+            await import_from(store, "redis", tmp_path / "x.db")
+        with pytest.raises(statekeel.InvalidImportSource, match="is not a file"):
+            await import_from(store, "langgraph-sqlite", tmp_path / "missing.db")
+        with pytest.raises(statekeel.InvalidImportSource, match="--session applies"):
+            await import_from(store, "langgraph-sqlite", tmp_path / "x.db", session_id="s")
+        counts = (await store.info(check_integrity=False)).counts
+        assert counts is not None and sum(counts.sessions.values()) == 0 and counts.checkpoints == 0

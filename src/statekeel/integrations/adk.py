@@ -50,7 +50,7 @@ except ImportError as exc:  # an optional extra
     ) from exc
 
 try:  # ADK's own error for a stale session (recent versions)
-    from google.adk.errors._stale_session_error import StaleSessionError as _AdkStale
+    from google.adk.errors import StaleSessionError as _AdkStale
 except ImportError:  # pragma: no cover - older ADK: a ValueError, as it is there
     _AdkStale = ValueError  # type: ignore[assignment,misc]
 
