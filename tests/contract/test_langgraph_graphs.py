@@ -332,3 +332,26 @@ async def test_delta_channel_history_equals_the_base_walk_across_pages_and_forks
     assert await asyncio.to_thread(
         saver.get_delta_channel_history, config=config, channels=["marks"]
     ) == await saver.aget_delta_channel_history(config=config, channels=["marks"])
+
+
+async def test_threads_are_listed_with_their_checkpoints_and_counted_by_info(store: statekeel.Store) -> None:
+    saver = StatekeelSaver(store)
+    await _build([]).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, CFG)
+    other = {"configurable": {"thread_id": "run-2"}}
+    await _build([]).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, other)
+    threads = await store.backend.list_checkpoint_threads()
+    assert [t.thread_id for t in threads] == ["run-2", "run-1"]  # the most recently checkpointed first
+    history = [s async for s in _build([]).compile(checkpointer=saver).aget_state_history(CFG)]
+    first = threads[1]
+    assert first.namespaces == 2  # the graph's and the inner subgraph's
+    assert first.checkpoints >= len(history)
+    stored = await store.backend.list_checkpoints(thread_id="run-1", limit=1000)
+    assert first.checkpoints == len(stored)
+    assert first.latest_checkpoint_id == max(r.checkpoint_id for r in stored)
+    assert first.latest_at <= threads[0].latest_at
+    assert [t.thread_id for t in await store.backend.list_checkpoint_threads(limit=1)] == ["run-2"]
+    counts = (await store.info(check_integrity=False)).counts
+    assert counts is not None and counts.checkpoint_threads == 2
+    assert counts.checkpoints == sum(t.checkpoints for t in threads)
+    with pytest.raises(statekeel.InvalidArgument, match="limit"):
+        await store.backend.list_checkpoint_threads(limit=0)
