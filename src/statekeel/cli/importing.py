@@ -17,7 +17,7 @@ import statekeel
 
 from ..store import open_store, redact_url
 from . import main
-from .common import console, run, store_keys, store_options, store_url
+from .common import command_audit_key, console, run, store_keys, store_options, store_url
 
 SOURCES = ("openai-agents-sqlite", "langgraph-sqlite")
 
@@ -27,7 +27,7 @@ async def _from_source(
 ) -> Any:
     from ..integrations.importers import import_from
 
-    async with open_store(url, encryption_key=keys) as store:
+    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
         if not show:
             return await import_from(store, source, path, session_id=session_id)
         with Progress(
@@ -46,7 +46,7 @@ async def _from_source(
 
 
 async def _from_export(url: str, keys: Any, path: str) -> Any:
-    async with open_store(url, encryption_key=keys) as store:
+    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
         return await statekeel.import_store(store, path)  # type: ignore[attr-defined]
 
 
