@@ -21,6 +21,8 @@ from .errors import (
     DecryptionError,
     DimensionMismatch,
     EncryptionError,
+    ExportCorrupt,
+    ExportTooNew,
     InvalidArgument,
     InvalidConfig,
     InvalidEmbedding,
@@ -43,8 +45,10 @@ from .errors import (
     UnknownToolCall,
     UnserializableValue,
 )
+from .export import ExportReport, export_store
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
+from .imports import ImportReport, import_store
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Session, SessionLock, SessionManager
@@ -73,9 +77,13 @@ __all__ = [
     "EncryptionError",
     "Episode",
     "ExactSearch",
+    "ExportCorrupt",
+    "ExportReport",
+    "ExportTooNew",
     "FileLedger",
     "FileRecord",
     "Hit",
+    "ImportReport",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
@@ -126,6 +134,8 @@ __all__ = [
     "WorkflowStep",
     "checksum_file",
     "copy_store",
+    "export_store",
+    "import_store",
     "key_id",
     "open_store",
 ]

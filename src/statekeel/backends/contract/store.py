@@ -71,13 +71,16 @@ class RowPage:
 class CopyTableInfo:
     """A table ``copy_store`` moves: its primary key, the self-references set in a second pass
     (``links``), whether its rows can never be deleted (``append_only``), and the positions in an
-    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend)."""
+    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend);
+    ``columns`` names every column of an exported row, in order, with its portable kind (text, int,
+    float, json, ts, bool, bytes)."""
 
     name: str
     key: tuple[str, ...]
     links: tuple[str, ...] = ()
     append_only: bool = False
     json_columns: tuple[int, ...] = ()
+    columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
