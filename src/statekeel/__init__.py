@@ -14,6 +14,7 @@ from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
 from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
+from .erasure import ErasureReport
 from .errors import (
     AuditTampered,
     BackendUnavailable,
@@ -76,6 +77,7 @@ __all__ = [
     "Drift",
     "EncryptionError",
     "Episode",
+    "ErasureReport",
     "ExactSearch",
     "ExportCorrupt",
     "ExportReport",

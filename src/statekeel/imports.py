@@ -329,8 +329,8 @@ async def import_store(
     check_int(batch_size, "batch_size", minimum=1)
     if on_batch is not None and not callable(on_batch):
         raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
-    target = os.fspath(path)
-    if not os.path.isfile(target):
+    target = os.path.abspath(os.fspath(path))  # noqa: ASYNC240  (no I/O: a path computation)
+    if not await asyncio.to_thread(os.path.isfile, target):
         raise InvalidArgument(f"{target} is not a file; name an export file", path=target)
     began = time.monotonic()
     backend = store.backend
@@ -354,7 +354,7 @@ async def import_store(
         if links:
             await _load(backend, target, header, tables, batch_size, None, only=links)
     return ImportReport(
-        path=os.path.abspath(target),
+        path=target,
         counts=dict(header.counts),
         records=sum(header.counts.values()),
         sha256=header.sha256,
