@@ -131,11 +131,17 @@ def _fallback_matches(files: FallbackDir, subject: str, keys: set[str]) -> list[
     own header names the subject (a session only a fallback file holds) — and of their quarantined
     copies (key None). Blocking: run in a thread."""
     found: list[tuple[str, str | None]] = []
+    named = {file_stem(key) + SUFFIX: key for key in keys}
     for path in files.files():
         try:
             snap = files.read_path(path)
         except (StatekeelError, OSError):
-            continue  # unreadable: it is quarantined by the next load or replay, and matched below then
+            # Unreadable here (damaged, or sealed under a key this store was not opened with): the file
+            # of one of the sessions by its name, else left for the load or replay that quarantines it.
+            key = named.get(os.path.basename(path))
+            if key is not None:
+                found.append((path, key))
+            continue
         if snap.key in keys or snap.key == subject or snap.metadata.get("subject") == subject:
             keys.add(snap.key)
             found.append((path, snap.key))

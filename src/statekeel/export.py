@@ -201,6 +201,7 @@ def _check_target(path: str, overwrite: bool) -> str:
             f"{path} exists; nothing was written: pass overwrite=True (statekeel export --force) to replace "
             "it, or choose another path",
             path=path,
+            hint="",
         )
     return target
 
