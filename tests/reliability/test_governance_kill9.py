@@ -8,9 +8,9 @@ import asyncio
 from pathlib import Path
 
 import orjson
-from tests.helpers import kill9_when
 
 import statekeel
+from helpers import kill9_when
 
 SUBJECT = "user:alice"
 
