@@ -16,7 +16,8 @@ What is the subject's:
 - spans whose attributes' ``subject`` is the subject;
 - memories of scope ``subject``, with their history, access log, contradictions (an open one is resolved
   as ``"erased"`` first), the graph relations they produced and their vectors;
-- graph relations whose subject or object entity is the subject.
+- graph relations whose subject or object entity is the subject, and episodes that name it among their
+  entities (with their vectors).
 
 What stays: audit entries and approvals (append-only; they hold ids and hashes, never payloads — name
 sessions by an id, not by a person's name, if the name must go too), tasks and workflows (nothing ties
@@ -229,6 +230,13 @@ async def erase(
             break
     while True:
         batch = await backend.erase_relations(subject, after=cursor, limit=batch_size, dry_run=dry_run)
+        await tally.add(batch)
+        if (cursor := batch.after) is None:
+            break
+    while True:
+        batch = await backend.erase_episodes(
+            subject, ordered, after=cursor, limit=batch_size, dry_run=dry_run
+        )
         await tally.add(batch)
         if (cursor := batch.after) is None:
             break

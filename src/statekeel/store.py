@@ -336,8 +336,9 @@ class Store:
     ) -> ErasureReport:
         """Delete everything about ``subject`` — its sessions (key or ``metadata["subject"]``) with their
         messages, archive, fallback files, episodes, file ledger records, traces and vectors; memories of
-        scope ``subject`` with their history; graph relations naming it — in short batches, and append one
-        ``erasure`` audit entry (``actor``, ``reason``, the counts). Audit entries and approvals stay.
+        scope ``subject`` with their history; graph relations and episodes naming it — in short batches,
+        and append one ``erasure`` audit entry (``actor``, ``reason``, the counts). Audit entries and
+        approvals stay.
         With ``dry_run`` nothing is written and the counts are what an erasure would delete. Interrupted, it
         is run again and finishes. A subject that matches nothing gives a report of zeros. See
         :mod:`statekeel.erasure`.

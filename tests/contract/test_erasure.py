@@ -41,6 +41,8 @@ async def fill(store: statekeel.Store) -> dict[str, Any]:
     await store.memory.relate("x", "from", "y", source_memory_id=mine.id)
     await store.memory.add_episode("chat-7", "talked")
     await store.memory.add_episode("chat-8", "bob talked")
+    await store.memory.add_episode("chat-8", "bob met alice", entities=["bob", SUBJECT])
+    await store.memory.add_episode("chat-7", "again", entities=[SUBJECT])  # counted with its session
     await store.files.record("notes/a.txt", "ab" * 32, 3, session_key="chat-7")
     await store.files.record("notes/b.txt", "cd" * 32, 3, session_key="chat-8")
     now = dt.datetime.now(dt.UTC)
@@ -63,7 +65,7 @@ EXPECTED = {
     "compressions": 1,
     "tool_calls": 0,
     "fallback_files": 0,
-    "episodes": 1,
+    "episodes": 3,
     "memories": 2,
     "memory_events": 3,
     "memory_accesses": 0,
@@ -91,7 +93,7 @@ async def test_erase_removes_everything_of_the_subject_and_nothing_else(store: s
     assert theirs is not None and theirs.content == "Bob"
     assert await store.memory.open_contradictions() == []
     assert [(r.subject, r.object) for r in await store.memory.relations("bob")] == [("bob", "tea")]
-    assert [e.session_key for e in await store.memory.episodes()] == ["chat-8"]
+    assert [e.summary for e in await store.memory.episodes()] == ["bob talked"]
     assert [f.path for f in await store.files.list()] == ["notes/b.txt"]
     assert [s.trace_id for s in (await store.traces.query()).items] == ["t-3"]
     assert [v.vec_id for v in await store.vectors.by_source(ids["theirs"])] == ["v-theirs"]

@@ -49,7 +49,7 @@ def erase(
 ) -> None:
     """Delete everything about SUBJECT (Store.erase): sessions whose key or metadata "subject" is SUBJECT,
     with their messages, archive, fallback files, episodes, file ledger records, traces and vectors;
-    memories of scope SUBJECT with their history; graph relations naming it.
+    memories of scope SUBJECT with their history; graph relations and episodes naming it.
 
     Audit entries and approvals stay; one "erasure" audit entry records --actor, --reason and the counts
     (naming the subject by its SHA-256). Short batches: agents keep working. Interrupted, run it again to

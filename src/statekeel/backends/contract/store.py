@@ -460,3 +460,10 @@ class ErasureBackend(abc.ABC):
         self, subject: str, *, after: str | None, limit: int, dry_run: bool
     ) -> ErasureBatch:
         """Delete up to ``limit`` graph relations whose subject or object is ``subject``."""
+
+    @abc.abstractmethod
+    async def erase_episodes(
+        self, subject: str, keys: Sequence[str], *, after: str | None, limit: int, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete up to ``limit`` episodes that name ``subject`` among their entities (not those of the
+        sessions ``keys``: they go with their session), with their vectors."""

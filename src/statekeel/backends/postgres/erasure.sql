@@ -109,3 +109,14 @@ ORDER BY id LIMIT $3;
 
 -- name: erase_relation_delete
 DELETE FROM memory_relations WHERE id = $1 AND (subject = $2 OR object = $2);
+
+-- name: erase_episodes_page
+-- Episodes that name the subject among their entities (those of the subject's sessions, $4, go with
+-- their session and are counted there).
+SELECT id FROM memory_episodes
+WHERE id > $2 AND entities @> jsonb_build_array($1::text)
+  AND session_key NOT IN (SELECT jsonb_array_elements_text(CAST($4::text AS jsonb)))
+ORDER BY id LIMIT $3;
+
+-- name: erase_episode_delete
+DELETE FROM memory_episodes WHERE id = $1 AND entities @> jsonb_build_array($2::text);

@@ -139,6 +139,19 @@ async def op_erase_relations(
     return ErasureBatch({"relations": n}, last, time.perf_counter() - began)
 
 
+async def op_erase_episodes(
+    tx: Tx, subject: str, keys: Sequence[str], after: str | None, limit: int, dry_run: bool
+) -> ErasureBatch:
+    began = time.perf_counter()
+    rows = await tx.fetchall("erase_episodes_page", subject, after or "", limit, _json_list(keys))
+    counts = {"episodes": 0, "vectors": 0}
+    for row in rows:
+        counts["vectors"] += await delete_source_vectors(tx, row["id"], dry_run)
+        counts["episodes"] += 1 if dry_run else await tx.execute("erase_episode_delete", row["id"], subject)
+    last = str(rows[-1]["id"]) if len(rows) == limit else None
+    return ErasureBatch(counts, last, time.perf_counter() - began)
+
+
 class SqlErasure(SqlBackend, ErasureBackend):
     """The erasure contract over the shared operations above. Deleting batches go through
     ``_write_bulk`` (on SQLite: the writer thread); dry runs and candidate listings are reads."""
@@ -174,3 +187,8 @@ class SqlErasure(SqlBackend, ErasureBackend):
         self, subject: str, *, after: str | None, limit: int, dry_run: bool
     ) -> ErasureBatch:
         return await self._batch(op_erase_relations, dry_run, subject, after, limit, dry_run)
+
+    async def erase_episodes(
+        self, subject: str, keys: Sequence[str], *, after: str | None, limit: int, dry_run: bool
+    ) -> ErasureBatch:
+        return await self._batch(op_erase_episodes, dry_run, subject, list(keys), after, limit, dry_run)

@@ -110,3 +110,15 @@ ORDER BY id LIMIT ?3;
 
 -- name: erase_relation_delete
 DELETE FROM memory_relations WHERE id = ?1 AND (subject = ?2 OR object = ?2);
+
+-- name: erase_episodes_page
+-- Episodes that name the subject among their entities (those of the subject's sessions, ?4, go with
+-- their session and are counted there).
+SELECT id FROM memory_episodes
+WHERE id > ?2 AND EXISTS (SELECT 1 FROM json_each(memory_episodes.entities) WHERE value = ?1)
+  AND session_key NOT IN (SELECT value FROM json_each(?4))
+ORDER BY id LIMIT ?3;
+
+-- name: erase_episode_delete
+DELETE FROM memory_episodes
+WHERE id = ?1 AND EXISTS (SELECT 1 FROM json_each(memory_episodes.entities) WHERE value = ?2);
