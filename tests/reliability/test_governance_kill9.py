@@ -66,9 +66,9 @@ async def test_an_export_killed_midway_leaves_no_file_at_its_path(tmp_path: Path
 
 
 async def test_an_import_killed_midway_leaves_the_store_unchanged_and_a_rerun_completes(
-    tmp_path: Path,
+    tmp_path: Path, shared_url: str
 ) -> None:
-    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", shared_url
     await _source(src)
     export, marker = tmp_path / "x.jsonl", tmp_path / "marker"
     async with statekeel.open_store(src) as store:
