@@ -13,6 +13,8 @@ What is the subject's:
   attributes' ``session_key`` (or ``session.id``) is one of them; the LangGraph checkpoints of the thread
   named after them; the vectors of a source named after them; their lease rows, unless a live process
   holds one (counted as ``leases_held``: run the erasure again once it is gone);
+- what is named after the subject itself even without a session of that key: the spans of the trace,
+  the LangGraph checkpoints of the thread, the episodes and file ledger records of that key;
 - spans whose attributes' ``subject`` is the subject;
 - memories of scope ``subject``, with their history, access log, contradictions (an open one is resolved
   as ``"erased"`` first), the graph relations they produced and their vectors;
@@ -60,7 +62,8 @@ class ErasureReport:
     ``subject_sha256`` names the subject as the audit entry does; ``audit_seq`` is that entry's sequence
     number (None in a dry run). ``leases_held`` counts sessions whose lease row was kept because a live
     process holds it. ``batches`` counts the transactions, ``longest_batch_seconds`` the longest one
-    (on SQLite: how long it held the write lock).
+    (on SQLite: how long it held the write lock). ``session_keys`` lists the keys erased as the subject's
+    (its sessions', and the subject itself).
     """
 
     subject_sha256: str
@@ -188,7 +191,9 @@ async def erase(
     await store.traces.flush()
     await store.memory.flush()
 
-    keys: set[str] = set()
+    # The subject itself is one of the keys even without a session of that key: the trace, LangGraph
+    # thread, episodes and file records named after it are the subject's too.
+    keys: set[str] = {subject}
     after: str | None = None
     while True:
         page = await backend.erasure_sessions(subject, after=after, limit=1000)

@@ -191,3 +191,24 @@ async def test_erase_works_in_small_batches(store: statekeel.Store) -> None:
     report = await store.erase(SUBJECT, actor="dpo", reason="x", batch_size=1)
     assert report.sessions == 7 and report.memories == 2
     assert report.batches >= 7 + 2
+
+
+async def test_what_is_named_after_the_subject_goes_without_a_session_of_that_key(
+    store: statekeel.Store,
+) -> None:
+    # A LangGraph thread and a trace named after the subject, and an episode of that key: no session.
+    info = {t.name: t for t in await store.backend.copy_tables()}
+    for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+        plain = {"text": "x", "int": 1, "json": "{}", "ts": dt.datetime.now(dt.UTC), "bytes": b"x"}
+        row = tuple(SUBJECT if c == "thread_id" else plain[k] for c, k in info[table].columns)
+        await store.backend.import_rows(table, [row])
+    span = {"span_id": "s", "name": "n", "kind": "llm", "status": "ok", "attributes": {}}
+    store.traces.record(SUBJECT, {**span, "started_at": dt.datetime.now(dt.UTC)})
+    store.traces.record("other", {**span, "started_at": dt.datetime.now(dt.UTC)})
+    await store.traces.flush()
+    await store.memory.add_episode(SUBJECT, "no session")
+    report = await store.erase(SUBJECT, actor="dpo", reason="x")
+    assert (report.sessions, report.checkpoints, report.traces, report.episodes) == (0, 3, 1, 1)
+    for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+        assert await store.backend.count_rows(table) == 0
+    assert [s.trace_id for s in (await store.traces.query()).items] == ["other"]
