@@ -169,7 +169,11 @@ async def test_a_session_that_no_longer_names_the_subject_is_not_deleted(store: 
     batch = await store.backend.erase_sessions(SUBJECT, keys, now=dt.datetime.now(dt.UTC), dry_run=False)
     assert batch.counts["sessions"] == 1
     kept = await store.sessions.load("chat-7")
-    assert kept is not None and kept.metadata["subject"] == "carol"
+    assert kept is not None and kept.metadata["subject"] == "carol" and kept.head_seq == 4
+    # What belongs to it stays with it: its episodes, file records and the trace named after it.
+    assert [e.session_key for e in await store.memory.episodes(session_key="chat-7")] == ["chat-7", "chat-7"]
+    assert [f.path for f in await store.files.list(session_key="chat-7")] == ["notes/a.txt"]
+    assert [s.trace_id for s in await store.traces.get("chat-7")] == ["chat-7"]
     assert await store.sessions.load(SUBJECT) is None
 
 

@@ -8,6 +8,15 @@ SELECT key FROM sessions
 WHERE key > $2 AND (key = $1 OR metadata -> 'subject' = to_jsonb($1::text))
 ORDER BY key LIMIT $3;
 
+-- name: erase_session_check
+-- Whether the session of a key is still the subject's (no row: none; then only what is named after the
+-- key goes).
+SELECT (key = $2 OR metadata -> 'subject' = to_jsonb($2::text)) AS mine FROM sessions WHERE key = $1;
+
+-- name: erase_session_check_lock
+-- The same, holding the row's lock until the batch commits: its metadata cannot change in between.
+SELECT (key = $2 OR metadata -> 'subject' = to_jsonb($2::text)) AS mine FROM sessions WHERE key = $1 FOR UPDATE;
+
 -- name: erase_session_counts
 SELECT (SELECT count(*) FROM sessions WHERE key = $1) AS sessions,
        (SELECT count(*) FROM messages WHERE session_key = $1) AS messages,

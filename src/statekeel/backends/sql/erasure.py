@@ -49,6 +49,11 @@ async def op_erase_sessions(
     began = time.perf_counter()
     counts: dict[str, int] = {}
     for key in keys:
+        check = await tx.fetchone(
+            "erase_session_check" if dry_run else "erase_session_check_lock", key, subject
+        )
+        if check is not None and not check["mine"]:
+            continue  # the session no longer names the subject: it and what belongs to it stay
         row = await tx.fetchone("erase_session_counts", key)
         assert row is not None  # an aggregate always returns one row
         found = {kind: int(row[kind]) for kind in SESSION_KINDS}
@@ -65,8 +70,7 @@ async def op_erase_sessions(
             await tx.execute("erase_session_checkpoint_blobs", key)
             await tx.execute("erase_session_checkpoints", key)
             await tx.execute("erase_session_lease", key, tx.ts_in(now))
-            # 0 when the session is no longer the subject's (or gone): it stays, but what was named after
-            # it (trace, thread, episodes of that key) was the subject's too.
+            # Checked above (and locked, on PostgreSQL): the session is the subject's, or there is none.
             found["sessions"] = await tx.execute("erase_session_delete", key, subject)
         for kind, n in found.items():
             _add(counts, kind, n)

@@ -9,6 +9,14 @@ WHERE key > ?2 AND (key = ?1 OR (json_type(metadata, '$.subject') = 'text'
                                  AND json_extract(metadata, '$.subject') = ?1))
 ORDER BY key LIMIT ?3;
 
+-- name: erase_session_check
+-- Whether the session of a key is still the subject's (no row: none; then only what is named after the
+-- key goes). SQLite runs one writer at a time: nothing changes the row before the batch commits.
+SELECT (key = ?2 OR (json_type(metadata, '$.subject') = 'text' AND json_extract(metadata, '$.subject') = ?2)) AS mine FROM sessions WHERE key = ?1;
+
+-- name: erase_session_check_lock
+SELECT (key = ?2 OR (json_type(metadata, '$.subject') = 'text' AND json_extract(metadata, '$.subject') = ?2)) AS mine FROM sessions WHERE key = ?1;
+
 -- name: erase_session_counts
 SELECT (SELECT count(*) FROM sessions WHERE key = ?1) AS sessions,
        (SELECT count(*) FROM messages WHERE session_key = ?1) AS messages,
