@@ -3,10 +3,15 @@ stays; one erasure audit entry records who, why and the counts."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import statekeel
 from statekeel.erasure import subject_digest
@@ -216,3 +221,139 @@ async def test_what_is_named_after_the_subject_goes_without_a_session_of_that_ke
     for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
         assert await store.backend.count_rows(table) == 0
     assert [s.trace_id for s in (await store.traces.query()).items] == ["other"]
+
+
+KEYS = (SUBJECT, "chat-1", "chat-2", "chat-3")
+erasure_mix = st.fixed_dictionaries(
+    {
+        "sessions": st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from([SUBJECT, "bob", None])),
+                             max_size=4, unique_by=lambda t: t[0]),
+        "memories": st.lists(st.tuples(st.sampled_from([SUBJECT, "bob"]), st.booleans()), max_size=5),
+        "contradictions": st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.booleans()),
+                                   max_size=3),
+        "relations": st.lists(st.tuples(st.sampled_from([SUBJECT, "bob", "tea"]),
+                                        st.sampled_from([SUBJECT, "bob", "tea"]), st.integers(-1, 4)),
+                              max_size=4),
+        "episodes": st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=3),
+        "spans": st.lists(st.tuples(st.sampled_from((*KEYS, "t-x")),
+                                    st.sampled_from(["subject", "session_key", None]),
+                                    st.sampled_from(KEYS)), max_size=4),
+        "files": st.lists(st.sampled_from(KEYS), max_size=3),
+        "batch_size": st.integers(1, 3),
+    }
+)  # fmt: skip
+
+
+async def _build_mix(store: statekeel.Store, spec: dict[str, Any]) -> None:
+    for key, owner in spec["sessions"]:
+        session = await store.sessions.get_or_create(key)
+        if owner is not None:
+            session.metadata["subject"] = owner
+        session.add_message("user", f"{key} hello")
+        await store.sessions.save(session)
+    memories = []
+    for i, (scope, vector) in enumerate(spec["memories"]):
+        memory = await store.memory.put("user", f"k{i}", f"v{i}", scope=scope)
+        memories.append(memory)
+        store.memory.record_access(memory.id)
+        if vector:
+            await store.vectors.upsert(f"v{i}", memory.id, [1.0, float(i)], model="m")
+    for a, b, resolved in spec["contradictions"]:
+        if a < len(memories) and b < len(memories) and a != b:
+            c = await store.memory.record_contradiction(memories[a].id, memories[b].id, "x")
+            if resolved:
+                await store.memory.resolve_contradiction(c.id, "settled")
+    for subject, obj, source in spec["relations"]:
+        source_id = memories[source].id if 0 <= source < len(memories) else None
+        await store.memory.relate(subject, "r", obj, source_memory_id=source_id)
+    for key, names in spec["episodes"]:
+        await store.memory.add_episode(key, "e", entities=[SUBJECT] if names else ["bob"])
+    for n, (trace, attribute, value) in enumerate(spec["spans"]):
+        attributes = {} if attribute is None else {attribute: value}
+        span = {"span_id": f"s{n}", "name": "n", "kind": "llm", "status": "ok", "attributes": attributes}
+        store.traces.record(trace, {**span, "started_at": dt.datetime.now(dt.UTC)})
+    for n, key in enumerate(spec["files"]):
+        await store.files.record(f"f{n}.txt", "ab" * 32, 1, session_key=key)
+    await store.memory.flush()
+    await store.traces.flush()
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().split(b"\n")[1:] if line]
+
+
+def _expected_survivors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spec of erasure, written independently of the code: the records that must remain."""
+    rows = [(r["kind"], r["row"]) for r in records]
+    keys = {SUBJECT} | {
+        row["key"] for kind, row in rows if kind == "sessions" and row["metadata"].get("subject") == SUBJECT
+    }
+    memories = {row["id"] for kind, row in rows if kind == "memories" and row["scope"] == SUBJECT}
+    episodes = {
+        row["id"]
+        for kind, row in rows
+        if kind == "memory_episodes" and (row["session_key"] in keys or SUBJECT in row["entities"])
+    }
+    sources = memories | keys | episodes
+
+    def gone(kind: str, row: dict[str, Any]) -> bool:
+        if kind in ("sessions",):
+            return row["key"] in keys
+        if kind in ("messages", "compressions", "message_archive", "session_steps", "file_changes"):
+            return row["session_key"] in keys
+        if kind == "memory_episodes":
+            return row["id"] in episodes
+        if kind == "traces":
+            attrs = row["attributes"]
+            return (
+                row["trace_id"] in keys or attrs.get("subject") == SUBJECT or attrs.get("session_key") in keys
+            )
+        if kind == "memories":
+            return row["id"] in memories
+        if kind in ("memory_events", "memory_accesses"):
+            return row["memory_id"] in memories
+        if kind == "memory_contradictions":
+            return row["memory_a"] in memories or row["memory_b"] in memories
+        if kind == "memory_relations":
+            return SUBJECT in (row["subject"], row["object"]) or row["source_memory_id"] in memories
+        if kind in ("vectors", "vector_sources"):
+            return row["source_id"] in sources
+        return False
+
+    return [
+        {"kind": k, "row": r} for k, r in rows if not gone(k, r) and k not in ("vector_models", "audit_log")
+    ]
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(spec=erasure_mix)
+def test_erase_removes_exactly_the_subjects_records_whatever_the_mix(
+    spec: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("mix")
+
+    async def run() -> None:
+        async with statekeel.open_store("memory://") as store:
+            await _build_mix(store, spec)
+            await statekeel.export_store(store, folder / "before.jsonl")
+            dry = await store.erase(
+                SUBJECT, dry_run=True, actor="dpo", reason="r", batch_size=spec["batch_size"]
+            )
+            real = await store.erase(SUBJECT, actor="dpo", reason="r", batch_size=spec["batch_size"])
+            assert dry.counts == real.counts
+            await statekeel.export_store(store, folder / "after.jsonl")
+            assert (await store.audit.verify()).ok
+        before, after = _records(folder / "before.jsonl"), _records(folder / "after.jsonl")
+        survivors = [r for r in after if r["kind"] not in ("vector_models", "audit_log")]
+        expected = _expected_survivors(before)
+
+        def key(r: dict[str, Any]) -> bytes:
+            return orjson.dumps(r, option=orjson.OPT_SORT_KEYS)
+
+        assert sorted(map(key, survivors)) == sorted(map(key, expected))
+        removed = sum(1 for r in before if r["kind"] == "sessions") - sum(
+            1 for r in after if r["kind"] == "sessions"
+        )
+        assert real.sessions == removed
+
+    asyncio.run(run())
