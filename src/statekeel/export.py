@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -337,11 +337,6 @@ def _publish(temp: str, target: str, overwrite: bool) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def open_lines(path: str) -> IO[bytes]:
-    """The export file opened for reading (binary, buffered)."""
-    return open(path, "rb", buffering=1 << 20)
 
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "KIND_GROUPS", "ExportReport", "export_store"]
