@@ -16,6 +16,7 @@ from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
+    AuditKeyRequired,
     AuditTampered,
     BackendUnavailable,
     ConflictError,
@@ -67,6 +68,7 @@ __all__ = [
     "Approval",
     "ApprovalLog",
     "AuditEntry",
+    "AuditKeyRequired",
     "AuditLog",
     "AuditTampered",
     "AuditVerification",
