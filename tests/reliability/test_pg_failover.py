@@ -210,6 +210,11 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _in_backend(entry: dict[str, Any]) -> bool:
+    """An acknowledged write that the database took (not a save written to a fallback file)."""
+    return bool(entry["ok"]) and not entry.get("fallback")
+
+
 def _wait_for_acks(
     procs: list[subprocess.Popen[bytes]], logs: list[Path], after: float, count: int, deadline_s: float
 ) -> None:
@@ -218,7 +223,9 @@ def _wait_for_acks(
         dead = [p for p, proc in enumerate(procs) if proc.poll() is not None]
         assert not dead, f"workers {dead} exited early"
         if all(
-            sum(1 for e in _read_log(p) if e["ok"] and e["t0"] >= after) >= count for p in logs if p.exists()
+            sum(1 for e in _read_log(p) if _in_backend(e) and e["t0"] >= after) >= count
+            for p in logs
+            if p.exists()
         ) and all(p.exists() for p in logs):
             return
         time.sleep(0.2)
@@ -298,10 +305,14 @@ def _summary(entries_by_worker: list[list[dict[str, Any]]], killed_at: float) ->
     windows = []
     errors: Counter[str] = Counter()
     longest_call = 0.0
+    fallback_saves = 0
     for entries in entries_by_worker:
-        resumed = min(e["t1"] for e in entries if e["ok"] and e["t0"] >= killed_at)
+        # The window of one worker: from the kill to the end of its first write, begun after the kill,
+        # that the database acknowledged.
+        resumed = min(e["t1"] for e in entries if _in_backend(e) and e["t0"] >= killed_at)
         windows.append(resumed - killed_at)
         for e in entries:
+            fallback_saves += bool(e.get("fallback"))
             longest_call = max(longest_call, e["t1"] - e["t0"])
             if not e["ok"]:
                 errors[f"{e['error']}(outcome={e['outcome']}, retry_after={e['retry_after']})"] += 1
@@ -310,6 +321,8 @@ def _summary(entries_by_worker: list[list[dict[str, Any]]], killed_at: float) ->
         "window_max_s": round(max(windows), 2),
         "longest_call_s": round(longest_call, 2),
         "errors": dict(errors),
+        "saves_to_fallback_files": fallback_saves,
+        "writes": sum(len(es) for es in entries_by_worker),
     }
 
 
