@@ -447,6 +447,58 @@ def test_writes_continue_while_the_monitor_is_down(cluster: Cluster) -> None:
         _ha("wait", str(cluster.root), "60")
 
 
+# --- a demoted server, forced with a hook (the shared server; no cluster needed) ---------------------
+
+
+def _refuse_first_write(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first statement of the next write fails as on a server demoted to standby; returns the list
+    the hook appends each refused call to."""
+    import asyncpg
+
+    from statekeel.backends.postgres.backend import PgTx
+
+    refused: list[int] = []
+    original = PgTx.fetchone
+
+    async def fetchone(self: PgTx, name: str, *args: Any) -> Any:
+        if not refused:
+            refused.append(1)
+            raise asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction")
+        return await original(self, name, *args)
+
+    monkeypatch.setattr(PgTx, "fetchone", fetchone)
+    return refused
+
+
+async def test_failover_write_refused_by_a_demoted_server_runs_again_once(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = pg_migrated + ("&" if "?" in pg_migrated else "?") + "target_session_attrs=read-write"
+    async with statekeel.open_store(url) as store:
+        refused = _refuse_first_write(monkeypatch)
+        task = await store.tasks.create("after-demotion", idempotency_key="after-demotion")
+        assert refused == [1]  # the hook did refuse the first try
+        monkeypatch.undo()
+        page = await store.tasks.list(limit=500)
+        assert [t.id for t in page.items if t.title == "after-demotion"] == [task.id]  # once, not twice
+        entries = await store.audit.query(subject=f"task:{task.id}")
+        assert len(entries) == 1 and (await store.audit.verify()).ok
+
+
+async def test_failover_read_only_store_refuses_a_write_without_retrying(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = pg_migrated + ("&" if "?" in pg_migrated else "?") + "target_session_attrs=prefer-standby"
+    async with statekeel.open_store(url) as store:
+        refused = _refuse_first_write(monkeypatch)
+        with pytest.raises(statekeel.BackendUnavailable, match="reads only") as info:
+            await store.tasks.create("refused")
+        assert info.value.retry_after is None  # type: ignore[attr-defined]
+        monkeypatch.undo()
+        assert refused == [1]
+        assert all(t.title != "refused" for t in (await store.tasks.list(limit=500)).items)
+
+
 if __name__ == "__main__":
     asyncio.run(
         _worker(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))

@@ -149,9 +149,10 @@ class _Retries:
             self.started = now
             self.deadline = now + self.timeout
             return True
-        if now + self.delay > self.deadline:
+        remaining = self.deadline - now
+        if remaining <= 0:
             return False
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(min(self.delay, remaining))  # the last try at the deadline
         self.delay = min(self.delay * 2, _BACKOFF_MAX_S)
         return True
 
