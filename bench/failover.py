@@ -112,8 +112,8 @@ async def one_failover(root: Path, url: str, writers: int, fallback: str) -> dic
         w = Writers(store, writers, f"fo{time.time_ns()}")
         task = asyncio.create_task(w.run())
         await asyncio.sleep(2.0)
-        killed = time.time()
         await asyncio.to_thread(ha, "kill", str(root), old)
+        killed = time.time()  # once SIGKILL was sent: a save begun before may still have landed
         while True:
             await asyncio.sleep(0.2)
             try:

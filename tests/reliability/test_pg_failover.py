@@ -43,6 +43,8 @@ WORKERS = 3
 ACKS_BEFORE_KILL = 15
 ACKS_AFTER_PROMOTION = 10
 PROMOTION_DEADLINE_S = 60.0
+FENCE_WORKER = "fence-holder"
+FENCE_SESSION = "fenced-session"
 
 
 def _unavailable_reason() -> str | None:
@@ -203,6 +205,58 @@ async def _worker(url: str, proc: int, log_path: Path, stop: Path, fallback: Pat
     log.close()
 
 
+async def _fence_holder(url: str, log_path: Path, stop: Path, fallback: Path) -> None:
+    """Holds a claimed task's lease and a session lock across the failover, renewing both, and saves the
+    locked session; logs each heartbeat and save."""
+    log = log_path.open("a", buffering=1)
+
+    def note(**entry: Any) -> None:
+        log.write(json.dumps(entry) + "\n")
+        log.flush()
+        os.fsync(log.fileno())
+
+    async with statekeel.open_store(url, fallback_dir=str(fallback)) as store:
+        task = await store.tasks.create("fenced", status="queued", idempotency_key="fenced")
+        claimed = await store.tasks.claim(FENCE_WORKER, lease_seconds=120)
+        assert claimed is not None and claimed.id == task.id, claimed
+        async with store.sessions.open(FENCE_SESSION) as session:
+            note(
+                op="held", ok=True, t0=time.time(), t1=time.time(), task_id=task.id, epoch=claimed.lease_epoch
+            )
+            n = 0
+            while not await asyncio.to_thread(stop.exists):
+                n += 1
+                started = time.time()
+                try:
+                    await store.tasks.heartbeat(task.id, FENCE_WORKER, claimed.lease_epoch, lease_seconds=120)
+                    session.add_message("user", f"fenced-{n}")
+                    in_backend = await store.sessions._save(session)
+                    note(op="fence", ok=True, t0=started, t1=time.time(), fallback=not in_backend)
+                except statekeel.BackendUnavailable as exc:
+                    note(
+                        op="fence",
+                        ok=False,
+                        t0=started,
+                        t1=time.time(),
+                        error=type(exc).__name__,
+                        outcome=getattr(exc, "outcome", None),
+                        retry_after=getattr(exc, "retry_after", None),
+                    )
+                await asyncio.sleep(0.2)  # pacing: a renewal five times a second is plenty
+    log.close()
+
+
+async def _check_fence(url: str, task_id: str, epoch: int) -> None:
+    """Another process, after the promotion: the session lock and the task's lease are still held."""
+    async with statekeel.open_store(url) as other:
+        with pytest.raises(statekeel.ConflictError):
+            await other.sessions.lock(FENCE_SESSION).acquire(timeout=1)
+        with pytest.raises(statekeel.LeaseLost):
+            await other.tasks.heartbeat(task_id, "intruder", epoch)
+        task = await other.tasks.get(task_id)
+        assert (task.status, task.lease_epoch) == ("running", epoch)
+
+
 # --- checks -----------------------------------------------------------------------------------------
 
 
@@ -232,15 +286,11 @@ def _wait_for_acks(
     raise AssertionError(f"the workers did not reach {count} acknowledged writes after {after}")
 
 
-def _start_workers(tmp: Path, urls: list[str]) -> tuple[list[subprocess.Popen[bytes]], list[Path], Path]:
-    stop = tmp / "stop"
-    logs = [tmp / f"worker-{p}.jsonl" for p in range(len(urls))]
-    procs = []
-    for p, url in enumerate(urls):
-        with (tmp / f"worker-{p}.err").open("wb") as err:  # the child keeps its own copy of the fd
-            args = [url, str(p), str(logs[p]), str(stop), str(tmp / f"fallback-{p}")]
-            procs.append(subprocess.Popen([sys.executable, __file__, *args], stderr=err))
-    return procs, logs, stop
+def _start_worker(tmp: Path, mode: str, url: str, p: int, stop: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp / f"worker-{p}.jsonl"
+    with (tmp / f"worker-{p}.err").open("wb") as err:  # the child keeps its own copy of the fd
+        args = [mode, url, str(log), str(stop), str(tmp / f"fallback-{p}")]
+        return subprocess.Popen([sys.executable, __file__, *args], stderr=err), log
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], stop: Path, tmp: Path) -> None:
@@ -332,18 +382,31 @@ def test_acknowledged_writes_survive_kill9_of_the_primary(cluster: Cluster, tmp_
     fast = cluster.url_for(
         cluster.node1, cluster.node2, target_session_attrs="read-write", failover_timeout="0"
     )
-    procs, logs, stop = _start_workers(tmp_path, [waiting, waiting, fast])
+    stop = tmp_path / "stop"
+    fence, fence_log = _start_worker(tmp_path, "fence", waiting, WORKERS, stop)
+    procs, logs = [fence], [fence_log]
     try:
+        _wait_for_acks(procs, logs, 0.0, 1, 60)  # the fence holder holds its lease and lock
+        for p, url in enumerate([waiting, waiting, fast]):
+            proc, log = _start_worker(tmp_path, str(p), url, p, stop)
+            procs.insert(p, proc)
+            logs.insert(p, log)
         _wait_for_acks(procs, logs, 0.0, ACKS_BEFORE_KILL, 120)
-        killed_at = time.time()
         _ha("kill", str(cluster.root), old)
+        killed_at = time.time()  # SIGKILL sent: a write begun before this may still have landed
         promotion_s = cluster.wait_for_new_primary(old)
         promoted_at = time.time()
         _wait_for_acks(procs, logs, promoted_at, ACKS_AFTER_PROMOTION, 90)
+        held = _read_log(fence_log)[0]
+        # Fencing across the switch: the holder still holds the session lock and the task's lease.
+        asyncio.run(_check_fence(waiting, held["task_id"], held["epoch"]))
     finally:
         _stop_workers(procs, stop, tmp_path)
-    entries_by_worker = [_read_log(p) for p in logs]
-    summary = _summary(entries_by_worker, killed_at)
+    entries_by_worker = [_read_log(p) for p in logs[:WORKERS]]
+    fence_entries = _read_log(fence_log)
+    # The holder renewed its lease and saved its locked session on the new primary.
+    assert any(_in_backend(e) and e["t0"] >= promoted_at for e in fence_entries if e["op"] == "fence")
+    summary = _summary([*entries_by_worker, fence_entries], killed_at)
     summary["promotion_s"] = round(promotion_s, 2)
     print(f"\nfailover: {json.dumps(summary)}")  # the figures docs/scale.md quotes
     # Never a hang: no call took longer than failover_timeout (10 s) plus one round of connection
@@ -356,9 +419,9 @@ def test_acknowledged_writes_survive_kill9_of_the_primary(cluster: Cluster, tmp_
             if not e["ok"]:
                 assert e["error"] == "BackendUnavailable", e
                 assert e["retry_after"] is not None or e["outcome"] == "unknown", e
-                assert e["t1"] >= killed_at, f"a call failed before the kill: {e}"
+                assert e["t1"] >= killed_at - 1, f"a call failed before the kill: {e}"
     entries = [e for es in entries_by_worker for e in es]
-    asyncio.run(_check_store(waiting, entries, [tmp_path / f"fallback-{p}" for p in range(WORKERS)]))
+    asyncio.run(_check_store(waiting, entries, [tmp_path / f"fallback-{p}" for p in range(WORKERS + 1)]))
 
     # The killed node comes back: its keeper rejoins it as a standby of the new primary, so a URL that
     # lists it first still writes to the new primary (target_session_attrs=read-write refuses it).
@@ -500,6 +563,9 @@ async def test_failover_read_only_store_refuses_a_write_without_retrying(
 
 
 if __name__ == "__main__":
-    asyncio.run(
-        _worker(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
-    )
+    mode_arg, url_arg, *paths = sys.argv[1:]
+    log_arg, stop_arg, fallback_arg = (Path(p) for p in paths)
+    if mode_arg == "fence":
+        asyncio.run(_fence_holder(url_arg, log_arg, stop_arg, fallback_arg))
+    else:
+        asyncio.run(_worker(url_arg, int(mode_arg), log_arg, stop_arg, fallback_arg))

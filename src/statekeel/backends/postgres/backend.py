@@ -420,7 +420,7 @@ class PostgresBackend(
     async def _connections_lost(self, exc: BaseException) -> None:
         # One dead connection usually means all of them died (server restart, failover,
         # pg_terminate_backend): reconnect every idle one instead of failing on each in turn.
-        log.warning("%s: a connection failed (%s); retrying once on a new one", self.target, exc)
+        log.warning("%s: a connection failed (%s); retrying on a new one", self.target, exc)
         busy = isinstance(exc, asyncpg.TooManyConnectionsError | asyncpg.CannotConnectNowError)
         if self._pool is not None and not busy:  # a busy server: fresh connections would not help
             await self._pool.expire_connections()
