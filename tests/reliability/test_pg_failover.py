@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         c = Cluster(root)
     except BaseException:
-        subprocess.run([str(PG_HA), "stop", str(root)], check=False, capture_output=True)
+        subprocess.run([str(PG_HA), "stop", str(root)], check=False, capture_output=True, timeout=120)
+        shutil.rmtree(root.parent, ignore_errors=True)
         raise
     try:
         yield c
@@ -156,7 +157,12 @@ async def _worker(url: str, proc: int, log_path: Path, stop: Path, fallback: Pat
             i += 1
             session = sessions[i % 3]
             content = f"w{proc}-m{i}"
-            ops: list[tuple[str, Any]] = [("msg", content), ("task", f"w{proc}-t{i}"), ("audit", i)]
+            ops: list[tuple[str, Any]] = [
+                ("msg", content),
+                ("task", f"w{proc}-t{i}"),
+                ("done", None),
+                ("audit", i),
+            ]
             for op, arg in ops:
                 started = time.time()
                 try:
@@ -172,16 +178,18 @@ async def _worker(url: str, proc: int, log_path: Path, stop: Path, fallback: Pat
                         }
                     elif op == "task":
                         task = await store.tasks.create(arg, status="queued", idempotency_key=arg)
-                        claimed = await store.tasks.claim(worker_id, lease_seconds=120)
                         detail = {"task_id": task.id, "title": arg}
+                    elif op == "done":  # claim the next queued task (anyone's), run its step, finish it
+                        claimed = await store.tasks.claim(worker_id, lease_seconds=120)
+                        detail = {}
                         if claimed is not None:
-                            done = await store.tasks.step(
+                            result = await store.tasks.step(
                                 claimed.id, "s1", lambda: {"by": worker_id}, lease_epoch=claimed.lease_epoch
                             )
                             await store.tasks.transition(
                                 claimed.id,
                                 "success",
-                                result=done,
+                                result=result,
                                 worker_id=worker_id,
                                 lease_epoch=claimed.lease_epoch,
                             )
@@ -330,25 +338,43 @@ async def _check_store(url: str, entries: list[dict[str, Any]], fallback_dirs: l
             if e["op"] == "task" and e["ok"]:
                 task = await store.tasks.get(e["task_id"])
                 assert task.title == e["title"]
-                assert task.status in TRANSITIONS
-                if "succeeded" in e:
-                    done = await store.tasks.get(e["succeeded"])
-                    assert done.status == "success"
-                    steps = await store.tasks.steps(done.id)
-                    assert [s.status for s in steps] == ["succeeded"]
+            if e["op"] == "done" and e["ok"] and "succeeded" in e:
+                done = await store.tasks.get(e["succeeded"])
+                assert done.status == "success"
+                steps = await store.tasks.steps(done.id)
+                assert [s.status for s in steps] == ["succeeded"]
+        # Every task got where it is by legal transitions, each recorded once (invariant 5): its audit
+        # entries, in chain order, walk from its creation to its current status and version.
+        trail: dict[str, list[Any]] = {}
+        async for entry in _audit_entries(store):
+            if entry.subject.startswith("task:"):
+                trail.setdefault(entry.subject[5:], []).append(entry)
         async for task in every_item(lambda cursor: store.tasks.list(limit=500, cursor=cursor)):
-            assert task.status in TRANSITIONS, task
+            entries_of = trail.get(task.id, [])
+            assert entries_of and entries_of[0].kind == "task.created", task.id
+            status, version = entries_of[0].data["status"], entries_of[0].data["version"]
+            for entry in entries_of[1:]:
+                if entry.kind != "task.transitioned":
+                    continue  # step entries
+                data = entry.data
+                assert data["from"] == status and data["to"] in TRANSITIONS[status], (task.id, data)
+                assert data["version"] > version, (task.id, data)
+                status, version = data["to"], data["version"]
+            assert (task.status, task.version) == (status, version), task
         audited = {e["seq"]: e["hash"] for e in entries if e["op"] == "audit" and e["ok"]}
-        stored_audit: dict[int, str] = {}
-        while True:
-            batch = await store.audit.query(kind="load", limit=500, after_seq=max(stored_audit, default=0))
-            if not batch:
-                break
-            stored_audit.update((a.seq, a.hash) for a in batch)
+        stored_audit = {a.seq: a.hash async for a in _audit_entries(store) if a.kind == "load"}
         lost = {seq for seq, h in audited.items() if stored_audit.get(seq) != h}
         assert not lost, f"acknowledged audit entries lost or changed: {sorted(lost)[:5]}"
         verification = await store.audit.verify()
         assert verification.ok, verification
+
+
+async def _audit_entries(store: statekeel.Store) -> AsyncIterator[Any]:
+    after = 0
+    while batch := await store.audit.query(limit=500, after_seq=after):
+        for entry in batch:
+            yield entry
+        after = batch[-1].seq
 
 
 def _summary(entries_by_worker: list[list[dict[str, Any]]], killed_at: float) -> dict[str, Any]:

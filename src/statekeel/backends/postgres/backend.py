@@ -245,9 +245,9 @@ class PostgresBackend(
             try:
                 self._pool = await self._create_pool()
             except CONNECTION_ERRORS as exc:
-                if len(self.target.hosts) == 1:
+                if self.target.failover_timeout == 0:
                     raise translate(exc, self.target) from None
-                # With several hosts a failover may be under way: wait for a primary as a call would.
+                # A failover may be under way: wait for a usable server as a call would.
                 await self._lost(exc, retries)
         try:
             await self._migrate(self._require_pool())
