@@ -514,6 +514,15 @@ def test_prefer_standby_store_reads_on_a_standby_and_refuses_writes(cluster: Clu
             assert all(t.title != "nope" for t in (await ro.tasks.list(limit=500)).items)
 
     asyncio.run(go())
+    # The command line's read-only commands work on the standby too.
+    from click.testing import CliRunner
+
+    from statekeel.cli import main
+
+    url = cluster.url_for(standby, target_session_attrs="prefer-standby")
+    shown = CliRunner().invoke(main, ["--db", url, "show", "read-on-standby"])
+    assert shown.exit_code == 0, shown.output
+    assert "replicated" in shown.output
 
 
 def test_writes_continue_while_the_monitor_is_down(cluster: Cluster) -> None:
