@@ -165,3 +165,14 @@ async def test_failover_wait_for_a_primary_is_bounded_and_names_every_host() -> 
     assert 1.0 <= time.monotonic() - started < 6
     assert "127.0.0.1:1, 127.0.0.1:2" in str(info.value)
     assert info.value.retry_after == 1.0  # type: ignore[attr-defined]
+
+
+def test_failover_no_matching_host_is_backend_unavailable_naming_every_host_as_standby() -> None:
+    import asyncpg
+
+    t = PgTarget("postgresql://u:pw-77@h1:5433,h2:5434/db?target_session_attrs=read-write")
+    err = translate(asyncpg.TargetServerAttributeNotMatched("None of the hosts match"), t)
+    assert isinstance(err, statekeel.BackendUnavailable)
+    assert "h1:5433, h2:5434" in str(err) and "standby" in str(err)
+    assert err.retry_after == 1.0  # type: ignore[attr-defined]
+    assert "pw-77" not in str(err)
