@@ -176,3 +176,15 @@ def test_failover_no_matching_host_is_backend_unavailable_naming_every_host_as_s
     assert "h1:5433, h2:5434" in str(err) and "standby" in str(err)
     assert err.retry_after == 1.0  # type: ignore[attr-defined]
     assert "pw-77" not in str(err)
+
+
+async def test_failover_timeout_on_one_host_waits_for_it_then_gives_a_retry_hint() -> None:
+    # One DNS name that a managed service moves to the new primary: the wait is opt-in with one host.
+    import time
+
+    url = "postgresql://u@127.0.0.1:1/db?failover_timeout=1&connect_timeout=2"
+    started = time.monotonic()
+    with pytest.raises(statekeel.BackendUnavailable) as info:
+        await statekeel.open_store(url)
+    assert 1.0 <= time.monotonic() - started < 6
+    assert info.value.retry_after == 1.0  # type: ignore[attr-defined]

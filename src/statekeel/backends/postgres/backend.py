@@ -411,7 +411,7 @@ class PostgresBackend(
         """A call met a dead connection or the wrong node: return to run it again, or raise."""
         first = retries.started is None
         if not await retries.again():
-            if len(self.target.hosts) > 1:
+            if len(self.target.hosts) > 1 or self.target.failover_timeout > 0:
                 raise no_primary(exc, self.target, retries.waited()) from None
             raise translate(exc, self.target) from None
         if first:

@@ -33,7 +33,7 @@ RETRY_AFTER_S = 1.0
 
 
 def no_primary(exc: BaseException, target: PgTarget, waited: float) -> BackendUnavailable:
-    """No host of a several-host URL took a session matching ``target_session_attrs`` within
+    """No host of the URL took a session matching ``target_session_attrs`` within
     ``failover_timeout``: the caller gets ``BackendUnavailable`` naming every host, with ``retry_after``."""
     if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
         why = (
