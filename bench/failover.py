@@ -80,7 +80,8 @@ class Writers:
                 session.add_message(m["role"], m["content"], **fields, turn=i)
             started = time.time()
             try:
-                took = await self.store.sessions._save(session)  # False: it went to the fallback file
+                await self.store.sessions.save(session)
+                took = session.fallback_file is None  # else it went to the fallback file
             except statekeel.StatekeelError as exc:
                 self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
                 await asyncio.sleep(0.05)

@@ -168,13 +168,13 @@ async def _worker(url: str, proc: int, log_path: Path, stop: Path, fallback: Pat
                 try:
                     if op == "msg":
                         session.add_message("user", arg)
-                        # save() itself; its result says whether the backend took the save or it went
-                        # to the session's fallback file (both are acknowledged: recover() replays it).
-                        in_backend = await store.sessions._save(session)
+                        await store.sessions.save(session)
+                        # The backend took the save, or it went to the session's fallback file: both are
+                        # acknowledged (recover() replays the file).
                         detail: dict[str, Any] = {
                             "key": session.key,
                             "content": arg,
-                            "fallback": not in_backend,
+                            "fallback": session.fallback_file is not None,
                         }
                     elif op == "task":
                         task = await store.tasks.create(arg, status="queued", idempotency_key=arg)
@@ -238,8 +238,14 @@ async def _fence_holder(url: str, log_path: Path, stop: Path, fallback: Path) ->
                 try:
                     await store.tasks.heartbeat(task.id, FENCE_WORKER, claimed.lease_epoch, lease_seconds=120)
                     session.add_message("user", f"fenced-{n}")
-                    in_backend = await store.sessions._save(session)
-                    note(op="fence", ok=True, t0=started, t1=time.time(), fallback=not in_backend)
+                    await store.sessions.save(session)
+                    note(
+                        op="fence",
+                        ok=True,
+                        t0=started,
+                        t1=time.time(),
+                        fallback=session.fallback_file is not None,
+                    )
                 except statekeel.BackendUnavailable as exc:
                     note(
                         op="fence",
@@ -465,7 +471,8 @@ async def _writes_reach(url: str, port: int) -> None:
     async with statekeel.open_store(url) as store:
         session = await store.sessions.get_or_create("after-rejoin")
         session.add_message("user", "still here")
-        assert await store.sessions._save(session)  # the backend took it (no fallback file)
+        await store.sessions.save(session)
+        assert session.fallback_file is None  # the backend took it
         assert await store.backend.pool.fetchval("SELECT inet_server_port()") == port  # type: ignore[attr-defined]
         assert not await store.backend.pool.fetchval("SELECT pg_is_in_recovery()")  # type: ignore[attr-defined]
 
@@ -537,7 +544,8 @@ def test_writes_continue_while_the_monitor_is_down(cluster: Cluster) -> None:
                     assert (await store.tasks.get(task.id)).status == "pending"
                 s = await store.sessions.get_or_create("monitor-down")
                 s.add_message("user", "written without a monitor")
-                assert await store.sessions._save(s)  # the backend took it (no fallback file)
+                await store.sessions.save(s)
+                assert s.fallback_file is None  # the backend took it
 
         asyncio.run(go())
     finally:
