@@ -176,6 +176,19 @@ class StorageCorrupt(StatekeelError):
     hint = "Restore the database from a backup, or point statekeel at another path."
 
 
+class ExportCorrupt(StorageCorrupt):
+    """An export file is not one, or is damaged, truncated or edited: its header, its counts or the hash
+    of its body do not match. ``import_store`` raises it before writing anything."""
+
+    hint = "Nothing was imported; export the store again, or restore the file from a good copy."
+
+
+class ExportTooNew(SchemaTooNew):
+    """An export file was written in a newer format, or from a newer schema, than this statekeel reads."""
+
+    hint = "Nothing was imported; upgrade statekeel to a version that reads it."
+
+
 class AuditTampered(StatekeelError):
     """The audit hash chain does not verify."""
 
@@ -231,6 +244,14 @@ class UnserializableValue(SerializationError, TypeError, ValueError):
     hint = "Nothing was written; store only values the serializer supports (or configure its serde)."
 
 
+class InvalidImportSource(InvalidArgument, ValueError):
+    """What ``statekeel import --from SOURCE PATH`` was given cannot be imported: an unknown source, a
+    file that is not a database of that source's shape, or items that source would not hold. Nothing was
+    written."""
+
+    hint = "Nothing was written; check --from and the path (the database the framework's own store wrote)"
+
+
 class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
     """A synchronous method of an async adapter cannot run here: on the event loop the adapter runs on
     (it would block that loop forever), or while that loop is not running."""
@@ -246,9 +267,12 @@ __all__ = [
     "BackendUnavailable",
     "ConflictError",
     "DimensionMismatch",
+    "ExportCorrupt",
+    "ExportTooNew",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
+    "InvalidImportSource",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
