@@ -44,7 +44,7 @@ def test_the_mysql_dialect_defines_the_same_query_names() -> None:
 
 
 def _bound_by_selects(name: str, given: int) -> int:
-    """How many parameters the non-final SELECTs of a MySQL script bind (their columns follow the caller's)."""
+    """How many parameters the non-final SELECTs of a MySQL script bind (after the caller's)."""
     from statekeel.backends.mysql.queries import compile_query
 
     script = compile_query(name, MYSQL[name])

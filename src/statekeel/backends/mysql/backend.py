@@ -52,7 +52,7 @@ from .schema import MySchema
 from .target import MyTarget
 from .tx import MyTx
 
-__all__ = ["MyTarget", "MySqlBackend", "MyTx", "migrations_shipped", "scripts"]
+__all__ = ["MySqlBackend", "MyTarget", "MyTx", "migrations_shipped", "scripts"]
 
 log = logging.getLogger("statekeel.mysql")
 
@@ -191,7 +191,10 @@ class MySqlBackend(
         try:
             async with asyncio.timeout(self._connect_timeout * 2 + 1):
                 self._pool = await asyncmy.create_pool(
-                    minsize=self._min_size, maxsize=self._max_size, pool_recycle=3600, **self._connect_kwargs()
+                    minsize=self._min_size,
+                    maxsize=self._max_size,
+                    pool_recycle=3600,
+                    **self._connect_kwargs(),
                 )
         except TimeoutError:
             raise BackendUnavailable(

@@ -20,6 +20,8 @@ MariaDB has no ``UPDATE … RETURNING``, so a named query may be a short script:
   error on that unique key as "no row changed" — ``ON CONFLICT DO NOTHING``. InnoDB rolls back only the
   failed statement, so the transaction goes on.
 
+A ``LIMIT $n`` given None means no limit (PostgreSQL's ``LIMIT NULL``): the driver gets the largest limit.
+
 The rows of the last statement are the query's rows; its row count is the count of its first data-changing
 statement (summed over the rows it ran for).
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
 from ..sql import load_queries
 
 # A string literal, a comment, a numbered parameter, a percent sign (doubled for the driver's formatting),
@@ -35,6 +38,7 @@ from ..sql import load_queries
 _TOKEN = re.compile(r"'(?:[^'\\]|''|\\.)*'|--[^\n]*|\$(\d+)|%|;[ \t]*(?:\n|$)", re.DOTALL)
 _DIRECTIVE = re.compile(r"--\s*on duplicate\s+([\w ]+?)\s*$", re.MULTILINE)
 _OTHERWISE = re.compile(r"^\s*--\s*otherwise\s*$", re.MULTILINE)
+_LIMIT = re.compile(r"\bLIMIT\s+$", re.IGNORECASE)
 _MODIFYING = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
@@ -48,6 +52,7 @@ class Statement:
     selects: bool
     duplicate_ok: frozenset[str] | None  # unique keys whose duplicate means "no row"; {"any"}: every key
     otherwise: bool = False  # runs only when the statement before it changed no row
+    limits: tuple[int, ...] = ()  # placeholders that are a LIMIT: NULL there means "no limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +73,14 @@ def compile_statement(sql: str) -> Statement:
     duplicate_ok = frozenset(k for found in keys for k in found.split()) if keys else None
     out: list[str] = []
     order: list[int] = []
+    limits: list[int] = []
     pos = 0
     for m in _TOKEN.finditer(sql):
         out.append(sql[pos : m.start()])
         token = m.group(0)
         if m.group(1) is not None:
+            if _LIMIT.search(sql[max(0, m.start() - 12) : m.start()]):
+                limits.append(len(order))
             out.append("%s")
             order.append(int(m.group(1)) - 1)
         elif token == "%":
@@ -94,6 +102,7 @@ def compile_statement(sql: str) -> Statement:
         selects=verb in ("SELECT", "WITH"),
         duplicate_ok=duplicate_ok,
         otherwise=bool(_OTHERWISE.search(sql)),
+        limits=tuple(limits),
     )
 
 

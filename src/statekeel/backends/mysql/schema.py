@@ -75,7 +75,9 @@ class MySchema:
             (exists,) = await cur.fetchone()
             if not exists:
                 return []
-            await cur.execute("SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version")
+            await cur.execute(
+                "SELECT version, name, checksum, applied_at FROM schema_migrations ORDER BY version"
+            )
             rows = await cur.fetchall()
         return [MigrationInfo(r[0], r[1], r[2], r[3].replace(tzinfo=dt.UTC)) for r in rows]
 
@@ -90,7 +92,8 @@ class MySchema:
                 refuse_upgrade(todo, applied, where=str(self.target))
             async with conn.cursor() as cur:
                 await cur.execute(
-                    "SELECT GET_LOCK(CONCAT('statekeel.migrate:', DATABASE()), %s)", [MIGRATION_LOCK_TIMEOUT_S]
+                    "SELECT GET_LOCK(CONCAT('statekeel.migrate:', DATABASE()), %s)",
+                    [MIGRATION_LOCK_TIMEOUT_S],
                 )
                 (got,) = await cur.fetchone()
                 if got != 1:
@@ -123,9 +126,9 @@ class MySchema:
                     raise
                 raise MigrationError(
                     f"{self.target}: migration {mig.version:04d}_{mig.name} failed at its statement "
-                    f"{index + 1}: {exc}. DDL is not transactional on MySQL/MariaDB: the statements before it "
-                    "are applied, and the migration is not recorded; fix the cause and open the store again, "
-                    "which runs it again from its start (each statement is safe to repeat)",
+                    f"{index + 1}: {exc}. DDL is not transactional on MySQL/MariaDB: the statements before "
+                    "it are applied, and the migration is not recorded; fix the cause and open the store "
+                    "again, which runs it again from its start (each statement is safe to repeat)",
                     version=mig.version,
                     hint="",
                 ) from exc

@@ -38,7 +38,9 @@ class MyTarget:
             self.host = parts.hostname or "localhost"
             self.port = parts.port or 3306
         except ValueError:
-            raise InvalidArgument(f"the port in {parts.scheme}://{parts.netloc.rpartition('@')[2]}/… is not a number (1-65535)") from None
+            raise InvalidArgument(
+                f"the port in {parts.scheme}://{parts.netloc.rpartition('@')[2]}/… is not a number (1-65535)"
+            ) from None
         self.database = (parts.path or "/").lstrip("/")
         if not _DATABASE.match(self.database):
             raise InvalidArgument(

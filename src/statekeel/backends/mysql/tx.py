@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from asyncmy import errors as my
 
@@ -17,6 +17,7 @@ from .queries import Script, Statement
 
 # Room left in a packet for the statement's text around its values.
 _PACKET_MARGIN = 64 * 1024
+_NO_LIMIT = 2**63 - 1
 
 
 class MyRow:
@@ -82,10 +83,11 @@ class MyTx(Tx):
                 hint="",
             )
 
-    async def _statement(
-        self, cur: Any, st: Statement, args: Sequence[Any]
-    ) -> tuple[int, list[Row] | None]:
+    async def _statement(self, cur: Any, st: Statement, args: Sequence[Any]) -> tuple[int, list[Row] | None]:
         params = [args[i] for i in st.order]
+        for slot in st.limits:
+            if params[slot] is None:
+                params[slot] = _NO_LIMIT
         try:
             await cur.execute(st.text, params)
         except my.IntegrityError as exc:
@@ -137,11 +139,11 @@ class MyTx(Tx):
                 if len(rows) > 1:
                     total, out = 0, []
                     for row in rows:
-                        n, more = await self._steps(cur, statements[i + 1 :], [*args, *row])
+                        n, more = await self._steps(cur, statements[i + 1 :], [*args, *cast(MyRow, row)])
                         total += n
                         out.extend(more)
                     return total, out
-                args = [*args, *rows[0]]
+                args = [*args, *cast(MyRow, rows[0])]
         return changed or 0, []
 
     async def execute(self, name: str, *args: Any) -> int:
