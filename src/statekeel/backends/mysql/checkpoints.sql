@@ -14,15 +14,17 @@ ON DUPLICATE KEY UPDATE
     metadata = VALUES(metadata), channel_versions = VALUES(channel_versions);
 
 -- name: checkpoint_blob_insert
--- on duplicate PRIMARY
+-- A value already stored is kept (a no-op update, so that a checkpoint's blobs are one multi-row INSERT).
 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, `blob`)
-VALUES ($1, $2, $3, $4, $5, $6);
+VALUES ($1, $2, $3, $4, $5, $6)
+ON DUPLICATE KEY UPDATE type = type;
 
 -- name: checkpoint_write_insert
--- on duplicate PRIMARY
+-- A write already stored is kept (a no-op update: one multi-row INSERT per batch).
 INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, `blob`,
                                task_path)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON DUPLICATE KEY UPDATE type = type;
 
 -- name: checkpoint_write_upsert
 INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, `blob`,
@@ -136,24 +138,33 @@ JOIN (SELECT checkpoint_ns, max(checkpoint_id) AS newest FROM checkpoints WHERE 
 WHERE c.thread_id = $1 AND c.checkpoint_id < l.newest;
 
 -- name: checkpoint_thread_copy
--- on duplicate PRIMARY
+-- What the target thread holds already is kept; the count is of the checkpoints copied.
 INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type,
                          checkpoint, metadata, channel_versions, created_at)
-SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata,
-       channel_versions, created_at
-FROM checkpoints WHERE thread_id = $1;
+SELECT $2, s.checkpoint_ns, s.checkpoint_id, s.parent_checkpoint_id, s.run_id, s.type, s.checkpoint,
+       s.metadata, s.channel_versions, s.created_at
+FROM checkpoints s
+WHERE s.thread_id = $1 AND NOT EXISTS (
+    SELECT 1 FROM checkpoints t
+    WHERE t.thread_id = $2 AND t.checkpoint_ns = s.checkpoint_ns AND t.checkpoint_id = s.checkpoint_id);
 
 -- name: checkpoint_thread_blobs_copy
--- on duplicate PRIMARY
 INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, `blob`)
-SELECT $2, checkpoint_ns, channel, version, type, `blob` FROM checkpoint_blobs WHERE thread_id = $1;
+SELECT $2, s.checkpoint_ns, s.channel, s.version, s.type, s.`blob` FROM checkpoint_blobs s
+WHERE s.thread_id = $1 AND NOT EXISTS (
+    SELECT 1 FROM checkpoint_blobs t
+    WHERE t.thread_id = $2 AND t.checkpoint_ns = s.checkpoint_ns AND t.channel = s.channel
+      AND t.version = s.version);
 
 -- name: checkpoint_thread_writes_copy
--- on duplicate PRIMARY
 INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, `blob`,
                                task_path)
-SELECT $2, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, `blob`, task_path
-FROM checkpoint_writes WHERE thread_id = $1;
+SELECT $2, s.checkpoint_ns, s.checkpoint_id, s.task_id, s.idx, s.channel, s.type, s.`blob`, s.task_path
+FROM checkpoint_writes s
+WHERE s.thread_id = $1 AND NOT EXISTS (
+    SELECT 1 FROM checkpoint_writes t
+    WHERE t.thread_id = $2 AND t.checkpoint_ns = s.checkpoint_ns AND t.checkpoint_id = s.checkpoint_id
+      AND t.task_id = s.task_id AND t.idx = s.idx);
 
 -- name: checkpoint_lineage
 -- A checkpoint and its ancestors by parent id, nearest first, at most $4 (which also ends a cycle).

@@ -169,9 +169,10 @@ SELECT * FROM memory_contradictions WHERE id = $3;
 SELECT * FROM memory_contradictions WHERE resolved_at IS NULL ORDER BY created_at, id LIMIT $1;
 
 -- name: access_insert
--- A batch whose write was interrupted is written again: an entry already stored is skipped.
--- on duplicate PRIMARY
-INSERT INTO memory_accesses (id, memory_id, at, context_query) VALUES ($1, $2, $3, $4);
+-- A batch whose write was interrupted is written again: an entry already stored is kept (a no-op update,
+-- so that a batch is one multi-row INSERT).
+INSERT INTO memory_accesses (id, memory_id, at, context_query) VALUES ($1, $2, $3, $4)
+ON DUPLICATE KEY UPDATE id = id;
 
 -- name: access_list
 SELECT * FROM memory_accesses WHERE memory_id = $1 ORDER BY at DESC, id DESC LIMIT $2;

@@ -93,8 +93,18 @@ CREATE TABLE IF NOT EXISTS memory_contradictions (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 CREATE INDEX IF NOT EXISTS memory_contradictions_open ON memory_contradictions (resolved_at, created_at, id);
 
--- An open contradiction is never deleted; a resolved one is never rewritten. (Rows removed by a foreign
--- key's cascade fire no trigger on MariaDB: retention checks for open contradictions before it purges.)
+-- An open contradiction is never deleted; a resolved one is never rewritten. Rows a foreign key's cascade
+-- removes fire no trigger on MariaDB, so deleting a memory is refused here while one of its contradictions
+-- is open (a resolved one follows it by cascade).
+CREATE OR REPLACE TRIGGER memories_keep_contradicted BEFORE DELETE ON memories FOR EACH ROW
+BEGIN
+    IF EXISTS (SELECT 1 FROM memory_contradictions
+               WHERE resolved_at IS NULL AND (memory_a = OLD.id OR memory_b = OLD.id)) THEN
+        SIGNAL SQLSTATE '45000'
+            SET MESSAGE_TEXT = 'statekeel: an unresolved contradiction is never deleted; resolve it first';
+    END IF;
+END;
+
 CREATE OR REPLACE TRIGGER memory_contradictions_no_delete BEFORE DELETE ON memory_contradictions FOR EACH ROW
 BEGIN
     IF OLD.resolved_at IS NULL THEN
