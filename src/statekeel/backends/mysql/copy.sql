@@ -457,7 +457,7 @@ SELECT count(*) AS n FROM file_changes;
 -- name: copy_file_changes_clear
 DELETE FROM file_changes;
 
--- Graph checkpoints (`key` columns compare bytewise in both dialects).;
+-- Graph checkpoints (`key` columns compare bytewise in both dialects).
 
 -- name: copy_checkpoints_first
 SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, checkpoint, metadata, channel_versions, created_at
@@ -525,7 +525,7 @@ SELECT count(*) AS n FROM checkpoint_writes;
 -- name: copy_checkpoint_writes_clear
 DELETE FROM checkpoint_writes;
 
--- Vectors and the sources they follow.;
+-- Vectors and the sources they follow.
 
 -- name: copy_vector_models_first
 SELECT model, dim, generation, removals, created_at

@@ -19,7 +19,7 @@ UPDATE message_archive SET payload = $1 WHERE session_key = $2 AND seq = $3;
 SELECT task_id, step_key, result FROM task_steps
 WHERE (task_id, step_key) > ($1, $2) ORDER BY task_id, step_key LIMIT $3;
 
--- A step finished again since it was read keeps its new result.;
+-- A step finished again since it was read keeps its new result.
 
 -- name: reseal_update_task_steps
 UPDATE task_steps SET result = $1 WHERE task_id = $2 AND step_key = $3 AND result = $4;
@@ -33,7 +33,7 @@ UPDATE approvals SET args = $1 WHERE id = $2;
 -- name: reseal_scan_memories
 SELECT id, version, content, data FROM memories WHERE id > $1 ORDER BY id LIMIT $2;
 
--- A memory changed since it was read keeps its new content.;
+-- A memory changed since it was read keeps its new content.
 
 -- name: reseal_update_memories
 UPDATE memories SET content = $1, data = $2 WHERE id = $3 AND version = $4;

@@ -6,7 +6,7 @@ the argument order it needs (a number used twice is bound twice); values are alw
 never written into the SQL.
 
 MariaDB has no ``UPDATE … RETURNING``, so a named query may be a short script: statements separated by a
-``;`` at the end of a line, run in order in the caller's transaction, with these rules:
+``;``, run in order in the caller's transaction, with these rules:
 
 - a data-changing statement (not the last) that changes no row ends the script with no rows — the
   ``RETURNING`` of a conditional update that did not apply;
@@ -35,7 +35,7 @@ from ..sql import load_queries
 
 # A string literal, a comment, a numbered parameter, a percent sign (doubled for the driver's formatting),
 # or a statement-ending semicolon.
-_TOKEN = re.compile(r"'(?:[^'\\]|''|\\.)*'|--[^\n]*|\$(\d+)|%|;[ \t]*(?:\n|$)", re.DOTALL)
+_TOKEN = re.compile(r"'(?:[^'\\]|''|\\.)*'|--[^\n]*|\$(\d+)|%|;", re.DOTALL)
 _DIRECTIVE = re.compile(r"--\s*on duplicate\s+([\w ]+?)\s*$", re.MULTILINE)
 _OTHERWISE = re.compile(r"^\s*--\s*otherwise\s*$", re.MULTILINE)
 _LIMIT = re.compile(r"\bLIMIT\s+$", re.IGNORECASE)
@@ -107,7 +107,7 @@ def compile_statement(sql: str) -> Statement:
 
 
 def split_statements(sql: str) -> list[str]:
-    """The statements of a query body, split at a ``;`` that ends a line (outside literals and comments)."""
+    """The statements of a query body, split at each ``;`` outside literals and comments."""
     parts: list[str] = []
     pos = 0
     for m in _TOKEN.finditer(sql):

@@ -54,7 +54,7 @@ SELECT * FROM tasks WHERE id = $5;
 -- name: task_heartbeat
 UPDATE tasks SET lease_expires_at = $1, updated_at = $2
 WHERE id = $3 AND status = 'running' AND lease_owner = $4 AND lease_epoch = $5
-  AND lease_expires_at > $2  -- an expired lease is not extended, reaped or not;
+  AND lease_expires_at > $2;  -- an expired lease is not extended, reaped or not
 SELECT * FROM tasks WHERE id = $3;
 
 -- name: task_expire_leases
