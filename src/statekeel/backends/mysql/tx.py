@@ -18,6 +18,9 @@ from .queries import Script, Statement
 # Room left in a packet for the statement's text around its values.
 _PACKET_MARGIN = 64 * 1024
 _NO_LIMIT = 2**63 - 1
+_EXACT_FROM = 64 * 1024
+_ESCAPED_TEXT = ("'", '"', "\\", "\n", "\r", "\x00", "\x1a")
+_ESCAPED_BYTES = tuple(c.encode() for c in _ESCAPED_TEXT)
 
 
 class MyRow:
@@ -67,12 +70,22 @@ class MyTx(Tx):
         self.broken: BaseException | None = None
 
     def _check_size(self, name: str, args: Sequence[Any]) -> None:
+        # What the driver sends for each value: its UTF-8 bytes, one more per escaped character. Small
+        # values are counted roughly (they cannot reach any packet limit together with their neighbours).
         size = 0
         for value in args:
             if isinstance(value, str):
-                size += len(value) * 2 if not value.isascii() else len(value)
-            elif isinstance(value, bytes | bytearray | memoryview):
-                size += len(value) * 2  # escaped bytes may double
+                if len(value) < _EXACT_FROM:
+                    size += len(value) * 4
+                else:
+                    size += len(value.encode("utf-8", "surrogatepass"))
+                    size += sum(value.count(c) for c in _ESCAPED_TEXT)
+            elif isinstance(value, bytes | bytearray):
+                size += len(value) + 3
+                if len(value) >= _EXACT_FROM:
+                    size += sum(value.count(c) for c in _ESCAPED_BYTES)
+                else:
+                    size += len(value)
         if size + _PACKET_MARGIN > self.max_packet:
             raise PayloadTooLarge(
                 f"{name}: the values of this write take about {size} bytes, over the MariaDB/MySQL server's "
