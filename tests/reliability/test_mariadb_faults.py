@@ -30,14 +30,14 @@ async def _session_rows(url: str) -> int:
 
 async def test_keys_and_content_with_four_byte_characters_round_trip(my_migrated: str) -> None:
     key = "🔑" * 128  # 512 bytes of UTF-8: the longest key statekeel accepts
-    text = "emoji 😀, math 𝔸, CJK ext. B 𠀀, and a NUL-free mix of \u00e9\u0301"
+    text = "emoji 😀, math \U0001d538, CJK ext. B 𠀀, and a NUL-free mix of \u00e9\u0301"
     async with statekeel.open_store(my_migrated) as store:
         async with store.sessions.open(key) as session:
             session.add_message("user", text)
         loaded = await store.sessions.load(key)
         assert [m["content"] for m in loaded.messages] == [text]
         assert [s.key for s in (await store.sessions.list()).items] == [key]
-        memory = await store.memory.put("user", "k-𝔸", {"note": text}, scope="scope-😀")
+        memory = await store.memory.put("user", "k-\U0001d538", {"note": text}, scope="scope-😀")
         assert (await store.memory.get(memory.id)).content == {"note": text}
     # Stored as the characters themselves (utf8mb4), not as replacement marks.
     rows = await mariadb_raw(my_migrated, "SELECT `key` FROM sessions")
