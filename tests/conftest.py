@@ -322,12 +322,14 @@ async def store(store_url: str, tmp_path: os.PathLike[str]) -> AsyncIterator[sta
         await s.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres), "mariadb"])
 def shared_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
-    """A URL of an empty store that other processes can open too: a SQLite file, or a PostgreSQL database
-    at the current schema."""
+    """A URL of an empty store that other processes can open too: a SQLite file, or a PostgreSQL or
+    MariaDB database at the current schema."""
     if request.param == "sqlite":
         return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("my_migrated"))
     return str(request.getfixturevalue("pg_migrated"))
 
 

@@ -1,8 +1,9 @@
 -- Session leases: the cross-process lock of a session, with a fencing token that only grows.
 
 -- name: lease_ensure
--- on duplicate PRIMARY
-INSERT INTO session_leases (session_key) VALUES ($1);
+-- A no-op update when the row exists: it takes the row's exclusive lock at once (a duplicate-key error
+-- would take a shared one, and two takers upgrading theirs for lease_take would deadlock).
+INSERT INTO session_leases (session_key) VALUES ($1) ON DUPLICATE KEY UPDATE session_key = session_key;
 
 -- name: lease_take
 -- Free (released), expired, or already ours (a release that never reached the database).

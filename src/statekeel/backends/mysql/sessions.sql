@@ -18,8 +18,10 @@ RETURNING `key`, status, metadata, last_consolidated, head_seq, version, created
        calls_owner, write_id;
 
 -- name: session_insert_missing
--- on duplicate PRIMARY
-INSERT INTO sessions (`key`, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4);
+-- A no-op update when the session exists: the exclusive row lock session_advance_head needs next, taken
+-- at once (see lease_ensure).
+INSERT INTO sessions (`key`, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
+ON DUPLICATE KEY UPDATE `key` = `key`;
 
 -- name: session_list
 SELECT `key`, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
