@@ -45,7 +45,7 @@ from ..errors import (
 from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
 from ..journal import StepFn
-from ..validation import check_bool, check_int, check_key, check_text
+from ..validation import check_aware, check_bool, check_int, check_key, check_text
 from .fallback import SessionFallback
 from .listing import SessionListing
 from .lock import SessionLock
@@ -551,8 +551,8 @@ class SessionManager(SessionListing):
         ``archive_hours`` become archived (idle = since ``updated_at``). Returns the number of changes."""
         if now is None:
             now = dt.datetime.now(dt.UTC)
-        elif not isinstance(now, dt.datetime) or now.tzinfo is None:
-            raise InvalidArgument(f"now must be a timezone-aware datetime, got {now!r}")
+        else:
+            check_aware(now, "now")
         expiry = self.expiry_hours if expiry_hours is None else expiry_hours
         archive = self.archive_hours if archive_hours is None else archive_hours
         cutoffs = []
