@@ -20,5 +20,9 @@ ORDER BY seq LIMIT $5;
 
 -- name: audit_latest_for_approval
 -- Served by the index audit_by_approval on the generated column approval_id (set for approval.* kinds).
-SELECT * FROM audit_log WHERE approval_id = $1 ORDER BY seq DESC LIMIT 1;
+-- Only the kinds statekeel writes count, compared exactly: the same entries on every backend.
+SELECT * FROM audit_log
+WHERE approval_id = $1
+  AND kind IN ('approval.requested', 'approval.granted', 'approval.denied', 'approval.consumed')
+ORDER BY seq DESC LIMIT 1;
 
