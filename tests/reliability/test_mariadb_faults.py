@@ -8,6 +8,7 @@ that goes on working without a restart.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import pytest
@@ -248,3 +249,41 @@ async def test_a_write_that_deadlocks_again_after_its_retry_is_a_conflict_error_
     notes = {r[0] for r in await mariadb_raw(my_migrated, "SELECT name FROM statekeel_locks")}
     assert not {n for n in notes if n.startswith("victim")}
     assert len({n for n in notes if n.startswith("partner")}) == 10
+
+
+async def test_a_deadlock_inside_an_atomic_block_is_a_conflict_error_and_rolls_the_whole_block_back(
+    my_migrated: str,
+) -> None:
+    await mariadb_raw(my_migrated, "INSERT INTO statekeel_locks (name) VALUES ('a'), ('b')")
+    async with statekeel.open_store(my_migrated) as store:
+        _deadlock_queries(store)
+        partner_locked = asyncio.Event()
+
+        async def partner(ptx: Tx) -> None:
+            for n in range(20):  # more rows changed than the block: InnoDB rolls the block back
+                await ptx.execute("test_note", f"partner-{n}")
+            await ptx.fetchone("test_lock_b")
+            partner_locked.set()
+            await ptx.fetchone("test_lock_a")
+
+        async def deadlocking(tx: Tx) -> None:
+            await tx.fetchone("test_lock_a")
+            # Another caller's write: outside this task's atomic() block (a fresh context).
+            write = store.backend._write(partner)  # type: ignore[attr-defined]
+            partners.append(asyncio.create_task(write, context=contextvars.Context()))
+            await partner_locked.wait()
+            await _until_a_transaction_waits_for_a_lock(my_migrated)
+            await tx.fetchone("test_lock_b")
+
+        partners: list[asyncio.Future[Any]] = []
+        with pytest.raises(statekeel.ConflictError, match="concurrent transaction"):
+            async with store.backend.atomic():  # type: ignore[attr-defined]
+                await store.tasks.create("written in the block")
+                await store.backend._write(deadlocking)  # type: ignore[attr-defined]
+                await store.tasks.create("never reached")
+        await asyncio.gather(*partners)
+        assert (await store.tasks.list()).items == []
+        # The store goes on: a new block commits.
+        async with store.backend.atomic():  # type: ignore[attr-defined]
+            await store.tasks.create("after")
+        assert [t.title for t in (await store.tasks.list()).items] == ["after"]

@@ -334,9 +334,12 @@ class MySqlBackend(
                     await cur.execute("SAVEPOINT statekeel_op")
                 try:
                     result = await op(current, *args)
-                except BaseException:
-                    async with current.conn.cursor() as cur:
-                        await cur.execute("ROLLBACK TO SAVEPOINT statekeel_op")
+                except BaseException as exc:
+                    if not (is_connection_error(exc) or is_deadlock(exc)):
+                        # (After a deadlock the server has rolled back the whole transaction, savepoint
+                        # and all: there is nothing to roll back to.)
+                        async with current.conn.cursor() as cur:
+                            await cur.execute("ROLLBACK TO SAVEPOINT statekeel_op")
                     raise
                 async with current.conn.cursor() as cur:
                     await cur.execute("RELEASE SAVEPOINT statekeel_op")
