@@ -183,11 +183,14 @@ async def mariadb_raw(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
     from statekeel.backends.mysql.queries import compile_statement
 
-    statement = compile_statement(re.sub(r"\?(\d+)", r"$\1", sql))
     conn = await asyncmy.connect(**_mariadb_connect_kwargs(url))
     try:
         async with conn.cursor() as cur:
-            await cur.execute(statement.text, [args[i] for i in statement.order])
+            if args:
+                statement = compile_statement(re.sub(r"\?(\d+)", r"$\1", sql))
+                await cur.execute(statement.text, [args[i] for i in statement.order])
+            else:  # sent as written (a trigger's body holds ';')
+                await cur.execute(sql)
             return [tuple(r) for r in await cur.fetchall()] if cur.description else []
     finally:
         conn.close()
