@@ -171,6 +171,8 @@ async def test_an_approval_changed_while_verify_reads_is_never_reported_as_tampe
     its entry, or not at all."""
     if shared_url.startswith("sqlite"):
         from statekeel.backends.sqlite.backend import SqliteTx as DialectTx
+    elif shared_url.startswith("mariadb"):
+        from statekeel.backends.mysql.tx import MyTx as DialectTx  # type: ignore[assignment]
     else:
         from statekeel.backends.postgres.backend import PgTx as DialectTx  # type: ignore[assignment]
 
