@@ -34,6 +34,7 @@ from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
+from ..sql.erasure import SqlErasure
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
@@ -137,6 +138,7 @@ class MySqlBackend(
     SqlRetention,
     SqlCheckpoints,
     SqlEncryption,
+    SqlErasure,
 ):
     """MySQL/MariaDB storage over an asyncmy pool (see the module docstring)."""
 

@@ -5,17 +5,17 @@
 -- name: erase_sessions_page
 -- Sessions whose `key` is the subject or whose metadata names it as "subject" (a string), after a `key`.
 SELECT `key` FROM sessions
-WHERE `key` > $2 AND (`key` = $1 OR JSON_EXTRACT(metadata, '$."subject"') = JSON_QUOTE($1))
+WHERE `key` > $2 AND (`key` = $1 OR (JSON_VALUE(metadata, '$."subject"') = $1 AND JSON_TYPE(JSON_EXTRACT(metadata, '$."subject"')) = 'STRING'))
 ORDER BY `key` LIMIT $3;
 
 -- name: erase_session_check
 -- Whether the session of a `key` is still the subject's (no row: none; then only what is named after the
 -- `key` goes).
-SELECT (`key` = $2 OR JSON_EXTRACT(metadata, '$."subject"') = JSON_QUOTE($2)) AS mine FROM sessions WHERE `key` = $1;
+SELECT (`key` = $2 OR (JSON_VALUE(metadata, '$."subject"') = $2 AND JSON_TYPE(JSON_EXTRACT(metadata, '$."subject"')) = 'STRING')) AS mine FROM sessions WHERE `key` = $1;
 
 -- name: erase_session_check_lock
 -- The same, holding the row's lock until the batch commits: its metadata cannot change in between.
-SELECT (`key` = $2 OR JSON_EXTRACT(metadata, '$."subject"') = JSON_QUOTE($2)) AS mine FROM sessions WHERE `key` = $1 FOR UPDATE;
+SELECT (`key` = $2 OR (JSON_VALUE(metadata, '$."subject"') = $2 AND JSON_TYPE(JSON_EXTRACT(metadata, '$."subject"')) = 'STRING')) AS mine FROM sessions WHERE `key` = $1 FOR UPDATE;
 
 -- name: erase_session_counts
 SELECT (SELECT count(*) FROM sessions WHERE `key` = $1) AS sessions,
@@ -61,7 +61,7 @@ SELECT count(*) AS n FROM session_leases WHERE session_key = $1 AND owner IS NOT
 -- name: erase_session_delete
 -- Messages, summaries, the archive and the tool-call journal follow by cascade.
 DELETE FROM sessions
-WHERE `key` = $1 AND (`key` = $2 OR JSON_EXTRACT(metadata, '$."subject"') = JSON_QUOTE($2));
+WHERE `key` = $1 AND (`key` = $2 OR (JSON_VALUE(metadata, '$."subject"') = $2 AND JSON_TYPE(JSON_EXTRACT(metadata, '$."subject"')) = 'STRING'));
 
 -- name: erase_traces_page
 -- Spans whose attributes name the subject or one of its sessions ($4: a JSON array of session keys).
@@ -69,7 +69,7 @@ WHERE `key` = $1 AND (`key` = $2 OR JSON_EXTRACT(metadata, '$."subject"') = JSON
 SELECT trace_id, span_id FROM traces
 WHERE (trace_id, span_id) > ($2, $3)
   AND trace_id NOT IN (SELECT r.id FROM JSON_TABLE($4, '$[*]' COLUMNS (id VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) r)
-  AND (JSON_EXTRACT(attributes, '$."subject"') = JSON_QUOTE($1)
+  AND ((JSON_VALUE(attributes, '$."subject"') = $1 AND JSON_TYPE(JSON_EXTRACT(attributes, '$."subject"')) = 'STRING')
        OR JSON_VALUE(attributes, '$."session_key"') IN (SELECT r.id FROM JSON_TABLE($4, '$[*]' COLUMNS (id VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) r)
        OR JSON_VALUE(attributes, '$."session.id"') IN (SELECT r.id FROM JSON_TABLE($4, '$[*]' COLUMNS (id VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) r))
 ORDER BY trace_id, span_id LIMIT $5;
@@ -77,7 +77,7 @@ ORDER BY trace_id, span_id LIMIT $5;
 -- name: erase_trace_delete
 DELETE FROM traces
 WHERE trace_id = $1 AND span_id = $2
-  AND (JSON_EXTRACT(attributes, '$."subject"') = JSON_QUOTE($3)
+  AND ((JSON_VALUE(attributes, '$."subject"') = $3 AND JSON_TYPE(JSON_EXTRACT(attributes, '$."subject"')) = 'STRING')
        OR JSON_VALUE(attributes, '$."session_key"') IN (SELECT r.id FROM JSON_TABLE($4, '$[*]' COLUMNS (id VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) r)
        OR JSON_VALUE(attributes, '$."session.id"') IN (SELECT r.id FROM JSON_TABLE($4, '$[*]' COLUMNS (id VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) r));
 
