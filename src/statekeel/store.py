@@ -193,7 +193,8 @@ def sqlite_file(url: str) -> str | None:
 
 
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
-    """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
+    """The backend for ``url``: ``sqlite:///…``, ``memory://``, ``postgresql://…`` or ``mysql://…``
+    (``mariadb://…``)."""
     backend = _backend_for(url, options, codec)
     backend.audit_key = options.audit_key
     return backend
@@ -222,8 +223,17 @@ def _backend_for(url: str, options: StoreOptions, codec: Codec) -> StorageBacken
                 f"PostgreSQL support needs asyncpg: pip install 'statekeel[postgres]' ({exc})"
             ) from exc
         return PostgresBackend(url, codec=codec, migrate=options.migrate)
+    if scheme in ("mysql", "mariadb"):
+        try:
+            from .backends.mysql.backend import MySqlBackend
+        except ImportError as exc:  # asyncmy is an optional extra
+            raise InvalidArgument(
+                f"MySQL/MariaDB support needs asyncmy: pip install 'statekeel[mysql]' ({exc})"
+            ) from exc
+        return MySqlBackend(url, codec=codec, migrate=options.migrate)
     raise InvalidArgument(
-        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory:// or postgresql://",
+        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory://, postgresql:// "
+        "or mysql://",
         url=url,
     )
 

@@ -65,7 +65,15 @@ async def test_bad_entries_raise_typed_errors_and_append_nothing(store: Store) -
     assert (await store.audit.append("k", "a", "s")).seq == 1
 
 
-def _dialect_queries(store: Store) -> dict[str, str]:
+def _dialect_queries(store: Store) -> dict[str, Any]:
+    if store.backend.__class__.__name__ == "MySqlBackend":
+        from statekeel.backends.mysql.queries import compile_query
+
+        class Compiling(dict[str, Any]):
+            def __setitem__(self, name: str, sql: Any) -> None:
+                store.backend._scripts[name] = compile_query(name, sql)  # type: ignore[attr-defined]
+
+        return Compiling()
     if store.backend.__class__.__name__ == "PostgresBackend":
         from statekeel.backends.postgres import backend as pg
 
@@ -217,6 +225,8 @@ async def test_an_approval_changed_while_verify_reads_is_never_reported_as_tampe
     its entry, or not at all."""
     if shared_url.startswith("sqlite"):
         from statekeel.backends.sqlite.backend import SqliteTx as DialectTx
+    elif shared_url.startswith("mariadb"):
+        from statekeel.backends.mysql.tx import MyTx as DialectTx  # type: ignore[assignment]
     else:
         from statekeel.backends.postgres.backend import PgTx as DialectTx  # type: ignore[assignment]
 

@@ -317,6 +317,13 @@ def check_url(url: str, what: str = "--db") -> None:
                 raise Failure(
                     f"{what} {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
                 )
+        elif scheme in ("mysql", "mariadb"):
+            _ = parts.port
+            if not parts.hostname or not parts.path.strip("/"):
+                raise Failure(
+                    f"{what} {redact_url(url)}: a MariaDB URL needs a host and a database: "
+                    "mariadb://user@host:3306/db"
+                )
         elif scheme == "memory":
             raise Failure(
                 f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
@@ -325,7 +332,7 @@ def check_url(url: str, what: str = "--db") -> None:
         else:
             raise Failure(
                 f"{what} {redact_url(url)!r} is not a store URL; use sqlite:///file.db, "
-                "sqlite:////abs/path.db or postgresql://user@host:5432/db"
+                "sqlite:////abs/path.db, postgresql://user@host:5432/db or mariadb://user@host:3306/db"
             )
     except StatekeelError as exc:
         raise Failure(f"{what}: {exc}") from None
