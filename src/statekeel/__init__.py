@@ -42,6 +42,7 @@ from .errors import (
     TranscriptError,
     UnknownToolCall,
     UnserializableValue,
+    Unsupported,
 )
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
@@ -119,6 +120,7 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Unsupported",
     "Vector",
     "VectorIndex",
     "Workflow",

@@ -288,6 +288,8 @@ class AuditLog:
         self, latest: dict[str, AuditRecord], key: bytes | None
     ) -> tuple[int, dict[str, str]]:
         """Compare every approval row with its latest entry; ``(checked, {approval_id: problem})``."""
+        if "approvals" not in self.backend.kinds:
+            return 0, {}  # a backend holding the audit chain only (a plain NATS store) has no approvals
         bad: dict[str, str] = {}
         seen: set[str] = set()
         after = ""
