@@ -10,7 +10,6 @@ schema, the kinds that write audit entries in their own transaction) to the seco
 from __future__ import annotations
 
 import abc
-import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -70,16 +69,27 @@ def refuse_unheld(cls: B) -> B:
     return cls
 
 
+def _named(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Like ``functools.wraps`` without copying ``__isabstractmethod__``: the delegate is concrete."""
+
+    def name(delegate: Callable[..., Any]) -> Callable[..., Any]:
+        delegate.__name__ = delegate.__qualname__ = function.__name__
+        delegate.__doc__ = function.__doc__
+        return delegate
+
+    return name
+
+
 def _route_to(kind: str, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(function):
 
-        @functools.wraps(function)
+        @_named(function)
         async def delegate_async(self: CompositeBackend, *args: Any, **kwargs: Any) -> Any:
             return await getattr(self.backend_for(kind), name)(*args, **kwargs)
 
         return delegate_async
 
-    @functools.wraps(function)
+    @_named(function)
     def delegate(self: CompositeBackend, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend_for(kind), name)(*args, **kwargs)
 
@@ -184,7 +194,7 @@ def _fill_composite() -> None:
 
 
 def _route_by_table(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(function)
+    @_named(function)
     async def delegate(self: CompositeBackend, table: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(self._copy_backend(table), name)(table, *args, **kwargs)
 

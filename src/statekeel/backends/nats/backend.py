@@ -42,7 +42,9 @@ LAYOUT_VERSION = 1
 
 
 def meta_spec(prefix: str) -> StreamSpec:
-    return StreamSpec(f"{prefix}_meta", (f"{prefix}.meta",), max_msgs_per_subject=1)
+    return StreamSpec(
+        f"{prefix}_meta", (f"{prefix}.meta", f"{prefix}.traces_dropped"), max_msgs_per_subject=1
+    )
 
 
 def new_nats_backend(url: str, *, codec: Codec, migrate: bool = True) -> StorageBackend:

@@ -4,7 +4,7 @@ A span is published to ``<prefix>.span.<trace>.<span>`` (ids as subject tokens) 
 one message per subject, so recording a span again replaces it (the contract's upsert by
 ``(trace_id, span_id)``). A batch is checked whole against the server's ``max_payload`` before anything
 is published, and its publishes are pipelined. The count of spans lost to buffer overflow is the last
-message of ``<prefix>.traces_dropped``, a running total advanced by a conditional publish
+message of ``<prefix>.traces_dropped`` (on the ``<prefix>_meta`` stream), a running total advanced by a conditional publish
 (``Nats-Expected-Last-Subject-Sequence``).
 """
 
@@ -40,9 +40,7 @@ _FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def traces_spec(prefix: str) -> StreamSpec:
-    return StreamSpec(
-        f"{prefix}_traces", (f"{prefix}.span.*.*", f"{prefix}.traces_dropped"), max_msgs_per_subject=1
-    )
+    return StreamSpec(f"{prefix}_traces", (f"{prefix}.span.*.*",), max_msgs_per_subject=1)
 
 
 def _cursor(span: Span) -> str:
@@ -73,6 +71,10 @@ class NatsTraces(TraceBackend):
     @property
     def _traces_stream(self) -> str:
         return f"{self.prefix}_traces"
+
+    @property
+    def _meta_stream(self) -> str:
+        return f"{self.prefix}_meta"
 
     def _span_subject(self, trace_id: str, span_id: str) -> str:
         return checked_subject(
@@ -138,14 +140,14 @@ class NatsTraces(TraceBackend):
     async def _add_dropped(self, dropped: int) -> None:
         subject = f"{self.prefix}.traces_dropped"
         while True:
-            last = await self.conn.last(self._traces_stream, subject)
+            last = await self.conn.last(self._meta_stream, subject)
             total = 0 if last is None or last.data is None else int(orjson.loads(last.data))
             seq = 0 if last is None or last.seq is None else last.seq
             try:
                 await self.conn.publish(
                     subject,
                     orjson.dumps(total + dropped),
-                    stream=self._traces_stream,
+                    stream=self._meta_stream,
                     headers={"Nats-Expected-Last-Subject-Sequence": str(seq)},
                     what="counting dropped spans",
                 )
@@ -153,7 +155,7 @@ class NatsTraces(TraceBackend):
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     raise StorageCorrupt(
-                        f"the NATS stream {self._traces_stream} refused: {exc.description}"
+                        f"the NATS stream {self._meta_stream} refused: {exc.description}"
                     ) from exc
 
     async def _all_spans(self, subjects: str) -> list[tuple[int, Span]]:
@@ -193,11 +195,11 @@ class NatsTraces(TraceBackend):
         return Page(items=items, next_cursor=_cursor(items[-1]) if len(chosen) > limit else None)
 
     async def spans_dropped(self) -> int:
-        last = await self.conn.last(self._traces_stream, f"{self.prefix}.traces_dropped")
+        last = await self.conn.last(self._meta_stream, f"{self.prefix}.traces_dropped")
         return 0 if last is None or last.data is None else int(orjson.loads(last.data))
 
     async def span_count(self) -> int:
-        return await self.conn.count(self._traces_stream, f"{self.prefix}.span.*.*")
+        return await self.conn.count(self._traces_stream)
 
     async def purge_traces(self, before: dt.datetime, *, limit: int, dry_run: bool) -> PurgeBatch:
         began = time.perf_counter()
