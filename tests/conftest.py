@@ -160,7 +160,8 @@ def nats_unavailable_reason() -> str | None:
             _run_async(_nats_check())
             _nats_state["reason"] = None
         except Exception as exc:  # any failure means: no usable server here
-            _nats_state["reason"] = f"NATS JetStream at {NATS_BASE} is not available: {type(exc).__name__}: {exc}"
+            why = f"{type(exc).__name__}: {exc}"
+            _nats_state["reason"] = f"NATS JetStream at {NATS_BASE} is not available: {why}"
     return _nats_state["reason"]
 
 

@@ -1,0 +1,181 @@
+"""The NATS JetStream backend under bad input and faults: streams missing or created with other limits,
+names that are not subject tokens, messages over the server's max_payload, answers lost after a publish,
+writers in several connections, and entries the server refuses to delete."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.js.api import StreamConfig
+
+import statekeel
+from statekeel.backends.base import NewSpan
+from statekeel.backends.nats.client import NatsConnection
+
+Store = statekeel.Store
+AT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def prefix_of(url: str) -> str:
+    return url.partition("prefix=")[2].partition("&")[0]
+
+
+@pytest.fixture
+async def js(nats_url: str) -> AsyncIterator[Any]:
+    """A JetStream context of its own on the test's server (what another program would use)."""
+    nc = await nats.connect(nats_url.partition("?")[0])
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
+async def test_missing_streams_are_created_with_the_limits_statekeel_needs(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        assert await store.backend.integrity_check() == []
+    audit = (await js.stream_info(f"{prefix}_audit")).config
+    assert audit.deny_delete and audit.deny_purge and audit.max_age == 0 and audit.max_msgs == -1
+    assert (await js.stream_info(f"{prefix}_traces")).config.max_msgs_per_subject == 1
+
+
+async def test_a_stream_created_with_other_limits_is_refused_by_name_and_left_as_it_was(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    # Another program made the audit stream with a retention limit: entries would silently go.
+    await js.add_stream(StreamConfig(name=f"{prefix}_audit", subjects=[f"{prefix}.audit.*"], max_age=3600))
+    with pytest.raises(statekeel.StorageCorrupt, match=rf"{prefix}_audit.*max_age") as caught:
+        await statekeel.open_store(nats_url)
+    assert caught.value.stream == f"{prefix}_audit"
+    assert (await js.stream_info(f"{prefix}_audit")).config.max_age == 3600  # not changed
+
+
+async def test_a_stream_deleted_under_a_running_store_is_reported_by_the_integrity_check(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await js.delete_stream(f"{prefix}_traces")
+        assert await store.backend.integrity_check() == [f"the NATS stream {prefix}_traces is missing"]
+        assert not (await store.info()).ok
+
+
+async def test_migrate_false_opens_nothing_it_would_have_to_create(nats_url: str, js: Any) -> None:
+    with pytest.raises(statekeel.MigrationError, match="migrate=False"):
+        await statekeel.open_store(nats_url, migrate=False)
+    assert [s.config.name for s in await js.streams_info() if prefix_of(nats_url) in s.config.name] == []
+
+
+async def test_a_layout_newer_than_the_code_is_refused(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url):
+        pass
+    await js.publish(f"{prefix}.meta", b'{"layout": 99, "created_at": 0}')
+    with pytest.raises(statekeel.SchemaTooNew):
+        await statekeel.open_store(nats_url)
+
+
+async def test_names_with_subject_syntax_round_trip_and_never_match_each_other(nats_url: str) -> None:
+    names = ["a.b", "a", "*", ">", "two words", "ünïcødé", "a.>"]
+    async with statekeel.open_store(nats_url) as store:
+        for name in names:
+            await store.audit.append("k", "actor", name, {"name": name})
+            store.traces.record(name, {"span_id": name, "name": "n"})
+        await store.traces.flush()
+        for name in names:
+            assert [e.data["name"] for e in await store.audit.query(subject=name)] == [name]
+            assert [(s.trace_id, s.span_id) for s in await store.traces.get(name)] == [(name, name)]
+        assert (await store.audit.verify()).count == len(names)
+
+
+async def test_an_entry_over_the_servers_max_payload_is_payload_too_large_and_nothing_is_written(
+    nats_url: str,
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        conn: NatsConnection = store.backend.conn  # type: ignore[attr-defined]
+        big = "x" * conn.max_payload
+        with pytest.raises(statekeel.PayloadTooLarge, match="max_payload"):
+            await store.audit.append("k", "a", "s", {"blob": big})
+        assert await store.audit.query() == []
+        assert (await store.audit.append("k", "a", "s")).seq == 1  # the store stays usable
+
+
+async def test_a_span_batch_with_one_span_over_max_payload_is_refused_whole(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+
+        def span(span_id: str, size: int) -> NewSpan:
+            attrs = b'{"a":"' + b"x" * size + b'"}'
+            return NewSpan("t", span_id, None, "n", "tool", "ok", attrs, AT, None)
+
+        with pytest.raises(statekeel.PayloadTooLarge):
+            await backend.write_spans([span("small", 10), span("big", backend.conn.max_payload)])
+        assert await backend.read_trace("t") == []
+
+
+async def test_a_publish_whose_answer_was_lost_is_stored_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        js = store.backend.conn.js  # type: ignore[attr-defined]
+        real = js.publish
+        lost: list[int] = []
+
+        async def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+            ack = await real(*args, **kwargs)  # stored by the server...
+            if not lost:
+                lost.append(ack.seq)
+                raise nats.errors.TimeoutError  # ...but the answer never arrives
+            return ack
+
+        monkeypatch.setattr(js, "publish", answer_lost_once)
+        entry = await store.audit.append("k", "a", "s", {"once": True})
+        monkeypatch.setattr(js, "publish", real)
+        assert lost == [1] and entry.seq == 1
+        assert [e.seq for e in await store.audit.query()] == [1]
+        assert (await store.audit.append("k", "a", "s")).seq == 2
+        assert (await store.audit.verify()).ok
+
+
+async def test_writers_on_several_connections_chain_one_dense_log(nats_url: str) -> None:
+    stores = [await statekeel.open_store(nats_url) for _ in range(3)]
+    try:
+        entries = await asyncio.gather(
+            *(s.audit.append("k", f"w{n}", "s", {"i": i}) for n, s in enumerate(stores) for i in range(15))
+        )
+        assert sorted(e.seq for e in entries) == list(range(1, 46))
+        report = await stores[0].audit.verify()
+        assert report.ok and report.count == 45
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_the_server_refuses_to_delete_or_purge_an_audit_entry(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await store.audit.append("k", "a", "s", {"v": 1})
+        with pytest.raises(nats.js.errors.APIError):
+            await js.delete_msg(f"{prefix}_audit", 1)
+        with pytest.raises(nats.js.errors.APIError):
+            await js.purge_stream(f"{prefix}_audit")
+        assert (await store.audit.verify()).count == 1
+
+
+async def test_a_message_written_by_another_program_fails_verification_not_silently(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await store.audit.append("k", "a", "s", {"v": 1})
+        await js.publish(f"{prefix}.audit.X", b'{"not": "an entry"}')
+        with pytest.raises(statekeel.StorageCorrupt, match="not an audit entry"):
+            await store.audit.verify()
