@@ -1,8 +1,9 @@
-"""The NATS JetStream backend: the audit chain and trace spans on replicated streams.
+"""The NATS JetStream backend: sessions, the audit chain and trace spans on replicated streams.
 
 ``nats://host:4222`` holds the kinds in :data:`NATS_KINDS`; every other kind's operations raise
 ``Unsupported`` (see :mod:`statekeel.backends.composite`), and ``atomic()`` does too: JetStream has no
-transaction spanning several writes. Paired with a SQL backend
+transaction spanning several writes (so ``sessions.run_tool``, which commits a save and its step
+together, needs a SQL store). Paired with a SQL backend
 (``nats://host:4222?rest=sqlite:///state.db``), the SQL backend holds the rest. Streams are named
 ``<prefix>_audit``, ``<prefix>_traces`` and ``<prefix>_meta`` (``prefix=`` in the URL, default
 ``statekeel``), created with ``replicas=`` copies (default 1; 3 on a cluster) when missing; a stream that
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -30,11 +32,13 @@ from ..base import Incident, MigrationInfo, StateCounts, StorageBackend
 from ..composite import refuse_unheld
 from .audit import NatsAudit, audit_spec
 from .client import WRONG_LAST_SEQUENCE, NatsConnection, StreamSpec, from_micros, micros, parse_nats_url
+from .sessions import index_spec, sessions_spec
+from .tool_calls import NatsToolCalls, heartbeats_spec
 from .traces import NatsTraces, traces_spec
 
 __all__ = ["LAYOUT_VERSION", "NATS_KINDS", "NatsBackend", "new_nats_backend"]
 
-NATS_KINDS = frozenset({"lifecycle", "audit", "traces"})
+NATS_KINDS = frozenset({"lifecycle", "sessions", "tool_calls", "audit", "traces"})
 """The state kinds a plain NATS store holds."""
 
 LAYOUT_VERSION = 1
@@ -56,8 +60,8 @@ def new_nats_backend(url: str, *, codec: Codec, migrate: bool = True) -> Storage
 
 
 @refuse_unheld
-class NatsBackend(NatsAudit, NatsTraces, StorageBackend):
-    """Audit and traces on NATS JetStream; see the module docstring."""
+class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
+    """Sessions, audit and traces on NATS JetStream; see the module docstring."""
 
     kinds = NATS_KINDS
     transactional = False
@@ -71,10 +75,26 @@ class NatsBackend(NatsAudit, NatsTraces, StorageBackend):
         self.prefix = parsed.prefix
         self.conn = NatsConnection(parsed)
         self._audit_lock = asyncio.Lock()
-        self._specs = (meta_spec(self.prefix), audit_spec(self.prefix), traces_spec(self.prefix))
+        self._states = OrderedDict()
+        p = self.prefix
+        self._specs = (
+            meta_spec(p),
+            audit_spec(p),
+            traces_spec(p),
+            sessions_spec(p),
+            index_spec(p),
+            heartbeats_spec(p),
+        )
         self._created_at: dt.datetime | None = None
 
     async def initialize(self) -> None:
+        if self.codec.cipher is not None:
+            raise Unsupported(
+                f"a NATS store ({self.url}) does not encrypt at rest: open it without encryption_key, or "
+                "use a SQL store",
+                kind="encryption",
+                url=self.url,
+            )
         await self.conn.connect()
         try:
             if not self.migrate:
