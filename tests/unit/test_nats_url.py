@@ -75,8 +75,8 @@ def test_a_name_that_is_not_unicode_text_is_an_invalid_key() -> None:
 
 def test_a_plain_nats_store_refuses_the_kinds_it_does_not_hold_on_first_use() -> None:
     store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
-    assert store.holds("audit") and store.holds("traces")
-    for manager in ("sessions", "tasks", "workflows", "approvals", "memory", "files", "vectors"):
+    assert store.holds("sessions") and store.holds("audit") and store.holds("traces")
+    for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
         assert not store.holds(manager)
         with pytest.raises(statekeel.Unsupported, match=f"store.{manager}.") as caught:
             getattr(store, manager).list()
@@ -88,9 +88,9 @@ def test_a_plain_nats_store_refuses_the_kinds_it_does_not_hold_on_first_use() ->
 
 async def test_an_operation_of_a_kind_not_held_is_refused_by_the_backend_itself() -> None:
     store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
-    with pytest.raises(statekeel.Unsupported, match="does not hold sessions") as caught:
-        await store.backend.load_session("k")
-    assert caught.value.kind == "sessions"
+    with pytest.raises(statekeel.Unsupported, match="does not hold tasks") as caught:
+        await store.backend.get_task("t")
+    assert caught.value.kind == "tasks"
 
 
 def test_a_paired_store_holds_every_kind_and_puts_traces_on_nats(tmp_path: object) -> None:
