@@ -16,6 +16,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 import statekeel
+from helpers import message
 from statekeel.backends.base import NewSpan
 from statekeel.backends.nats.client import NatsConnection
 
@@ -179,3 +180,103 @@ async def test_a_message_written_by_another_program_fails_verification_not_silen
         await js.publish(f"{prefix}.audit.X", b'{"not": "an entry"}')
         with pytest.raises(statekeel.StorageCorrupt, match="not an audit entry"):
             await store.audit.verify()
+
+
+async def test_session_keys_with_subject_syntax_round_trip_and_stay_apart(nats_url: str) -> None:
+    keys = ["a.b", "a", "*", ">", "two words", "ünïcødé", "a.>"]
+    async with statekeel.open_store(nats_url) as store:
+        for key in keys:
+            session = await store.sessions.get_or_create(key)
+            session.add_message("user", f"hello {key}")
+            await store.sessions.save(session)
+        for key in keys:
+            loaded = await store.backend.load_session_with_messages(key)
+            assert loaded is not None and loaded[0].key == key
+            assert [m.payload["content"] for m in loaded[1]] == [f"hello {key}"]
+        listed = {r.key for r in (await store.backend.list_sessions()).items}
+        assert listed == set(keys)
+
+
+async def test_an_append_over_max_payload_is_payload_too_large_and_writes_no_message(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "first")], create=True)
+        big = [message(store, "x" * (backend.conn.max_payload // 4)) for _ in range(5)]
+        with pytest.raises(statekeel.PayloadTooLarge, match="max_payload"):
+            await backend.append_messages("s", 1, big)
+        record = await backend.load_session("s")
+        assert record.head_seq == 1
+        assert [m.seq for m in await backend.read_messages("s")] == [0]
+        assert (await backend.append_messages("s", 1, [message(store, "next")])).head_seq == 2
+
+
+async def test_an_append_whose_answer_was_lost_is_stored_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
+        js = backend.conn.js
+        real = js.publish
+        lost: list[int] = []
+
+        async def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+            ack = await real(*args, **kwargs)
+            if not lost and ".s." in args[0]:
+                lost.append(ack.seq)
+                raise nats.errors.TimeoutError
+            return ack
+
+        monkeypatch.setattr(js, "publish", answer_lost_once)
+        record = await backend.append_messages("s", 1, [message(store, "b"), message(store, "c")])
+        monkeypatch.setattr(js, "publish", real)
+        assert lost and record.head_seq == 3
+        backend._states.clear()  # read it back from the stream, not from this process's fold
+        assert [m.payload["content"] for m in await backend.read_messages("s")] == ["a", "b", "c"]
+
+
+async def test_two_stores_appending_to_one_session_never_interleave_or_lose_an_append(nats_url: str) -> None:
+    stores = [await statekeel.open_store(nats_url) for _ in range(2)]
+    try:
+        await stores[0].backend.create_session("shared")
+
+        async def writer(n: int, store: Store) -> list[int]:
+            heads = []
+            for i in range(10):
+                while True:
+                    record = await store.backend.load_session("shared")
+                    assert record is not None
+                    try:
+                        pair = [message(store, f"w{n}-{i}-a"), message(store, f"w{n}-{i}-b")]
+                        done = await store.backend.append_messages("shared", record.head_seq, pair)
+                        heads.append(done.head_seq - 2)
+                        break
+                    except statekeel.ConflictError:
+                        continue
+            return heads
+
+        starts = await asyncio.gather(writer(0, stores[0]), writer(1, stores[1]))
+        rows = await stores[0].backend.read_messages("shared")
+        assert [r.seq for r in rows] == list(range(40))
+        texts = [r.payload["content"] for r in rows]
+        for n, heads in enumerate(starts):
+            for i, seq in enumerate(heads):
+                assert texts[seq : seq + 2] == [f"w{n}-{i}-a", f"w{n}-{i}-b"]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_deleted_session_is_gone_from_the_stream_and_its_lease_token_stays(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        lease = await backend.acquire_session_lease("s", "me", 30)
+        await backend.append_messages("s", 0, [message(store, "a")], create=True, lease=lease)
+        assert await backend.delete_session("s", lease=lease)
+        backend._states.clear()
+        assert await backend.load_session("s") is None
+        assert (await backend.list_sessions()).items == []
+        stream = f"{prefix_of(nats_url)}_sessions"
+        assert await backend.conn.count(stream) == 1  # the tombstone alone
+        again = await backend.acquire_session_lease("s", "other", 30)
+        assert again.acquired is False and again.token == lease.token
