@@ -288,12 +288,54 @@ class NatsConnection:
         self, stream: str, subjects: str, *, start_seq: int = 1, limit: int | None = None
     ) -> AsyncIterator[tuple[int, str, bytes, dict[str, str]]]:
         """``(seq, subject, data, headers)`` of the stream's messages matching ``subjects`` from
-        ``start_seq`` on, in sequence order, through a short-lived pull consumer (up to ``limit``)."""
+        ``start_seq`` on, in sequence order, through a short-lived pull consumer (up to ``limit``).
+
+        A consumer that cannot be made or read (a leader change, a reconnect) is made again from the
+        message after the last one yielded; after a second failure the messages are read one by one
+        from the stream's leader (no consumer needed), a few times, before ``BackendUnavailable``."""
+        next_seq, left = max(1, start_seq), limit
+        failures = 0
+        while True:
+            reader = self._scan_once if failures < 2 else self._scan_by_get
+            try:
+                async for item in reader(stream, subjects, next_seq, left):
+                    next_seq = item[0] + 1
+                    if left is not None:
+                        left -= 1
+                    failures = 0
+                    yield item
+                return
+            except BackendUnavailable:
+                failures += 1
+                if failures >= 6:
+                    raise
+                await asyncio.sleep(0.2 * failures)
+
+    async def _scan_by_get(
+        self, stream: str, subjects: str, start_seq: int, limit: int | None
+    ) -> AsyncIterator[tuple[int, str, bytes, dict[str, str]]]:
+        seq, left = start_seq, limit
+        while left is None or left > 0:
+            try:
+                msg = await self.js.get_msg(stream, seq=seq, subject=subjects, next=True)
+            except nats.js.errors.NotFoundError:
+                return
+            except Exception as exc:
+                raise translate(exc, f"reading the NATS stream {stream}") from exc
+            assert msg.seq is not None and msg.subject is not None
+            yield msg.seq, msg.subject, msg.data or b"", dict(msg.headers or {})
+            seq = msg.seq + 1
+            if left is not None:
+                left -= 1
+
+    async def _scan_once(
+        self, stream: str, subjects: str, start_seq: int, limit: int | None
+    ) -> AsyncIterator[tuple[int, str, bytes, dict[str, str]]]:
         js = self.js
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=max(1, start_seq),
+            opt_start_seq=start_seq,
             filter_subject=subjects,
             inactive_threshold=30.0,
             mem_storage=True,
@@ -301,13 +343,16 @@ class NatsConnection:
         )
         try:
             sub = await js.pull_subscribe(subjects, stream=stream, config=config)
-            info = await sub.consumer_info()
         except Exception as exc:
             raise translate(exc, f"reading the NATS stream {stream}") from exc
-        remaining = int(info.num_pending or 0)
-        if limit is not None:
-            remaining = min(remaining, limit)
         try:
+            try:
+                info = await sub.consumer_info()
+            except Exception as exc:
+                raise translate(exc, f"reading the NATS stream {stream}") from exc
+            remaining = int(info.num_pending or 0)
+            if limit is not None:
+                remaining = min(remaining, limit)
             while remaining > 0:
                 try:
                     batch = await sub.fetch(min(remaining, 512), timeout=self.url.timeout)

@@ -50,6 +50,7 @@ from .client import (
     encode_token,
     from_micros,
     micros,
+    translate,
 )
 
 __all__ = ["NatsSessions", "SessionState", "index_spec", "sessions_spec"]
@@ -72,9 +73,11 @@ def now_us() -> int:
 
 @dataclass
 class SessionState:
-    """A session folded from its events: ``seq`` is the stream sequence of the last one (0: none)."""
+    """A session folded from its events: ``seq`` is the stream sequence of the last one folded (0: none)."""
 
     seq: int = 0
+    read_seq: int = 0  # the last event read, folded or not (the subject's last sequence)
+    writes: dict[str, int] = field(default_factory=dict)  # write id -> seq, of the last events folded
     row: dict[str, Any] | None = None
     lease: dict[str, Any] | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)  # every seq from 0: archived, then live
@@ -82,8 +85,18 @@ class SessionState:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def apply(self, seq: int, event: dict[str, Any], where: str) -> None:
-        if seq <= self.seq:
-            return  # already folded (two readers caught up at once)
+        """Fold the event stored at ``seq``, if its condition holds: it was decided on the state after
+        ``event["after"]``, which must be the last event folded. An event stored although it was not (a
+        server that lost a condition in a leader change) is read past and changes nothing."""
+        if seq <= self.read_seq:
+            return  # already read (two readers caught up at once)
+        self.read_seq = seq
+        after = event.get("after")
+        # A tombstone may follow events a purge removed (read past them): it was decided on a state at
+        # least as new as this one.
+        purged = bool(event.get("reset")) and isinstance(after, int) and after >= self.seq
+        if after != self.seq and not purged:
+            return
         if event.get("reset"):
             self.messages, self.compressions, self.steps = [], [], {}
         if "row" in event:
@@ -101,6 +114,9 @@ class SessionState:
         for call_id, step in event.get("steps", {}).items():
             self.steps[call_id] = step
         self.seq = seq
+        self.writes[event.get("wid", "")] = seq
+        while len(self.writes) > 64:
+            self.writes.pop(next(iter(self.writes)))
 
 
 class NatsSessions(SessionBackend):
@@ -130,17 +146,17 @@ class NatsSessions(SessionBackend):
         if last is None or last.seq is None:
             state = SessionState()
         else:
-            if state is None or state.seq > last.seq:
+            if state is None or state.read_seq > last.seq:
                 state = SessionState()
-            if state.seq < last.seq:
+            if state.read_seq < last.seq:
                 where = f"session {key!r} on the NATS stream {stream}"
-                async for seq, _, data, _ in self.conn.scan(stream, subject, start_seq=state.seq + 1):
+                async for seq, _, data, _ in self.conn.scan(stream, subject, start_seq=state.read_seq + 1):
                     try:
                         event = orjson.loads(data)
                     except orjson.JSONDecodeError:
                         raise StorageCorrupt(f"{where}: message {seq} is not a statekeel event") from None
                     state.apply(seq, event, where)
-                if state.seq < last.seq:
+                if state.read_seq < last.seq:
                     raise StorageCorrupt(f"{where}: events up to {last.seq} could not be read")
         self._states[key] = state
         self._states.move_to_end(key)
@@ -161,27 +177,43 @@ class NatsSessions(SessionBackend):
             event, result = decide(state)
             if event is None:
                 return result(state)
+            wid = f"s-{uuid.uuid4().hex}"
+            event = {**event, "after": state.seq, "wid": wid}
             payload = orjson.dumps(event)
-            headers = {
-                "Nats-Expected-Last-Subject-Sequence": str(state.seq),
-                "Nats-Msg-Id": f"s-{uuid.uuid4().hex}",
-            }
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(state.read_seq), "Nats-Msg-Id": wid}
+            stream = self._sessions_stream
             try:
                 seq, _ = await self.conn.publish(
-                    subject, payload, stream=self._sessions_stream, headers=headers, what=f"session {key!r}"
+                    subject, payload, stream=stream, headers=headers, what=f"session {key!r}"
                 )
             except nats.js.errors.APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
                     continue
-                raise StorageCorrupt(
-                    f"the NATS stream {self._sessions_stream} refused: {exc.description}"
-                ) from exc
-            state.apply(seq, event, f"session {key!r}")
+                raise StorageCorrupt(f"the NATS stream {stream} refused: {exc.description}") from exc
+            # The event counts only if it directly follows the state it was decided on: the server
+            # checked that, and the fold checks it again (see SessionState.apply).
+            if state.read_seq < seq:
+                follows = await self._next_seq(stream, subject, state.read_seq + 1)
+                if follows == seq:
+                    state.apply(seq, event, f"session {key!r}")
+                else:
+                    state = await self._state(key)
+            if state.writes.get(wid) != seq:
+                continue  # not folded: decide again on what is there
             await self._index(key, state)
             if event.get("reset"):
                 # The events before the tombstone go; the tombstone (with the lease) stays.
-                await self.conn.js.purge_stream(self._sessions_stream, subject=subject, seq=seq)
+                await self.conn.js.purge_stream(stream, subject=subject, seq=seq)
             return result(state)
+
+    async def _next_seq(self, stream: str, subject: str, start: int) -> int | None:
+        try:
+            msg = await self.conn.js.get_msg(stream, seq=start, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except Exception as exc:
+            raise translate(exc, f"reading session events of the NATS stream {stream}") from exc
+        return msg.seq
 
     async def _index(self, key: str, state: SessionState) -> None:
         subject = f"{self.prefix}.i.{encode_token(key)}"
@@ -487,13 +519,15 @@ class NatsSessions(SessionBackend):
             row = dict(self._require(s, key))
             if expected_created_at is not None and from_micros(row["created_at"]) != expected_created_at:
                 raise ConflictError(
-                    f"session {key!r} was deleted and created again since it was read; nothing was compressed",
+                    f"session {key!r} was deleted and created again since it was read; "
+                    "nothing was compressed",
                     key=key,
                 )
             start = row["last_consolidated"]
             if start != expected_consolidated:
                 raise ConflictError(
-                    f"session {key!r} was consolidated up to {start}, not the expected {expected_consolidated}",
+                    f"session {key!r} was consolidated up to {start}, "
+                    f"not the expected {expected_consolidated}",
                     key=key,
                     expected=expected_consolidated,
                     current=start,

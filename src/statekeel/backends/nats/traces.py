@@ -4,8 +4,8 @@ A span is published to ``<prefix>.span.<trace>.<span>`` (ids as subject tokens) 
 one message per subject, so recording a span again replaces it (the contract's upsert by
 ``(trace_id, span_id)``). A batch is checked whole against the server's ``max_payload`` before anything
 is published, and its publishes are pipelined. The count of spans lost to buffer overflow is the last
-message of ``<prefix>.traces_dropped`` (on the ``<prefix>_meta`` stream), a running total advanced by a conditional publish
-(``Nats-Expected-Last-Subject-Sequence``).
+message of ``<prefix>.traces_dropped`` (on the ``<prefix>_meta`` stream), a running total advanced by a
+conditional publish (``Nats-Expected-Last-Subject-Sequence``).
 """
 
 from __future__ import annotations
