@@ -3,6 +3,9 @@
 
 The kinds a plain NATS store holds, measured on every backend the same way:
 
+- session saves: 500 saves of one message each (``sessions.save``), median and p99 in µs; then the
+  1,000-message session loaded (``backend.load_session_payloads``) by a store that never read it, and
+  again (NATS: from the folded state it keeps, after one request for the subject's last sequence);
 - audit append: ``store.audit.append`` one at a time (each returns once committed / acknowledged), median
   and p99 in µs, then appends/s from 8 concurrent callers;
 - audit load: ``audit.query`` pages of 1,000 through the whole log and ``audit.verify()``, entries/s;
@@ -63,7 +66,41 @@ def span(n: int) -> dict[str, Any]:
     }
 
 
+async def measure_sessions(url: str, saves: int) -> dict[str, Any]:
+    """Saves of one message each (the agent loop's write), then loads of the 1,000-message session."""
+    async with statekeel.open_store(url) as store:
+        session = await store.sessions.get_or_create("bench")
+        times: list[float] = []
+        for i in range(saves):
+            session.add_message("user" if i % 2 == 0 else "assistant", f"message {i} " + "x" * 200)
+            began = time.perf_counter()
+            await store.sessions.save(session)
+            times.append(time.perf_counter() - began)
+        times.sort()
+        for i in range(saves, 1000):
+            session.add_message("user", f"message {i} " + "x" * 200)
+        await store.sessions.save(session)
+    async with statekeel.open_store(url) as store:  # a process that never saw the session
+        began = time.perf_counter()
+        loaded = await store.backend.load_session_payloads("bench")
+        cold_ms = (time.perf_counter() - began) * 1000
+        assert loaded is not None and len(loaded.messages) == 1000, loaded
+        warm: list[float] = []
+        for _ in range(20):
+            began = time.perf_counter()
+            again = await store.backend.load_session_payloads("bench")
+            warm.append(time.perf_counter() - began)
+            assert again is not None and len(again.messages) == 1000
+    return {
+        "save_median_us": statistics.median(times) * 1e6,
+        "save_p99_us": times[int(len(times) * 0.99)] * 1e6,
+        "load_cold_ms": cold_ms,
+        "load_warm_ms": statistics.median(warm) * 1000,
+    }
+
+
 async def measure(url: str, entries: int, spans: int) -> dict[str, Any]:
+    figures = await measure_sessions(url, 500)
     async with statekeel.open_store(url) as store:
         times: list[float] = []
         for i in range(entries):
@@ -110,6 +147,7 @@ async def measure(url: str, entries: int, spans: int) -> dict[str, Any]:
         assert len(got) == min(1000, spans), len(got)
         assert store.traces.dropped == 0
     return {
+        **figures,
         "append_median_us": statistics.median(times) * 1e6,
         "append_p99_us": times[int(len(times) * 0.99)] * 1e6,
         "append_concurrent_per_s": concurrent,
@@ -147,6 +185,10 @@ def run_cluster(entries: int, spans: int) -> dict[str, Any]:
 
 
 ROWS = [
+    ("session save of one message: median µs", "save_median_us", "{:,.0f}"),
+    ("session save of one message: p99 µs", "save_p99_us", "{:,.0f}"),
+    ("load of a 1,000-message session, a process that never read it: ms", "load_cold_ms", "{:,.1f}"),
+    ("load of a 1,000-message session, again: ms", "load_warm_ms", "{:,.1f}"),
     ("audit append, one at a time: median µs", "append_median_us", "{:,.0f}"),
     ("audit append, one at a time: p99 µs", "append_p99_us", "{:,.0f}"),
     ("audit append, 8 concurrent callers: appends/s", "append_concurrent_per_s", "{:,.0f}"),

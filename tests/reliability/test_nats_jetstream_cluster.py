@@ -109,6 +109,10 @@ class Cluster:
                 node.proc.wait(timeout=10)
 
 
+async def _quiet(exc: Exception) -> None:
+    """Refused connections while the nodes start are expected: nothing to log."""
+
+
 async def wait_ready(cluster: Cluster, deadline_s: float = 30.0) -> None:
     """Until the cluster has elected its JetStream meta leader (account info answers)."""
     import nats
@@ -120,6 +124,7 @@ async def wait_ready(cluster: Cluster, deadline_s: float = 30.0) -> None:
                 [f"nats://127.0.0.1:{n.client_port}" for n in cluster.nodes],
                 connect_timeout=1,
                 max_reconnect_attempts=0,
+                error_cb=_quiet,
             )
             try:
                 await nc.jetstream(timeout=1).account_info()
