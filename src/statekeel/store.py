@@ -87,7 +87,8 @@ class StoreOptions:
 class StoreInfo:
     """Schema and health facts of a store, as :meth:`Store.info` reads them.
 
-    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"`` or ``"postgresql"``.
+    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"``, ``"postgresql"`` or
+    ``"nats"``.
     ``pending_migrations`` lists ``(version, name)`` of migrations this code ships that the database has
     not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
     ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
@@ -193,7 +194,8 @@ def sqlite_file(url: str) -> str | None:
 
 
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
-    """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
+    """The backend for ``url``: ``sqlite:///…``, ``memory://``, ``postgresql://…`` or ``nats://…`` (with
+    ``rest=``, paired with a SQL store: see ``docs/nats.md``)."""
     backend = _backend_for(url, options, codec)
     backend.audit_key = options.audit_key
     return backend
@@ -538,7 +540,9 @@ def open_store(
 
     ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
     at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
-    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too).
+    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too), ``nats://host:4222``
+    (NATS JetStream: sessions, audit and traces; ``nats://host:4222?rest=sqlite:///state.db`` pairs it
+    with a SQL store for the other kinds).
 
     ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
     and is left as it was (for tools that inspect a store shared with agents of another version).
