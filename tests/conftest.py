@@ -8,8 +8,8 @@ NATS tests use the JetStream server at ``$STATEKEEL_TEST_NATS`` (default ``nats:
 test's streams get a prefix of their own and are deleted after it. A plain NATS store holds some kinds
 only: a contract test says which kinds it needs with ``@pytest.mark.kinds(...)`` (on the test or its
 module), and runs on ``nats`` when the backend holds them all, and on ``nats+sqlite`` (NATS paired with a
-SQLite file) when it needs a kind that the pairing puts on NATS. A test without the marker needs the whole
-store: it runs on the SQL backends only.
+SQLite file) when it needs a kind that the pairing puts on NATS; elsewhere it is skipped with the reason.
+A test without the marker needs the whole store: it runs on the SQL backends only.
 """
 
 from __future__ import annotations
@@ -217,8 +217,7 @@ def _skip_unless_nats_can(backend_name: str, request: pytest.FixtureRequest) -> 
     from statekeel.backends.nats.backend import NATS_KINDS
 
     needs = _needed_kinds(request)
-    if needs is None:
-        pytest.skip(f"{backend_name}: the test needs the whole store (no @pytest.mark.kinds)")
+    assert needs is not None  # unmarked tests are not parametrized over the NATS backends
     if backend_name == "nats":
         missing = needs - NATS_KINDS
         if missing:
@@ -227,7 +226,18 @@ def _skip_unless_nats_can(backend_name: str, request: pytest.FixtureRequest) -> 
         pytest.skip(f"nats+sqlite holds {sorted(needs)} in SQLite: covered by the sqlite run")
 
 
-@pytest.fixture(params=BACKENDS)
+SQL_BACKENDS = ["memory", "sqlite", "postgres"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every store test runs on the SQL backends; one marked with the kinds it needs runs on the NATS
+    backends too (skipped there, with the reason, when they do not hold those kinds)."""
+    if "backend_name" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker("kinds") is not None
+        metafunc.parametrize("backend_name", BACKENDS if marked else SQL_BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
