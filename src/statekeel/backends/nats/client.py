@@ -284,6 +284,13 @@ class NatsConnection:
         except Exception as exc:
             raise translate(exc, f"reading the NATS stream {stream}") from exc
 
+    async def purge(self, stream: str, subject: str, *, before_seq: int) -> None:
+        """Remove ``subject``'s messages stored before ``before_seq`` (later ones stay)."""
+        try:
+            await self.js.purge_stream(stream, subject=subject, seq=before_seq)
+        except Exception as exc:
+            raise translate(exc, f"purging {subject} on the NATS stream {stream}") from exc
+
     async def scan(
         self, stream: str, subjects: str, *, start_seq: int = 1, limit: int | None = None
     ) -> AsyncIterator[tuple[int, str, bytes, dict[str, str]]]:

@@ -203,7 +203,7 @@ class NatsSessions(SessionBackend):
             await self._index(key, state)
             if event.get("reset"):
                 # The events before the tombstone go; the tombstone (with the lease) stays.
-                await self.conn.js.purge_stream(stream, subject=subject, seq=seq)
+                await self.conn.purge(stream, subject, before_seq=seq)
             return result(state)
 
     async def _next_seq(self, stream: str, subject: str, start: int) -> int | None:

@@ -250,7 +250,7 @@ class NatsToolCalls(NatsSessions, ToolCallBackend):
         last = await self.conn.last(stream, subject)
         if last is None or last.seq is None:
             return False
-        await self.conn.js.purge_stream(stream, subject=subject, seq=last.seq + 1)
+        await self.conn.purge(stream, subject, before_seq=last.seq + 1)
         return True
 
     async def read_heartbeat(self, owner: str) -> dt.datetime | None:
@@ -266,6 +266,6 @@ class NatsToolCalls(NatsSessions, ToolCallBackend):
         async for seq, subject, data, _ in self.conn.scan(stream, f"{self.prefix}.hb.*"):
             if int(orjson.loads(data)["expires_at"]) < cutoff:
                 # Up to the message read: a heartbeat renewed since then stays.
-                await self.conn.js.purge_stream(stream, subject=subject, seq=seq + 1)
+                await self.conn.purge(stream, subject, before_seq=seq + 1)
                 gone += 1
         return gone

@@ -211,8 +211,8 @@ class NatsTraces(TraceBackend):
         done = 0
         for seq, span in old[:limit]:
             # Up to the message read, not beyond: a span recorded again since then stays.
-            await self.conn.js.purge_stream(
-                self._traces_stream, subject=self._span_subject(span.trace_id, span.span_id), seq=seq + 1
+            await self.conn.purge(
+                self._traces_stream, self._span_subject(span.trace_id, span.span_id), before_seq=seq + 1
             )
             done += 1
         return PurgeBatch({"traces": done}, None if done < limit else (), time.perf_counter() - began)
