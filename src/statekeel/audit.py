@@ -36,7 +36,9 @@ import orjson
 
 from .backends.base import ApprovalRecord, AuditRecord, StorageBackend
 from .chain import (
+    APPROVAL_ENTRY_KINDS,
     GENESIS_HASH,
+    RESERVED_KIND_PREFIX,
     approval_digest,
     approval_entry_kind,
     args_digest,
@@ -44,7 +46,7 @@ from .chain import (
     mac_ok,
 )
 from .codec import Codec, canonical
-from .errors import AuditTampered, SerializationError
+from .errors import AuditTampered, InvalidKey, SerializationError
 from .validation import check_aware, check_int, check_key
 
 _VERIFY_PAGE = 1000
@@ -198,8 +200,18 @@ class AuditLog:
         return canonical(data).decode("utf-8")
 
     async def append(self, kind: str, actor: str, subject: str, data: Any = None) -> AuditEntry:
-        """Append an entry (committed before returning; joins the caller's ``atomic()`` block)."""
+        """Append an entry (committed before returning; joins the caller's ``atomic()`` block).
+
+        Kinds starting with ``approval.`` (in any case) are statekeel's own and raise ``InvalidKey``: the
+        approvals write them, and an approval is honoured only while its latest such entry matches it.
+        """
         check_key(kind, "kind")
+        if kind.casefold().startswith(RESERVED_KIND_PREFIX):
+            raise InvalidKey(
+                f"audit kind {kind!r} is reserved: statekeel writes the approval.* entries itself (through "
+                "store.approvals); give your entry a kind of its own, e.g. 'app.approval_note'",
+                key=kind,
+            )
         check_key(actor, "actor")
         check_key(subject, "subject")
         text = self.encode_data(data)
@@ -234,78 +246,92 @@ class AuditLog:
         """Walk the whole chain: dense seqs from 1, each ``prev_hash`` the previous ``hash``, each ``hash``
         recomputed from the stored fields (and, with an audit key, each MAC); then check every approval
         against its latest entry. Reports the first seq where the chain fails, or the approvals that do
-        not match."""
-        key = self.backend.audit_key
-        expected_seq, prev_hash, count = 1, GENESIS_HASH, 0
-        authenticated, first_keyed = 0, None
-        latest: dict[str, AuditRecord] = {}
-        while True:
-            page = await self.backend.read_audit(after_seq=expected_seq - 1, limit=_VERIFY_PAGE)
-            for record in page:
-                problem = _check(record, expected_seq, prev_hash) or entry_problem(record, key)
-                if problem is None and key is not None:
-                    if record.mac is not None:
-                        authenticated += 1
-                        first_keyed = first_keyed or record.seq
-                    elif first_keyed is not None:
-                        problem = (
-                            f"entry {record.seq} carries no MAC although entry {first_keyed} does: it was "
-                            "appended without the audit key, or its MAC was removed"
-                        )
-                if problem is not None:
-                    return AuditVerification(False, count, expected_seq, problem, authenticated=authenticated)
-                if record.kind.startswith("approval."):
-                    approval_id = _entry_data(record).get("approval_id")
-                    if isinstance(approval_id, str):
-                        latest[approval_id] = record
-                count += 1
-                expected_seq += 1
-                prev_hash = record.hash
-            if len(page) < _VERIFY_PAGE:
-                break
-        if key is not None and count and first_keyed is None:
+        not match.
+
+        The entries and the approvals are read on one snapshot (``StorageBackend.scan_audit``): an
+        approval requested, decided or consumed while ``verify()`` runs is seen with its entry or not at
+        all, never reported as tampering."""
+        walk = _Walk(self.backend.audit_key)
+        await self.backend.scan_audit(walk.entries, walk.approvals, page=_VERIFY_PAGE)
+        return walk.result()
+
+
+@dataclass(slots=True)
+class _Walk:
+    """The state of one :meth:`AuditLog.verify`, fed page by page from one snapshot."""
+
+    key: bytes | None
+    expected_seq: int = 1
+    prev_hash: str = GENESIS_HASH
+    count: int = 0
+    authenticated: int = 0
+    first_keyed: int | None = None
+    failure: AuditVerification | None = None
+    latest: dict[str, AuditRecord] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    bad: dict[str, str] = field(default_factory=dict)
+
+    def entries(self, page: list[AuditRecord]) -> bool:
+        key = self.key
+        for record in page:
+            problem = _check(record, self.expected_seq, self.prev_hash) or entry_problem(record, key)
+            if problem is None and key is not None:
+                if record.mac is not None:
+                    self.authenticated += 1
+                    self.first_keyed = self.first_keyed or record.seq
+                elif self.first_keyed is not None:
+                    problem = (
+                        f"entry {record.seq} carries no MAC although entry {self.first_keyed} does: it was "
+                        "appended without the audit key, or its MAC was removed"
+                    )
+            if problem is not None:
+                self.failure = AuditVerification(
+                    False, self.count, self.expected_seq, problem, authenticated=self.authenticated
+                )
+                return False
+            if record.kind in APPROVAL_ENTRY_KINDS:
+                approval_id = _entry_data(record).get("approval_id")
+                if isinstance(approval_id, str):
+                    self.latest[approval_id] = record
+            self.count += 1
+            self.expected_seq += 1
+            self.prev_hash = record.hash
+        return True
+
+    def approvals(self, page: list[ApprovalRecord]) -> bool:
+        """Compare each approval row with its latest entry."""
+        for approval in page:
+            self.seen.add(approval.id)
+            problem = binding_problem(approval, self.latest.get(approval.id), self.key)
+            if problem is not None:
+                self.bad[approval.id] = f"approval {approval.id!r}: {problem}"
+        return True
+
+    def result(self) -> AuditVerification:
+        if self.failure is not None:
+            return self.failure
+        if self.key is not None and self.count and self.first_keyed is None:
             return AuditVerification(
                 False,
-                count,
+                self.count,
                 1,
                 "no entry carries a MAC under the audit key: the log was written without it, or its MACs "
                 "were removed. If you trust it as it is, append an entry under the key to vouch for it",
             )
-        checked, bad = await self._check_approvals(latest, key)
+        bad = dict(self.bad)
+        for approval_id in sorted(set(self.latest) - self.seen):
+            bad[approval_id] = f"approval {approval_id!r} has audit entries but no longer exists (deleted)"
         if bad:
             return AuditVerification(
                 False,
-                count,
+                self.count,
                 None,
                 f"{len(bad)} approval(s) do not match their audit entries: " + "; ".join(bad.values()),
-                approvals=checked,
+                approvals=len(self.seen),
                 bad_approvals=tuple(bad),
-                authenticated=authenticated,
+                authenticated=self.authenticated,
             )
-        return AuditVerification(True, count, approvals=checked, authenticated=authenticated)
-
-    async def _check_approvals(
-        self, latest: dict[str, AuditRecord], key: bytes | None
-    ) -> tuple[int, dict[str, str]]:
-        """Compare every approval row with its latest entry; ``(checked, {approval_id: problem})``."""
-        if "approvals" not in self.backend.kinds:
-            return 0, {}  # a backend holding the audit chain only (a plain NATS store) has no approvals
-        bad: dict[str, str] = {}
-        seen: set[str] = set()
-        after = ""
-        while True:
-            page = await self.backend.list_approvals(after_id=after, limit=_VERIFY_PAGE)
-            for approval in page:
-                seen.add(approval.id)
-                problem = binding_problem(approval, latest.get(approval.id), key)
-                if problem is not None:
-                    bad[approval.id] = f"approval {approval.id!r}: {problem}"
-            if len(page) < _VERIFY_PAGE:
-                break
-            after = page[-1].id
-        for approval_id in sorted(set(latest) - seen):
-            bad[approval_id] = f"approval {approval_id!r} has audit entries but no longer exists (deleted)"
-        return len(seen), bad
+        return AuditVerification(True, self.count, approvals=len(self.seen), authenticated=self.authenticated)
 
 
 def _check(record: AuditRecord, expected_seq: int, prev_hash: str) -> str | None:

@@ -96,6 +96,15 @@ def approval_digest(record: ApprovalRecord) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
+# The kinds of the audit entries statekeel itself writes for approvals: the only ones an approval's binding
+# (check, consume, verify) reads, on every backend. ``audit.append`` refuses any kind starting with
+# ``approval.`` (in any case), so an application's own entry can never stand for an approval's latest change.
+APPROVAL_ENTRY_KINDS = frozenset(
+    ("approval.requested", "approval.granted", "approval.denied", "approval.consumed")
+)
+RESERVED_KIND_PREFIX = "approval."
+
+
 def approval_entry_kind(record: ApprovalRecord) -> str:
     """The kind of the audit entry that the approval's latest change appended."""
     if record.consumed_at is not None:
@@ -106,8 +115,10 @@ def approval_entry_kind(record: ApprovalRecord) -> str:
 
 
 __all__ = [
+    "APPROVAL_ENTRY_KINDS",
     "GENESIS_HASH",
     "MIN_AUDIT_KEY_BYTES",
+    "RESERVED_KIND_PREFIX",
     "approval_digest",
     "approval_entry_kind",
     "args_digest",

@@ -90,6 +90,18 @@ class InvalidArgument(StatekeelError):
     hint = "Nothing was written; fix the argument and call again."
 
 
+class StepInTransaction(InvalidArgument):
+    """``tasks.step()`` or ``sessions.run_tool()`` was called inside a ``backend.atomic()`` block: its
+    *started* record would commit with the block (a rollback would erase it, and the next call run the
+    function again), and the block's locks would be held while the function runs. Nothing was written
+    and the function did not run."""
+
+    hint = (
+        "Nothing was written and the function did not run; call it outside the atomic() block (before "
+        "the block, or after it committed)"
+    )
+
+
 class SerializationError(InvalidArgument):
     """A value cannot be encoded by the statekeel codec (or stored bytes cannot be decoded)."""
 
@@ -229,6 +241,14 @@ class UnserializableValue(SerializationError, TypeError, ValueError):
     hint = "Nothing was written; store only values the serializer supports (or configure its serde)."
 
 
+class InvalidImportSource(InvalidArgument, ValueError):
+    """What ``statekeel import --from SOURCE PATH`` was given cannot be imported: an unknown source, a
+    file that is not a database of that source's shape, or items that source would not hold. Nothing was
+    written."""
+
+    hint = "Nothing was written; check --from and the path (the database the framework's own store wrote)"
+
+
 class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
     """A synchronous method of an async adapter cannot run here: on the event loop the adapter runs on
     (it would block that loop forever), or while that loop is not running."""
@@ -247,6 +267,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
+    "InvalidImportSource",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",
@@ -258,6 +279,7 @@ __all__ = [
     "SerializationError",
     "StatekeelError",
     "StepInDoubt",
+    "StepInTransaction",
     "StorageCorrupt",
     "SyncCallRefused",
     "ToolCallAlreadyAnswered",

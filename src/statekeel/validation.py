@@ -8,6 +8,8 @@ from typing import Any
 from .errors import InvalidArgument, InvalidKey
 
 MAX_KEY_BYTES = 512
+# The largest integer every backend stores (SQLite's INTEGER and PostgreSQL's BIGINT are signed 64-bit).
+MAX_INT = 2**63 - 1
 
 
 def check_key(key: Any, what: str = "key") -> str:
@@ -27,12 +29,17 @@ def check_key(key: Any, what: str = "key") -> str:
     return key
 
 
-def check_int(value: Any, what: str, *, minimum: int | None = 0) -> int:
-    """Return ``value`` if it is an int (not a bool) of at least ``minimum``."""
+def check_int(value: Any, what: str, *, minimum: int | None = 0, maximum: int = MAX_INT) -> int:
+    """Return ``value`` if it is an int (not a bool) of at least ``minimum`` and at most ``maximum``
+    (by default the largest signed 64-bit integer, what every backend stores)."""
     if type(value) is not int:
         raise InvalidArgument(f"{what} must be an int, got {type(value).__name__} {value!r}", value=value)
     if minimum is not None and value < minimum:
         raise InvalidArgument(f"{what} must be >= {minimum}, got {value}", value=value)
+    if value > maximum or value < -MAX_INT - 1:
+        raise InvalidArgument(
+            f"{what} must be at most {maximum} (a signed 64-bit integer), got {value}", value=value
+        )
     return value
 
 
@@ -51,10 +58,18 @@ def check_str(value: Any, what: str) -> str:
 
 
 def check_aware(value: Any, what: str) -> dt.datetime:
-    """Return ``value`` if it is a timezone-aware datetime."""
+    """Return ``value`` if it is a timezone-aware datetime that has a UTC equivalent (what is stored)."""
     # utcoffset(), not tzinfo: a tzinfo whose offset is None leaves the datetime naive.
     if type(value) is not dt.datetime or value.utcoffset() is None:
         raise InvalidArgument(f"{what} must be a timezone-aware datetime, got {value!r}", value=value)
+    try:
+        value.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidArgument(
+            f"{what} {value!r} has no UTC equivalent (it falls outside years 1-9999 in UTC); give a time "
+            "within that range",
+            value=value,
+        ) from None
     return value
 
 

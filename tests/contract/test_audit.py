@@ -116,3 +116,79 @@ def test_an_entry_hash_is_the_sha256_of_the_canonical_encoding_of_its_fields(sub
     assert (
         chain_hash(7, "task.transitioned", "worker-1", subject, '{"to":"running"}', at, "a" * 64) == expected
     )
+
+
+def _in_another_process_meanwhile(url: str, change: Any) -> None:
+    """Run ``change(store)`` to completion on a store of its own (own event loop, own connections), as
+    another process would, while the caller's thread waits."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    async def run() -> None:
+        async with statekeel.open_store(url) as other:
+            await change(other)
+
+    def main() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    thread = threading.Thread(target=main)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and not failures, failures
+
+
+async def _request(store: Store) -> None:
+    await store.approvals.request("task:2", "deploy", {"env": "dev"}, "agent")
+
+
+async def _decide(store: Store) -> None:
+    (pending,) = await store.approvals.pending()
+    await store.approvals.decide(pending.id, True, "alice")
+
+
+async def _consume(store: Store) -> None:
+    found = await store.approvals.check("task:1", "deploy", {"env": "prod"})
+    assert found is not None
+    await store.approvals.consume(found.id, "agent")
+
+
+@pytest.mark.parametrize("change", [_request, _decide, _consume], ids=["requested", "decided", "consumed"])
+async def test_an_approval_changed_while_verify_reads_is_never_reported_as_tampering(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch, change: Any
+) -> None:
+    """verify() reads the chain and the approvals on one snapshot: an approval requested, decided or
+    consumed by another process after the chain was read (and before the approvals are) is seen with
+    its entry, or not at all."""
+    if shared_url.startswith("sqlite"):
+        from statekeel.backends.sqlite.backend import SqliteTx as DialectTx
+    else:
+        from statekeel.backends.postgres.backend import PgTx as DialectTx  # type: ignore[assignment]
+
+    async with statekeel.open_store(shared_url) as store:
+        approval = await store.approvals.request("task:1", "deploy", {"env": "prod"}, "agent")
+        if change is not _decide:
+            await store.approvals.decide(approval.id, True, "alice")
+        before = await store.audit.verify()
+        assert before.ok
+        fetchall = DialectTx.fetchall
+        fired: list[str] = []
+
+        async def chain_read_then_change(self: Any, name: str, *args: Any) -> Any:
+            rows = await fetchall(self, name, *args)
+            if name == "audit_read" and not fired:  # the whole chain read (one page): change it now
+                fired.append(name)
+                _in_another_process_meanwhile(shared_url, change)
+            return rows
+
+        monkeypatch.setattr(DialectTx, "fetchall", chain_read_then_change)
+        during = await store.audit.verify()
+        monkeypatch.undo()
+        assert fired
+        assert during.ok, during.reason
+        assert (during.count, during.approvals) == (before.count, before.approvals)
+        after = await store.audit.verify()
+        assert after.ok and after.count == before.count + 1, after.reason

@@ -470,3 +470,234 @@ async def test_purge_reports_each_batch_to_on_batch(store: statekeel.Store) -> N
     assert report.batches == len(seen)
     with pytest.raises(statekeel.InvalidArgument):
         await store.purge(on_batch="print")  # type: ignore[arg-type]
+
+
+# --- A purge deletes only what still matches its reason (invariant 13), with another writer forced in
+# between the purge's read of a row and its delete. On PostgreSQL that writer commits before the purge
+# locks the row, or waits for the lock the purge took with its check; on SQLite the writer thread holds
+# the write lock for the whole batch, so no other connection can write in between at all.
+
+
+async def _interleave(monkeypatch: pytest.MonkeyPatch, url: str, after: str, write: Any) -> dict[str, Any]:
+    """Patch PostgreSQL's Tx so that, the first time the query named ``after`` has run, ``write()`` starts
+    on another connection and the purge goes on once it finished or waits for a lock. Returns a dict that
+    holds, once the purge is over, ``result`` (what ``write()`` returned, i.e. acknowledged) or ``error``."""
+    import asyncpg
+
+    from statekeel.backends.postgres.backend import PgTx
+
+    outcome: dict[str, Any] = {}
+    fetchone, fetchall = PgTx.fetchone, PgTx.fetchall
+
+    async def run_write() -> None:
+        try:
+            outcome["result"] = await write()
+        except statekeel.StatekeelError as exc:
+            outcome["error"] = exc
+
+    async def hook(name: str) -> None:
+        if name != after or "task" in outcome:
+            return
+        outcome["task"] = task = asyncio.create_task(run_write())
+        watcher = await asyncpg.connect(url)
+        try:
+            async with asyncio.timeout(10):  # until it is done, or waits for a row the purge locked
+                while not task.done() and not await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                ):
+                    await asyncio.sleep(0.01)
+        finally:
+            await watcher.close()
+
+    async def one(self: PgTx, name: str, *args: Any) -> Any:
+        row = await fetchone(self, name, *args)
+        await hook(name)
+        return row
+
+    async def many(self: PgTx, name: str, *args: Any) -> Any:
+        rows = await fetchall(self, name, *args)
+        await hook(name)
+        return rows
+
+    monkeypatch.setattr(PgTx, "fetchone", one)
+    monkeypatch.setattr(PgTx, "fetchall", many)
+    return outcome
+
+
+async def _settle(outcome: dict[str, Any]) -> None:
+    assert "task" in outcome, "the purge never ran the query the test waits after"
+    await outcome["task"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("after", ["purge_memories_expired", "purge_memory_events_count"])
+async def test_a_memory_put_again_while_the_purge_reads_it_survives(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch, after: str
+) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        old = await store.memory.put("user", "k", "old", expires_at=dt.datetime.now(dt.UTC))
+        cutoff = await moment()
+        outcome = await _interleave(
+            monkeypatch, pg_migrated, after, lambda: store.memory.put("user", "k", "revived")
+        )
+        report = await purge(store, only(memories=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        await _settle(outcome)
+        acked = outcome["result"]  # a put is never refused here: it updates the row, or adds a new one
+        kept = await store.memory.get(acked.id)
+        assert kept is not None and kept.content == "revived" and kept.expires_at is None
+        gone = await store.memory.get(old.id) is None
+        assert report.memories == (1 if gone else 0)  # the report counts what went, nothing else
+
+
+@pytest.mark.postgres
+async def test_a_session_reopened_while_the_purge_reads_it_keeps_its_file_records(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        session = await store.sessions.get_or_create("s")
+        session.add_message("user", "hi")
+        await store.sessions.save(session)
+        await store.files.record("a.txt", "0" * 64, 1, session_key="s")
+        await store.files.record("a.txt", "1" * 64, 2, session_key="s")
+        await store.sessions.archive("s")
+        cutoff = await moment()
+        outcome = await _interleave(
+            monkeypatch, pg_migrated, "purge_session_messages_count", lambda: store.sessions.reopen("s")
+        )
+        report = await purge(store, only(sessions=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        await _settle(outcome)
+        records = await store.files.list(session_key="s")
+        if "result" in outcome:  # the reopen was acknowledged: the session and its whole ledger stay
+            record = await store.backend.load_session("s")
+            assert record is not None and record.status == "active"
+            assert [r.seq for r in records] == [1, 2]
+            assert (report.sessions, report.file_changes) == (0, 0)
+        else:  # the purge went first: the reopen found nothing, and the report says what went
+            assert await store.backend.load_session("s") is None
+            assert [r.seq for r in records] == [2]
+            assert (report.sessions, report.messages, report.file_changes) == (1, 1, 1)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("after", ["purge_tasks_candidates", "purge_task_steps_count"])
+async def test_a_task_retried_while_the_purge_reads_it_keeps_its_steps_and_file_records(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch, after: str
+) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        task = await store.tasks.create("t")
+        await store.tasks.transition(task.id, "running")
+        await store.tasks.step(task.id, "fetch", lambda: 1)
+        await store.files.record("a.txt", "0" * 64, 1, task_id=task.id)
+        await store.files.record("a.txt", "1" * 64, 2, task_id=task.id)
+        await store.tasks.transition(task.id, "failed")
+        cutoff = await moment()
+        outcome = await _interleave(
+            monkeypatch, pg_migrated, after, lambda: store.tasks.transition(task.id, "queued")
+        )
+        report = await purge(store, only(tasks=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        await _settle(outcome)
+        records = await store.files.list(task_id=task.id)
+        if "result" in outcome:  # the retry was acknowledged: the task, its steps and its ledger stay
+            kept = await store.tasks.get(task.id)
+            assert kept is not None and kept.status == "queued"
+            assert len(await store.backend.list_steps(task.id)) == 1
+            assert [r.seq for r in records] == [1, 2]
+            assert (report.tasks, report.steps, report.file_changes) == (0, 0, 0)
+        else:
+            assert await store.tasks.get(task.id) is None
+            assert [r.seq for r in records] == [2]
+            assert (report.tasks, report.steps, report.file_changes) == (1, 1, 1)
+
+
+@pytest.mark.postgres
+async def test_a_child_given_to_a_workflows_task_while_the_purge_checks_it_keeps_its_parent(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        wf = await store.workflows.create("w", [{"name": "a"}])
+        await store.workflows.cancel(wf.id)
+        parent_id = wf.steps[0].task.id
+        cutoff = await moment()
+        outcome = await _interleave(
+            monkeypatch,
+            pg_migrated,
+            "purge_workflow_steps_count",
+            lambda: store.tasks.create("child", parent_task_id=parent_id),
+        )
+        report = await purge(store, only(tasks=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        await _settle(outcome)
+        if "result" in outcome:  # the child was acknowledged: its parent, and so the workflow, stay
+            child = await store.tasks.get(outcome["result"].id)
+            assert child is not None and child.parent_task_id == parent_id
+            assert await store.tasks.get(parent_id) is not None
+            assert (report.workflows, report.tasks) == (0, 0)
+        else:
+            assert await store.workflows.get(wf.id) is None
+            assert (report.workflows, report.tasks) == (1, 1)
+
+
+@pytest.mark.postgres
+async def test_a_vector_source_announced_again_while_the_purge_reads_it_keeps_its_vector_and_lags(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(pg_migrated) as store:
+        vectors = store.vectors
+        await vectors.upsert("doc-v1", "doc", [1.0, 0.5], model="m", source_version=1)
+        await vectors.source_deleted("doc")
+        cutoff = await moment()
+
+        async def announce_again() -> None:
+            await vectors.source_changed("doc", 3)
+            await vectors.upsert("doc-v2", "doc", [0.5, 1.0], model="m", source_version=2)
+
+        outcome = await _interleave(monkeypatch, pg_migrated, "purge_vector_sources_gone", announce_again)
+        report = await purge(store, only(memories=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        await _settle(outcome)
+        assert "result" in outcome
+        assert {v.vec_id for v in await vectors.by_source("doc")} == {"doc-v1", "doc-v2"}
+        assert [(lag.source_id, lag.version, lag.indexed_version) for lag in await vectors.lagging()] == [
+            ("doc", 3, 2)
+        ]
+        assert report.vectors == 0
+        assert {h.vec_id for h in await vectors.search([0.5, 1.0], k=5)} == {"doc-v1", "doc-v2"}
+
+
+async def test_no_other_sqlite_writer_gets_between_a_purge_read_and_its_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite: the batch that lists a candidate holds the write lock until it deleted it, so another
+    connection's write (a put reviving the memory) cannot land in between: it waits, and then finds the
+    memory gone."""
+    from statekeel.backends.sqlite.backend import SqliteTx
+
+    path = tmp_path / "s.db"
+    async with statekeel.open_store(f"sqlite:///{path}") as store:
+        old = await store.memory.put("user", "k", "old", expires_at=dt.datetime.now(dt.UTC))
+        cutoff = await moment()
+        tried: list[str] = []
+        fetchall = SqliteTx.fetchall
+
+        async def many(self: SqliteTx, name: str, *args: Any) -> Any:
+            rows = await fetchall(self, name, *args)
+            if name == "purge_memories_expired" and not tried:
+                other = sqlite3.connect(path, timeout=0)
+                try:
+                    other.execute("UPDATE memories SET expires_at = NULL WHERE id = ?", (old.id,))
+                    tried.append("written")
+                except sqlite3.OperationalError as exc:
+                    tried.append(str(exc))
+                finally:
+                    other.close()
+            return rows
+
+        monkeypatch.setattr(SqliteTx, "fetchall", many)
+        report = await purge(store, only(memories=HOUR), cutoff + HOUR, False)
+        monkeypatch.undo()
+        assert tried == ["database is locked"]
+        assert report.memories == 1 and await store.memory.get(old.id) is None

@@ -128,6 +128,43 @@ async def test_concurrent_openers_in_one_process_all_succeed(pg_database: str) -
     assert await versions(pg_database) == [(v, 1) for v in range(1, CURRENT + 1)]
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_openers_that_wait_for_each_others_migrations_succeed_under_any_default_isolation(
+    pg_database: str, isolation: str
+) -> None:
+    """Migrations run at read committed whatever the database's default: an opener that waited for the
+    migration lock reads the migrations another one applied meanwhile instead of applying them again."""
+    import asyncpg
+
+    from statekeel.backends.postgres.schema import MIGRATION_LOCK_ID
+
+    admin = await asyncpg.connect(pg_database)
+    try:
+        name = await admin.fetchval("SELECT current_database()")
+        # Names are ours (sk_test_<hex>), the isolation one of two literals: no user data in the SQL.
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{isolation}'")
+        await admin.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
+
+        async def open_one() -> int:
+            async with statekeel.open_store(pg_database) as store:
+                return await store.backend.schema_version()
+
+        openers = [asyncio.create_task(open_one()) for _ in range(3)]
+        async with asyncio.timeout(30):  # until every opener waits for the lock this test holds
+            while await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+            ) < len(openers):
+                await asyncio.sleep(0.01)
+        level = await _fetch(pg_database, "SHOW transaction_isolation")
+        assert level == [(isolation,)]  # the default the openers' transactions would get
+        await admin.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+        assert await asyncio.gather(*openers) == [CURRENT] * 3
+    finally:
+        await admin.close()
+    assert await versions(pg_database) == [(v, 1) for v in range(1, CURRENT + 1)]
+
+
 def test_processes_opening_a_new_database_at_once_all_succeed_and_migrate_once(pg_database: str) -> None:
     assert open_concurrently(pg_database, 3) == [f"ok {CURRENT}"] * 3
     assert asyncio.run(versions(pg_database)) == [(v, 1) for v in range(1, CURRENT + 1)]

@@ -84,3 +84,36 @@ def test_unstorable_arguments_raise_a_typed_error() -> None:
     for bad in ({1: "x"}, {"a": float("nan")}, {"a\x00": 1}, {"s": {1, 2}}, "\ud800"):
         with pytest.raises(statekeel.SerializationError):
             log.args_hash(bad)
+
+
+@pytest.mark.parametrize(
+    "kind", ["approval.granted", "approval.consumed", "approval.note", "APPROVAL.denied", "Approval.x"]
+)
+async def test_audit_append_refuses_an_approval_kind_and_writes_nothing(
+    store: statekeel.Store, kind: str
+) -> None:
+    approval = await store.approvals.request("task:1", "shell", {"cmd": "ls"}, "agent")
+    before = (await store.audit.verify()).count
+    with pytest.raises(statekeel.InvalidKey, match="reserved"):
+        await store.audit.append(kind, "app", "task:1", {"approval_id": approval.id})
+    assert (await store.audit.verify()).count == before
+    await store.audit.append("app.approval_note", "app", "task:1", {"approval_id": approval.id})
+
+
+@pytest.mark.parametrize("kind", ["approval.note", "Approval.consumed", "APPROVAL.DENIED"])
+async def test_an_entry_of_a_kind_statekeel_does_not_write_never_disables_an_approval(
+    store: statekeel.Store, kind: str
+) -> None:
+    """An entry naming the approval (written before append refused such kinds, or straight through the
+    backend) is not the approval's latest change, on every backend: check, consume and verify ignore it."""
+    approval = await store.approvals.request("task:1", "shell", {"cmd": "ls"}, "agent")
+    await store.approvals.decide(approval.id, True, "alice")
+    data = store.audit.encode_data({"approval_id": approval.id})
+    await store.backend.append_audit(kind, "app", "task:1", data)
+    found = await store.approvals.check("task:1", "shell", {"cmd": "ls"})
+    assert found is not None and found.id == approval.id
+    report = await store.audit.verify()
+    assert report.ok and report.approvals == 1, report.reason
+    consumed = await store.approvals.consume(approval.id, "agent")
+    assert consumed.consumed_by == "agent"
+    assert (await store.audit.verify()).ok

@@ -281,3 +281,102 @@ async def test_a_datetime_whose_tzinfo_has_no_offset_is_refused_as_naive(store: 
     with pytest.raises(statekeel.InvalidArgument):
         await store.audit.query(since=naive)
     assert await store.approvals.pending() == [] and (await store.audit.verify()).count == 0
+
+
+BIG = 2**70
+PAST_INT64 = 2**63
+# Aware datetimes whose UTC equivalent falls outside datetime's years 1-9999.
+NO_UTC = [
+    dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+    dt.datetime.max.replace(tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+]
+
+
+async def _written(store: statekeel.Store) -> dict[str, int]:
+    return {t.name: await store.backend.count_rows(t.name) for t in await store.backend.copy_tables()}
+
+
+def _out_of_range_calls(store: statekeel.Store, task_id: str) -> dict[str, Any]:
+    s = store
+    return {
+        "tasks.list limit": lambda: s.tasks.list(limit=PAST_INT64),
+        "tasks.heartbeat lease_epoch": lambda: s.tasks.heartbeat(task_id, "w", BIG),
+        "tasks.create priority": lambda: s.tasks.create("x", priority=BIG),
+        "tasks.claim lease_seconds": lambda: s.tasks.claim("w", lease_seconds=1e308 * 10),
+        "audit.query after_seq": lambda: s.audit.query(after_seq=PAST_INT64),
+        "audit.query limit": lambda: s.audit.query(limit=PAST_INT64),
+        "sessions.list limit": lambda: s.sessions.list(limit=PAST_INT64),
+        "memory.query limit": lambda: s.memory.query(limit=PAST_INT64),
+        "memory.episodes limit": lambda: s.memory.episodes(limit=PAST_INT64),
+        "memory.add_episode seqs": lambda: s.memory.add_episode("s", "sum", first_seq=BIG, upto_seq=BIG + 1),
+        "memory.accesses limit": lambda: s.memory.accesses("m", limit=PAST_INT64),
+        "memory.put confidence": lambda: s.memory.put("user", "k", "c", confidence=1e308 * 10),
+        "memory.relate weight": lambda: s.memory.relate("a", "r", "b", weight=1e308 * 10),
+        "vectors.upsert source_version": lambda: s.vectors.upsert(
+            "v", "src", [1.0, 0.5], model="m", source_version=BIG
+        ),
+        "vectors.upsert float32 overflow": lambda: s.vectors.upsert("v", "src", [1e39, 0.5], model="m"),
+        "vectors.search k": lambda: s.vectors.search([1.0, 0.5], k=PAST_INT64),
+        "vectors.lagging limit": lambda: s.vectors.lagging(limit=PAST_INT64),
+        "vectors.source_changed version": lambda: s.vectors.source_changed("src", BIG),
+        "traces.query limit": lambda: s.traces.query(limit=PAST_INT64),
+        "files.record size": lambda: s.files.record("a.txt", "0" * 64, BIG),
+    }
+
+
+async def test_an_int_past_64_bits_or_an_overflowing_float_is_a_typed_error_and_writes_nothing(
+    store: statekeel.Store,
+) -> None:
+    task = await store.tasks.create("t")
+    before = await _written(store)
+    for name, call in _out_of_range_calls(store, task.id).items():
+        try:
+            await call()
+        except (statekeel.InvalidArgument, statekeel.InvalidEmbedding):
+            pass
+        else:
+            pytest.fail(f"{name} accepted a value out of range")
+        assert await _written(store) == before, name
+    await assert_usable(store)
+
+
+@pytest.mark.parametrize("when", NO_UTC, ids=["year-1-east", "year-9999-west"])
+async def test_an_aware_datetime_without_a_utc_equivalent_is_invalid_argument_and_writes_nothing(
+    store: statekeel.Store, when: dt.datetime
+) -> None:
+    before = await _written(store)
+    calls = {
+        "approvals.request expires_at": lambda: store.approvals.request(
+            "task:1", "shell", {}, "agent", expires_at=when
+        ),
+        "memory.put expires_at": lambda: store.memory.put("user", "k", "c", expires_at=when),
+        "memory.relate valid_from": lambda: store.memory.relate("a", "r", "b", valid_from=when),
+        "memory.relations at": lambda: store.memory.relations("a", at=when),
+        "tasks.expire_leases now": lambda: store.tasks.expire_leases(now=when),
+        "sessions.cleanup_expired now": lambda: store.sessions.cleanup_expired(now=when),
+        "audit.query since": lambda: store.audit.query(since=when),
+        "traces.query since": lambda: store.traces.query(since=when),
+        "purge now": lambda: store.purge(now=when),
+    }
+    for name, call in calls.items():
+        with pytest.raises(statekeel.InvalidArgument):
+            await call()
+        assert await _written(store) == before, name
+    await assert_usable(store)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [dt.datetime.min.replace(tzinfo=dt.UTC), dt.datetime.max.replace(tzinfo=dt.UTC)],
+    ids=["min", "max"],
+)
+async def test_the_first_and_last_utc_datetimes_are_stored_and_read_back(
+    store: statekeel.Store, when: dt.datetime
+) -> None:
+    """The edges of the range check_aware accepts are stored as they are on every backend (PostgreSQL's
+    driver keeps them as -infinity / infinity and reads them back without a zone)."""
+    put = await store.memory.put("user", "edge", "c", expires_at=when)
+    got = await store.memory.get(put.id)
+    assert got is not None and got.expires_at == when
+    edge = await store.memory.relate("a", "r", "b", valid_from=when)
+    assert edge.valid_from == when

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,21 @@ class AuditBackend(abc.ABC):
         limit: int = 100,
     ) -> list[AuditRecord]:
         """Entries in seq order with ``seq > after_seq`` matching the filters."""
+
+    @abc.abstractmethod
+    async def scan_audit(
+        self,
+        entries: Callable[[list[AuditRecord]], bool],
+        approvals: Callable[[list[ApprovalRecord]], bool],
+        *,
+        page: int = 1000,
+    ) -> None:
+        """Read the whole log, then every approval, on **one** snapshot (what ``audit.verify()`` needs:
+        an approval requested, decided or consumed meanwhile is seen with its entry, or not at all).
+
+        Pages of up to ``page`` entries in seq order go to ``entries``, then pages of approvals in id
+        order to ``approvals``; either callback returns False to stop the scan. The callbacks are plain
+        functions (they may run on the backend's reading thread): they must not block or await."""
 
 
 class ApprovalBackend(abc.ABC):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -20,7 +21,7 @@ import nats.js.errors
 
 from ...chain import GENESIS_HASH, chain_hash, entry_mac
 from ...errors import StorageCorrupt
-from ..base import AuditBackend, AuditRecord
+from ..base import ApprovalRecord, AuditBackend, AuditRecord
 from .client import (
     WRONG_LAST_SEQUENCE,
     NatsConnection,
@@ -183,6 +184,27 @@ class NatsAudit(AuditBackend):
             if len(out) >= limit:
                 break
         return out
+
+    async def scan_audit(
+        self,
+        entries: Callable[[list[AuditRecord]], bool],
+        approvals: Callable[[list[ApprovalRecord]], bool],
+        *,
+        page: int = 1000,
+    ) -> None:
+        # One snapshot: the stream up to its last sequence now (entries are never removed). A plain NATS
+        # store holds no approvals, so there are none to pass on.
+        stream = self._audit_stream
+        last = await self.conn.last_seq(stream)
+        batch: list[AuditRecord] = []
+        async for seq, _, data, _ in self.conn.scan(stream, f"{self.prefix}.audit.*", limit=last):
+            batch.append(_record(seq, data, stream))
+            if len(batch) >= page:
+                if not entries(batch):
+                    return
+                batch = []
+        if batch:
+            entries(batch)
 
     async def audit_count(self) -> int:
         return await self.conn.last_seq(self._audit_stream)

@@ -18,7 +18,10 @@ WHERE seq > $1 AND ($2::text IS NULL OR subject = $2) AND ($3::text IS NULL OR k
 ORDER BY seq LIMIT $5;
 
 -- name: audit_latest_for_approval
--- Served by the partial index audit_by_approval (same expression and condition).
+-- Served by the partial index audit_by_approval (same expression and condition). Only the kinds statekeel
+-- writes count, compared exactly (SQLite's LIKE ignores case): the same entries on every backend.
 SELECT * FROM audit_log
-WHERE kind LIKE 'approval.%' AND ((data::jsonb) ->> 'approval_id') = $1
+WHERE kind LIKE 'approval.%'
+  AND kind IN ('approval.requested', 'approval.granted', 'approval.denied', 'approval.consumed')
+  AND ((data::jsonb) ->> 'approval_id') = $1
 ORDER BY seq DESC LIMIT 1;

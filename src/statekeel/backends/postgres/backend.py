@@ -115,6 +115,10 @@ class PgTx(Tx):
         return value
 
     def ts_out(self, value: Any) -> dt.datetime:
+        if value.tzinfo is None:
+            # asyncpg stores datetime.min and datetime.max (UTC) as -infinity / infinity, and reads those
+            # back naive: they are still UTC (astimezone would take them for local time, and overflow).
+            return value.replace(tzinfo=dt.UTC)  # type: ignore[no-any-return]
         result: dt.datetime = value.astimezone(dt.UTC)
         return result
 

@@ -38,8 +38,9 @@ class PgSchema:
     async def _migrate(self, pool: asyncpg.Pool) -> None:
         try:
             async with pool.acquire() as conn:
-                # Cheap path: an up-to-date database needs no lock.
-                async with conn.transaction():
+                # Cheap path: an up-to-date database needs no lock. Read committed, whatever the server's
+                # or database's default_transaction_isolation: see below.
+                async with conn.transaction(isolation="read_committed"):
                     applied = await self._applied(conn)
                     todo = pending(applied, self._migrations, where=str(self.target))
                     if not todo:
@@ -49,8 +50,11 @@ class PgSchema:
                 # One transaction per migration, holding the advisory lock until its COMMIT (a session
                 # lock would not hold behind PgBouncer's transaction pooling, where each transaction may
                 # run on another server connection). _apply's own transaction nests as a savepoint.
+                # Read committed, explicitly: under a default of repeatable read or serializable the
+                # transaction's snapshot would be taken by the statement that waits for the lock, so a
+                # process that waited for another's migration would not see it and apply it again.
                 while True:
-                    async with conn.transaction():
+                    async with conn.transaction(isolation="read_committed"):
                         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
                         # DDL makes the server process pending catalog invalidations: without it this
                         # connection's cached "no schema_migrations" from the cheap path could survive

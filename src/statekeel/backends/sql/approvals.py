@@ -4,9 +4,11 @@ approval is decided once and consumed once even under concurrent callers."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
-from ..base import ApprovalBackend, ApprovalRecord
+from ..base import ApprovalBackend, ApprovalRecord, AuditRecord
 from . import Row, SqlBackend, Tx, utcnow
+from .audit import op_read_audit
 from .tasks import ts_in_or_none, ts_or_none
 
 
@@ -88,6 +90,31 @@ async def op_pending_approvals(tx: Tx, now: dt.datetime, limit: int) -> list[App
     return [approval_from_row(tx, r) for r in await tx.fetchall("approval_pending", tx.ts_in(now), limit)]
 
 
+async def op_scan_audit(
+    tx: Tx,
+    entries: Callable[[list[AuditRecord]], bool],
+    approvals: Callable[[list[ApprovalRecord]], bool],
+    page: int,
+) -> None:
+    """Every entry, then every approval, page by page in the one transaction (snapshot) of a read."""
+    after_seq = 0
+    while True:
+        records = await op_read_audit(tx, None, None, None, after_seq, page)
+        if records and not entries(records):
+            return
+        if len(records) < page:
+            break
+        after_seq = records[-1].seq
+    after_id = ""
+    while True:
+        found = await op_list_approvals(tx, after_id, page)
+        if found and not approvals(found):
+            return
+        if len(found) < page:
+            break
+        after_id = found[-1].id
+
+
 class SqlApprovals(SqlBackend, ApprovalBackend):
     """The approval contract over the shared operations above."""
 
@@ -127,3 +154,14 @@ class SqlApprovals(SqlBackend, ApprovalBackend):
 
     async def list_approvals(self, *, after_id: str = "", limit: int = 1000) -> list[ApprovalRecord]:
         return await self._read(op_list_approvals, after_id, limit)
+
+    async def scan_audit(
+        self,
+        entries: Callable[[list[AuditRecord]], bool],
+        approvals: Callable[[list[ApprovalRecord]], bool],
+        *,
+        page: int = 1000,
+    ) -> None:
+        # AuditBackend's, kept beside the approvals it reads (sql/audit.py cannot import them). _read:
+        # PostgreSQL's repeatable read, read-only transaction; SQLite's read transaction (WAL).
+        await self._read(op_scan_audit, entries, approvals, page)

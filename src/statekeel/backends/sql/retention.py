@@ -1,9 +1,16 @@
 """Retention: the deleting every SQL dialect shares, one short transaction per batch.
 
 Each batch reads up to ``limit`` candidates from an index, oldest first, after the previous batch's last
-key; checks what protects each one (an unfinished task, a child task that stays, an open contradiction);
-and deletes the others with a statement that re-checks the age and status it was chosen by. A dry run
-takes the same path and only counts, so both agree on what a purge deletes. Protected rows are never
+key. The candidate read locks nothing, so another writer may change a candidate before it goes (a memory
+put again, a session reopened, a task retried, a vector source announced again). Each candidate is
+therefore first locked with the very check that chose it (``purge_*_lock``: ``FOR UPDATE`` on
+PostgreSQL; on SQLite the writer already holds the write lock for the whole batch): a row that no longer
+matches is left alone with everything that depends on it, and a row that matches cannot change until the
+batch commits. Only then are the protections checked (an unfinished task, a child task that stays, an
+open contradiction), the dependents counted, and the row deleted by a statement that states its reason
+again; dependent rows the database does not cascade (file ledger records, access log entries, vectors)
+go in the same transaction, and only once their parent is known to go. A dry run takes the same path on
+one read snapshot and only counts, so both agree on what a purge deletes. Protected rows are never
 candidates: audit entries and approvals are not visited at all (their triggers refuse a delete anyway),
 sessions only when archived, tasks and workflows only when finished.
 
@@ -21,7 +28,7 @@ from typing import Any
 
 from ..base import PurgeBatch, RetentionBackend
 from . import SqlBackend, Tx
-from .vectors import delete_source_vectors
+from .vectors import delete_source_vectors, purge_gone_source
 
 _FIRST = ""  # below every id: a cursor's id part before the first row
 
@@ -58,6 +65,12 @@ async def _file_records(tx: Tx, query: str, owner: str, dry_run: bool) -> int:
     return await _count(tx, f"{query}_count", owner) if dry_run else await tx.execute(query, owner)
 
 
+async def _holds(tx: Tx, lock: str, dry_run: bool, *args: Any) -> bool:
+    """Lock a candidate with the check that chose it; False once it no longer matches (it stays). A dry
+    run reads one snapshot, on which the candidate read is the check, and locks nothing."""
+    return dry_run or await tx.fetchone(lock, *args) is not None
+
+
 async def op_purge_sessions(
     tx: Tx, before: dt.datetime, limit: int, after: tuple[Any, ...] | None, dry_run: bool
 ) -> PurgeBatch:
@@ -67,10 +80,12 @@ async def op_purge_sessions(
     counts = {"sessions": 0, "messages": 0, "file_changes": 0}
     for row in rows:
         key = row["key"]
+        if not await _holds(tx, "purge_session_lock", dry_run, key, cutoff):
+            continue  # reopened (or written) since it was listed: it stays, with its file records
         messages = await _count(tx, "purge_session_messages_count", key)
-        files = await _file_records(tx, "purge_session_files", key, dry_run)
         if not dry_run and not await tx.execute("purge_session_delete", key, cutoff):
-            continue  # reopened since it was listed (PostgreSQL): it stays
+            continue  # (cannot happen under the lock) its file records stay with it
+        files = await _file_records(tx, "purge_session_files", key, dry_run)
         counts["sessions"] += 1
         counts["messages"] += messages
         counts["file_changes"] += files
@@ -87,15 +102,23 @@ async def op_purge_workflows(
     purged: list[str] = []
     for row in rows:
         wf = row["id"]
+        if not await _holds(tx, "purge_workflow_lock", dry_run, wf, cutoff):
+            continue
+        # Its tasks locked too (id order, as every writer of several tasks takes them): none is retried,
+        # and none gets a child, between the checks below and the delete.
+        tasks = await tx.fetchall("purge_workflow_task_ids" if dry_run else "purge_workflow_tasks_lock", wf)
         if await _count(tx, "purge_workflow_unfinished_tasks", wf):
             continue
         if await _count(tx, "purge_workflow_outside_children", wf):
             continue
-        task_ids = [r["id"] for r in await tx.fetchall("purge_workflow_task_ids", wf)]
+        task_ids = [r["id"] for r in tasks]
         steps = await _count(tx, "purge_workflow_steps_count", wf)
-        files = await _file_records(tx, "purge_workflow_files", wf, dry_run)
-        if not dry_run and not await tx.execute("purge_workflow_delete", wf, cutoff):
-            continue
+        if dry_run:
+            files = await _count(tx, "purge_workflow_files_count", wf)
+        else:
+            if not await tx.execute("purge_workflow_delete", wf, cutoff):
+                continue  # (cannot happen under the lock) its tasks' file records stay
+            files = sum([await tx.execute("purge_task_files", task_id) for task_id in task_ids])
         counts["workflows"] += 1
         counts["tasks"] += len(task_ids)
         counts["steps"] += steps
@@ -128,14 +151,16 @@ async def op_purge_tasks(
         task_id = row["id"]
         if task_id in doomed or task_id in purged:
             continue  # counted already (a dry run deletes nothing)
+        if not await _holds(tx, "purge_task_lock", dry_run, task_id, cutoff):
+            continue  # retried (or moved) since it was listed: it stays, with its steps and file records
         # A parent stays while a child does (deleting it would cut the child's link): children go first.
         children = await tx.fetchall("purge_task_children", task_id)
         if any(c["id"] not in doomed and c["id"] not in purged for c in children):
             continue
         steps = await _count(tx, "purge_task_steps_count", task_id)
-        files = await _file_records(tx, "purge_task_files", task_id, dry_run)
         if not dry_run and not await tx.execute("purge_task_delete", task_id, cutoff):
-            continue
+            continue  # (a child added meanwhile) its file records stay with it
+        files = await _file_records(tx, "purge_task_files", task_id, dry_run)
         counts["tasks"] += 1
         counts["steps"] += steps
         counts["file_changes"] += files
@@ -172,8 +197,11 @@ async def op_purge_memories(
         column = "deleted_at"
     counts = {"memories": 0, "memory_events": 0, "memory_accesses": 0, "vectors": 0}
     purged: list[str] = []
+    expired_cutoff = tx.ts_in(expired_before or never)
     for row in rows:
         memory_id = row["id"]
+        if not await _holds(tx, "purge_memory_lock", dry_run, memory_id, forgotten, expired_cutoff):
+            continue  # put again (or changed) since it was listed: it stays
         if await _count(tx, "purge_memory_open_contradictions", memory_id):
             continue  # an open contradiction keeps both its memories
         events = await _count(tx, "purge_memory_events_count", memory_id)
@@ -183,7 +211,7 @@ async def op_purge_memories(
             accesses = await tx.execute("purge_memory_accesses", memory_id)
         vectors = await delete_source_vectors(tx, memory_id, dry_run)
         if not dry_run:
-            await tx.execute("purge_memory_delete", memory_id)
+            await tx.execute("purge_memory_delete", memory_id, forgotten, expired_cutoff)
         counts["memories"] += 1
         counts["memory_events"] += events
         counts["memory_accesses"] += accesses
@@ -203,12 +231,16 @@ async def op_purge_vector_sources(
     doomed: AbstractSet[str],
 ) -> PurgeBatch:
     began = time.perf_counter()
-    rows = await tx.fetchall("purge_vector_sources_gone", tx.ts_in(before), *_key(tx, after, before), limit)
+    cutoff = tx.ts_in(before)
+    rows = await tx.fetchall("purge_vector_sources_gone", cutoff, *_key(tx, after, before), limit)
     counts = {"vectors": 0}
     for row in rows:
         if row["source_id"] in doomed:
             continue  # its memory's purge counted (or deleted) them
-        counts["vectors"] += await delete_source_vectors(tx, row["source_id"], dry_run)
+        if dry_run:
+            counts["vectors"] += await delete_source_vectors(tx, row["source_id"], True)
+        else:
+            counts["vectors"] += await purge_gone_source(tx, row["source_id"], cutoff)
     return PurgeBatch(counts, _next(tx, rows, limit, "gone_at", "source_id"), time.perf_counter() - began)
 
 

@@ -159,21 +159,56 @@ async def op_delete_vector(tx: Tx, vec_id: str) -> bool:
     return True
 
 
-async def delete_source_vectors(tx: Tx, source_id: str, dry_run: bool) -> int:
-    """Delete (or count) every vector of a source, bumping each model's removals; its source row goes too."""
-    rows = await tx.fetchall("vector_by_source", source_id)
-    if dry_run or not rows:
-        if not dry_run:
-            await tx.execute("vector_source_delete", source_id)
-        return len(rows)
-    per_model: dict[str, int] = {}
+def _per_model(rows: list[Row]) -> dict[str, int]:
+    counts: dict[str, int] = {}
     for row in rows:
-        per_model[row["model"]] = per_model.get(row["model"], 0) + 1
-    await tx.execute("vector_delete_source", source_id)
+        counts[row["model"]] = counts.get(row["model"], 0) + 1
+    return counts
+
+
+async def _remove_source(tx: Tx, source_id: str, gone_before: Any | None) -> int | None:
+    """Delete every vector of a source and its row; the vectors deleted. With ``gone_before``, only while
+    the source is still gone since before it (checked under the row's lock): None when it is not.
+
+    The models of its vectors are locked (bumped, in name order) before anything else, then the source:
+    the order a vector upsert takes them in (models, vectors, sources), so a purge and a rebuild of the
+    same source wait for each other instead of deadlocking."""
+    per_model = _per_model(await tx.fetchall("vector_by_source", source_id))
     for model in sorted(per_model):
         await _bump(tx, model, per_model[model])
-    await tx.execute("vector_source_delete", source_id)
+    if (
+        gone_before is not None
+        and await tx.fetchone("purge_vector_source_lock", source_id, gone_before) is None
+    ):
+        return None  # announced again since it was listed: it stays, with its vectors
+    rows = await tx.fetchall("vector_by_source", source_id)
+    late = _per_model(rows)
+    for model in sorted(set(late) - set(per_model)):  # a vector of another model written meanwhile
+        await _bump(tx, model, late[model])
+    if rows:
+        await tx.execute("vector_delete_source", source_id)
+    if gone_before is None:
+        await tx.execute("vector_source_delete", source_id)
+    else:
+        await tx.execute("purge_vector_source_delete", source_id, gone_before)
     return len(rows)
+
+
+async def delete_source_vectors(tx: Tx, source_id: str, dry_run: bool) -> int:
+    """Delete (or count) every vector of a source, bumping each model's removals; its source row goes too.
+    Called under the lock of what the source follows (a memory being purged)."""
+    if dry_run:
+        return len(await tx.fetchall("vector_by_source", source_id))
+    removed = await _remove_source(tx, source_id, None)
+    assert removed is not None  # no condition to fail
+    return removed
+
+
+async def purge_gone_source(tx: Tx, source_id: str, cutoff: Any) -> int:
+    """Delete the vectors and the row of a source gone before ``cutoff`` — only while it still is gone:
+    a source announced again (``source_changed``, an upsert) keeps its row and its vectors. Returns the
+    vectors deleted."""
+    return await _remove_source(tx, source_id, cutoff) or 0
 
 
 async def op_vectors_by_source(tx: Tx, source_id: str) -> list[Vector]:

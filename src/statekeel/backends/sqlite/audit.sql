@@ -17,7 +17,10 @@ WHERE seq > ?1 AND (?2 IS NULL OR subject = ?2) AND (?3 IS NULL OR kind = ?3) AN
 ORDER BY seq LIMIT ?5;
 
 -- name: audit_latest_for_approval
--- Served by the partial index audit_by_approval (same expression and condition).
+-- Served by the partial index audit_by_approval (same expression and condition). Only the kinds statekeel
+-- writes count, compared exactly (SQLite's LIKE ignores case): the same entries on every backend.
 SELECT * FROM audit_log
-WHERE kind LIKE 'approval.%' AND json_extract(data, '$.approval_id') = ?1
+WHERE kind LIKE 'approval.%'
+  AND kind IN ('approval.requested', 'approval.granted', 'approval.denied', 'approval.consumed')
+  AND json_extract(data, '$.approval_id') = ?1
 ORDER BY seq DESC LIMIT 1;

@@ -29,13 +29,13 @@ from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument
 from ..base import Damage, DatabaseFiles, FreeSpace, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
-from ..sql.approvals import SqlApprovals
+from ..sql.approvals import SqlApprovals, op_scan_audit
 from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
 from ..sql.files import SqlFiles
-from ..sql.incidents import SqlIncidents
+from ..sql.incidents import SqlIncidents, op_record_incident
 from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
@@ -49,7 +49,19 @@ from ..sql.workflows import SqlWorkflows
 from . import damage
 from .errors import translate
 from .schema import SqliteSchema
-from .writer import ATOMIC, CALL, READ, STOP, WRITE, Job, Worker, commit_marker, transfer
+from .writer import (
+    ATOMIC,
+    CALL,
+    READ,
+    STOP,
+    WRITE,
+    Job,
+    WalWatch,
+    Worker,
+    commit_marker,
+    rollback_quietly,
+    transfer,
+)
 
 T = TypeVar("T")
 
@@ -208,6 +220,8 @@ class SqliteBackend(
         self._writer = Worker("statekeel-sqlite-writer", lambda: self._open(read_only=False), self._where)
         self._writer.inline = self.inline_writes
         self._writer.busy_timeout_ms = self.busy_timeout_ms
+        if self.path is not None:
+            self._writer.wal_watch = WalWatch(self.path + "-wal", self._wal_removed)
         try:
             await self._call(self._writer, self._migrate)
             if self.path is not None:
@@ -240,6 +254,26 @@ class SqliteBackend(
         }
         await self.record_incident("wal_lost", self.codec.encode(detail))
 
+    def _wal_removed(self, conn: sqlite3.Connection, found: dict[str, Any]) -> None:
+        """Record, on the writer's connection (its own transaction), that the WAL was removed under it."""
+        detail = {
+            **found,
+            "what_to_do": (
+                "Someone deleted (or replaced) this database's -wal file while the store was open. "
+                "Everything committed was checkpointed into the database file, so nothing acknowledged is "
+                "lost, and this process checkpoints after every commit until it opens the store again. "
+                "Close every process using the store, reopen it, then acknowledge the incident "
+                "(store.acknowledge_incident). Never delete a -wal file while a store may be open."
+            ),
+        }
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            run_sync(op_record_incident(SqliteTx(conn, self.codec), "wal_removed", self.codec.encode(detail)))
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        conn.execute("COMMIT")
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -261,6 +295,37 @@ class SqliteBackend(
     async def _call(self, worker: Worker, fn: Callable[[sqlite3.Connection], T]) -> T:
         result: T = await worker.submit(Job(CALL, fn, asyncio.get_running_loop()))
         return result
+
+    async def scan_audit(
+        self,
+        entries: Callable[[list[Any]], bool],
+        approvals: Callable[[list[Any]], bool],
+        *,
+        page: int = 1000,
+    ) -> None:
+        if self.path is None or self._current.get() is not None:
+            await super().scan_audit(entries, approvals, page=page)
+            return
+        self._require_open()
+        job = self._job(op_scan_audit, (entries, approvals, page))
+
+        # One snapshot for the whole walk, on a connection of its own: a long verify() of a large log
+        # never holds up the reader that every load of this process shares.
+        def scan() -> None:
+            try:
+                conn = self._open(read_only=True)
+                try:
+                    conn.execute("BEGIN")
+                    try:
+                        job(conn)
+                    finally:
+                        conn.execute("ROLLBACK")
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise translate(exc, self._where) from exc
+
+        await asyncio.to_thread(scan)
 
     async def schema_version(self) -> int:
         infos = await self.migrations()

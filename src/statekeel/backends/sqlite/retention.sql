@@ -12,6 +12,11 @@ SELECT key, updated_at FROM sessions
 WHERE status = 'archived' AND updated_at < ?1 AND (updated_at, key) > (?2, ?3)
 ORDER BY updated_at, key LIMIT ?4;
 
+-- name: purge_session_lock
+-- The candidate, locked with the check that chose it; no row once it was reopened or written since.
+-- SQLite: the writer holds the write lock for the whole batch, so the check alone does.
+SELECT key FROM sessions WHERE key = ?1 AND status = 'archived' AND updated_at < ?2;
+
 -- name: purge_session_messages_count
 SELECT (SELECT count(*) FROM messages WHERE session_key = ?1)
      + (SELECT count(*) FROM message_archive WHERE session_key = ?1) AS n;
@@ -37,6 +42,16 @@ DELETE FROM sessions WHERE key = ?1 AND status = 'archived' AND updated_at < ?2;
 SELECT id, completed_at FROM workflows INDEXED BY workflows_finished
 WHERE status IN ('success', 'failed', 'cancelled') AND completed_at < ?1 AND (completed_at, id) > (?2, ?3)
 ORDER BY completed_at, id LIMIT ?4;
+
+-- name: purge_workflow_lock
+-- SQLite: the writer holds the write lock for the whole batch, so the check alone does.
+SELECT id FROM workflows
+WHERE id = ?1 AND status IN ('success', 'failed', 'cancelled') AND completed_at < ?2;
+
+-- name: purge_workflow_tasks_lock
+-- The workflow's tasks, locked in id order before their status is checked: none is retried, and none
+-- gets a child, until the purge's COMMIT.
+SELECT id FROM tasks WHERE workflow_id = ?1 ORDER BY id;
 
 -- name: purge_workflow_unfinished_tasks
 SELECT count(*) AS n FROM tasks WHERE workflow_id = ?1 AND status NOT IN ('success', 'failed', 'cancelled');
@@ -72,6 +87,11 @@ WHERE status IN ('success', 'failed', 'cancelled') AND completed_at < ?1 AND (co
   AND workflow_id IS NULL
 ORDER BY completed_at, id LIMIT ?4;
 
+-- name: purge_task_lock
+-- SQLite: the writer holds the write lock for the whole batch, so the check alone does.
+SELECT id FROM tasks
+WHERE id = ?1 AND status IN ('success', 'failed', 'cancelled') AND completed_at < ?2 AND workflow_id IS NULL;
+
 -- name: purge_task_children
 SELECT id FROM tasks WHERE parent_task_id = ?1;
 
@@ -104,6 +124,12 @@ WHERE expires_at IS NOT NULL AND expires_at < ?1 AND (expires_at, id) > (?3, ?4)
   AND NOT (deleted_at IS NOT NULL AND deleted_at < ?2)
 ORDER BY expires_at, id LIMIT ?5;
 
+-- name: purge_memory_lock
+-- Forgotten before ?2, or expired before ?3: no row once it was put again (revived) since it was listed.
+-- SQLite: the writer holds the write lock for the whole batch, so the check alone does.
+SELECT id FROM memories
+WHERE id = ?1 AND ((deleted_at IS NOT NULL AND deleted_at < ?2) OR (expires_at IS NOT NULL AND expires_at < ?3));
+
 -- name: purge_memory_open_contradictions
 SELECT count(*) AS n FROM memory_contradictions
 WHERE resolved_at IS NULL AND (memory_a = ?1 OR memory_b = ?1);
@@ -119,7 +145,8 @@ SELECT count(*) AS n FROM memory_accesses WHERE memory_id = ?1;
 
 -- name: purge_memory_delete
 -- Its history and resolved contradictions follow by cascade; relations it produced keep their edge.
-DELETE FROM memories WHERE id = ?1;
+DELETE FROM memories
+WHERE id = ?1 AND ((deleted_at IS NOT NULL AND deleted_at < ?2) OR (expires_at IS NOT NULL AND expires_at < ?3));
 
 -- name: purge_vector_sources_gone
 SELECT source_id, gone_at FROM vector_sources
@@ -129,3 +156,11 @@ ORDER BY gone_at, source_id LIMIT ?4;
 -- name: purge_task_candidate
 SELECT id, parent_task_id, completed_at FROM tasks
 WHERE id = ?1 AND status IN ('success', 'failed', 'cancelled') AND completed_at < ?2 AND workflow_id IS NULL;
+
+-- name: purge_vector_source_lock
+-- A source gone before ?2; no row once it was announced again (source_changed clears gone_at).
+-- SQLite: the writer holds the write lock for the whole batch, so the check alone does.
+SELECT source_id FROM vector_sources WHERE source_id = ?1 AND gone_at IS NOT NULL AND gone_at < ?2;
+
+-- name: purge_vector_source_delete
+DELETE FROM vector_sources WHERE source_id = ?1 AND gone_at IS NOT NULL AND gone_at < ?2;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -27,8 +28,85 @@ _MAX_GROUP = 256
 # Inline mode turns SQLite's autocheckpoint off; the writer thread checkpoints every so many commits.
 _CHECKPOINT_EVERY = 200
 
+# How often an idle writer looks whether its WAL file is still there (seconds).
+WAL_WATCH_INTERVAL = 0.1
+
 # Job kinds
 WRITE, READ, ATOMIC, CALL, STOP, CHECKPOINT = range(6)
+
+
+class WalWatch:
+    """Notices the WAL file removed (an operator's ``rm agent.db-wal``) or replaced under a live writer.
+
+    SQLite keeps writing into the WAL it opened, now a file without a name: the commits since the last
+    checkpoint, and every one after, exist only there and are gone once the process stops. So the
+    writer looks after every COMMIT (before the write is acknowledged) and every
+    :data:`WAL_WATCH_INTERVAL` while idle; once the name is gone, or names another file, it checkpoints
+    at once from its live connection (everything committed reaches the database file), records the
+    incident (``on_removed``), and from then on checkpoints after every COMMIT, until the store is
+    opened again. A ``kill -9`` at any point after a write was acknowledged loses nothing.
+    """
+
+    def __init__(self, path: str, on_removed: Callable[[sqlite3.Connection, dict[str, Any]], None]) -> None:
+        self.path = path
+        self._on_removed = on_removed
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the WAL this writer uses
+        self.removed: str | None = None  # "missing" or "replaced" once noticed
+
+    def _found(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check(self, conn: sqlite3.Connection, *, committed: bool) -> None:
+        """After a COMMIT (``committed``) or while idle; never raises (the commit stands either way)."""
+        try:
+            if self.removed is not None:
+                if committed:
+                    self._checkpoint(conn)
+                return
+            ident = self._found()
+            if ident is not None and (self._ident is None or ident == self._ident):
+                self._ident = ident
+                return
+            if ident is None and self._ident is None and not committed:
+                return  # nothing committed on this connection yet: no WAL of its own to lose
+            self.removed = "missing" if ident is None else "replaced"
+            self._removed(conn)
+        except Exception:  # never let the check fail a committed write or stop the thread
+            log.exception("%s: checking the WAL file failed", self.path)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> tuple[int, int, int]:
+        busy, frames, done = conn.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
+        if busy or done < frames:
+            log.error(
+                "%s: the WAL file is gone and a checkpoint copied only %d of %d frames into the database "
+                "(a reader or another writer held it); the next commit tries again",
+                self.path,
+                done,
+                frames,
+            )
+        return int(busy), int(frames), int(done)
+
+    def _removed(self, conn: sqlite3.Connection) -> None:
+        busy, frames, done = self._checkpoint(conn)
+        log.error(
+            "%s: the WAL file was %s under this live store; its %d committed frames were checkpointed into "
+            "the database (every commit is checkpointed from now on; recorded as an incident)",
+            self.path,
+            "deleted" if self.removed == "missing" else "replaced by another file",
+            done,
+        )
+        found = {
+            "wal_found": self.removed,
+            "frames": frames,
+            "frames_checkpointed": done,
+            "checkpoint_complete": not busy and done >= frames,
+        }
+        self._on_removed(conn, found)
+        self._checkpoint(conn)  # the incident's own commit, too
 
 
 class Job:
@@ -122,6 +200,7 @@ class Worker:
         self.inline = False  # set by the backend: only where a commit never fsyncs (durability normal)
         self.busy_timeout_ms = 0
         self._commits = 0
+        self.wal_watch: WalWatch | None = None  # set by the backend for a database file's writer
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -185,7 +264,10 @@ class Worker:
         finally:
             self._lock.release()
 
-    def _committed(self) -> None:
+    def _committed(self, conn: sqlite3.Connection) -> None:
+        # Before the commit is acknowledged: a WAL file removed under us is checkpointed now (WalWatch).
+        if self.wal_watch is not None:
+            self.wal_watch.check(conn, committed=True)
         # With autocheckpoint off (inline mode), the thread checkpoints every so many commits, so that no
         # caller's write ever pays for copying the WAL back into the database.
         self._commits += 1
@@ -198,12 +280,29 @@ class Worker:
             first = self._held
             if first is None:
                 self._idle = True
-                first = jobs.get()
+                if self.wal_watch is None:
+                    first = jobs.get()
+                else:
+                    try:
+                        first = jobs.get(timeout=WAL_WATCH_INTERVAL)
+                    except queue.Empty:
+                        self._watch_idle()
+                        continue
             self._idle = False
             self._held = None
             with self._lock:
                 if not self._run_one(first):
                     return
+
+    def _watch_idle(self) -> None:
+        watch = self.wal_watch
+        if watch is None or watch.removed is not None or not self._lock.acquire(blocking=False):
+            return  # an inline write holds the connection: it checks after its own COMMIT
+        try:
+            if self._conn is not None and not self._stopped:
+                watch.check(self._conn, committed=False)
+        finally:
+            self._lock.release()
 
     def _checkpoint(self) -> None:
         try:
@@ -332,7 +431,7 @@ class Worker:
                 outcomes = [self._in_savepoint(conn, fn) for fn in fns]
             except _TransactionLost as lost:
                 # Every job of the group ran in that transaction: none of them is written.
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 return [(lost.error, None)] * len(fns)
             self._contended = any(exc is not None for exc, _ in outcomes)
         try:
@@ -344,7 +443,7 @@ class Worker:
                 pass
             err = self._failed(exc)
             return [(err, None)] * len(fns)
-        self._committed()
+        self._committed(conn)
         return outcomes
 
     def _in_savepoint(
@@ -388,15 +487,17 @@ class Worker:
             if inner.kind == STOP:
                 commit = inner.fn is not None
                 if lost is not None:
-                    _rollback_quietly(conn)
+                    rollback_quietly(conn)
                     _resolve(inner, self._block_lost(lost) if commit else None)
                     return
                 try:
                     conn.execute("COMMIT" if commit else "ROLLBACK")
                 except BaseException as exc:
-                    _rollback_quietly(conn)
+                    rollback_quietly(conn)
                     _resolve(inner, self._failed(exc))
                 else:
+                    if commit:
+                        self._committed(conn)
                     _resolve(inner, None)
                 return
             if lost is not None:
@@ -427,7 +528,7 @@ class _TransactionLost(Exception):
         self.error = error
 
 
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
+def rollback_quietly(conn: sqlite3.Connection) -> None:
     try:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
