@@ -65,6 +65,8 @@ from statekeel.backends.contract.store import (
     CopyTableInfo,
     Damage,
     DatabaseFiles,
+    ErasureBackend,
+    ErasureBatch,
     FreeSpace,
     Incident,
     IncidentBackend,
@@ -136,6 +138,8 @@ __all__ = [
     "Drift",
     "EncryptionBackend",
     "Episode",
+    "ErasureBackend",
+    "ErasureBatch",
     "FileBackend",
     "FileRecord",
     "FreeSpace",
@@ -206,6 +210,7 @@ KIND_CONTRACTS: dict[str, type] = {
     "checkpoints": CheckpointBackend,
     "copy": CopyBackend,
     "encryption": EncryptionBackend,
+    "erasure": ErasureBackend,
 }
 """Each state kind's name and the contract ABC that holds its operations (``StorageBackend.kinds`` names
 the kinds a backend holds)."""
@@ -238,6 +243,7 @@ class StorageBackend(
     CheckpointBackend,
     CopyBackend,
     EncryptionBackend,
+    ErasureBackend,
     abc.ABC,
 ):
     """Everything a store needs from storage. Other state kinds add their ABCs here as they land.
