@@ -1,4 +1,5 @@
-"""Shared fixtures: every contract test runs on memory, sqlite, postgres and mariadb.
+"""Shared fixtures: every contract test runs on memory, sqlite, postgres and mariadb, and on NATS where it
+can.
 
 PostgreSQL tests use the server at ``$STATEKEEL_TEST_PG`` (default ``postgresql://postgres@127.0.0.1:5432``).
 Each test gets its own database, copied from a template migrated once per test session, and dropped after.
@@ -7,6 +8,12 @@ With ``CI=true`` a missing server fails the run; elsewhere those tests are skipp
 MariaDB tests use the server at ``$STATEKEEL_TEST_MARIADB`` (default ``mariadb://root@127.0.0.1:3306``), the
 same way: a database per test, cloned from one migrated once per test session (its tables and triggers
 re-created from the template's own definitions), and dropped after.
+NATS tests use the JetStream server at ``$STATEKEEL_TEST_NATS`` (default ``nats://127.0.0.1:4222``); each
+test's streams get a prefix of their own and are deleted after it. A plain NATS store holds some kinds
+only: a contract test says which kinds it needs with ``@pytest.mark.kinds(...)`` (on the test or its
+module), and runs on ``nats`` when the backend holds them all, and on ``nats+sqlite`` (NATS paired with a
+SQLite file) when it needs a kind that the pairing puts on NATS; elsewhere it is skipped with the reason.
+A test without the marker needs the whole store: it runs on the SQL backends only.
 """
 
 from __future__ import annotations
@@ -26,12 +33,18 @@ import pytest
 
 import statekeel
 from helpers import Prepared, fill_ui_store, strict_provider_types
+from statekeel.backends.base import KIND_CONTRACTS
+from statekeel.store import NATS_PAIRED_KINDS
 from statekeel.transcripts import Dialect
 
 PG_BASE = os.environ.get("STATEKEEL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 MY_BASE = os.environ.get("STATEKEEL_TEST_MARIADB", "mariadb://root@127.0.0.1:3306")
-BACKENDS = ["memory", "sqlite", "postgres", "mariadb"]
+NATS_BASE = os.environ.get("STATEKEEL_TEST_NATS", "nats://127.0.0.1:4222")
+BACKENDS = ["memory", "sqlite", "postgres", "mariadb", "nats", "nats+sqlite"]
+# What ``@pytest.mark.kinds`` may name: the contract's kinds, "transactions" (``backend.atomic()``) and
+# "store" (the whole store: recover(), health(), purge() visit every kind).
+MARKER_NAMES = frozenset(KIND_CONTRACTS) | {"transactions", "store"}
 
 
 def pg_url(database: str) -> str:
@@ -299,7 +312,112 @@ def my_migrated(my_clones: _MyClones) -> Iterator[str]:
         my_clones.drop(name)
 
 
-@pytest.fixture(params=BACKENDS)
+_nats_state: dict[str, str | None] = {}
+
+
+def _run_async(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _nats_check() -> None:
+    import nats
+
+    nc = await nats.connect(NATS_BASE, connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False)
+    try:
+        await nc.jetstream().account_info()
+    finally:
+        await nc.close()
+
+
+def nats_unavailable_reason() -> str | None:
+    if "reason" not in _nats_state:
+        try:
+            _run_async(_nats_check())
+            _nats_state["reason"] = None
+        except Exception as exc:  # any failure means: no usable server here
+            why = f"{type(exc).__name__}: {exc}"
+            _nats_state["reason"] = f"NATS JetStream at {NATS_BASE} is not available: {why}"
+    return _nats_state["reason"]
+
+
+def require_nats() -> None:
+    reason = nats_unavailable_reason()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI=true requires NATS JetStream: {reason}")
+        pytest.skip(reason)
+
+
+async def _delete_streams(servers: str, prefix: str) -> None:
+    import nats
+
+    nc = await nats.connect(servers, connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False)
+    try:
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            if info.config.name and info.config.name.startswith(f"{prefix}_"):
+                await js.delete_stream(info.config.name)
+    finally:
+        await nc.close()
+
+
+def delete_nats_streams(prefix: str, servers: str = NATS_BASE) -> None:
+    """Delete the streams a test created under ``prefix``."""
+    _run_async(_delete_streams(servers, prefix))
+
+
+@pytest.fixture
+def nats_url() -> Iterator[str]:
+    """A URL of an empty plain NATS store (streams under a prefix of its own, deleted after the test)."""
+    require_nats()
+    prefix = f"sk{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{NATS_BASE}?prefix={prefix}"
+    finally:
+        delete_nats_streams(prefix)
+
+
+def _needed_kinds(request: pytest.FixtureRequest) -> frozenset[str] | None:
+    marker = request.node.get_closest_marker("kinds")
+    if marker is None:
+        return None
+    names = frozenset(marker.args)
+    unknown = names - MARKER_NAMES
+    if unknown or not names:
+        pytest.fail(f"@pytest.mark.kinds names {sorted(unknown) or 'nothing'}; use {sorted(MARKER_NAMES)}")
+    return names
+
+
+def _skip_unless_nats_can(backend_name: str, request: pytest.FixtureRequest) -> None:
+    from statekeel.backends.nats.backend import NATS_KINDS
+
+    needs = _needed_kinds(request)
+    assert needs is not None  # unmarked tests are not parametrized over the NATS backends
+    if backend_name == "nats":
+        missing = needs - NATS_KINDS
+        if missing:
+            pytest.skip(f"a plain NATS store does not hold {sorted(missing)}: covered by nats+sqlite or SQL")
+    elif not needs & NATS_PAIRED_KINDS:
+        pytest.skip(f"nats+sqlite holds {sorted(needs)} in SQLite: covered by the sqlite run")
+
+
+SQL_BACKENDS = ["memory", "sqlite", "postgres", "mariadb"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every store test runs on the SQL backends; one marked with the kinds it needs runs on the NATS
+    backends too (skipped there, with the reason, when they do not hold those kinds)."""
+    if "backend_name" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker("kinds") is not None
+        metafunc.parametrize("backend_name", BACKENDS if marked else SQL_BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -313,6 +431,12 @@ def store_url(backend_name: str, tmp_path: os.PathLike[str], request: pytest.Fix
         return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
     if backend_name == "mariadb":
         return str(request.getfixturevalue("my_migrated"))
+    if backend_name.startswith("nats"):
+        _skip_unless_nats_can(backend_name, request)
+        url = str(request.getfixturevalue("nats_url"))
+        if backend_name == "nats+sqlite":
+            url += f"&rest=sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+        return url
     return str(request.getfixturevalue("pg_migrated"))
 
 

@@ -48,6 +48,7 @@ from .errors import (
     TranscriptError,
     UnknownToolCall,
     UnserializableValue,
+    Unsupported,
 )
 from .export import ExportReport, export_store
 from .fallback import ReplayReport
@@ -135,6 +136,7 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Unsupported",
     "Vector",
     "VectorIndex",
     "Workflow",

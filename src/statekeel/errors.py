@@ -170,6 +170,16 @@ class BackendUnavailable(StatekeelError):
     hint = "Check that the database is reachable and writable, then retry."
 
 
+class Unsupported(StatekeelError):
+    """The store's backend does not hold this kind of state (or cannot do this), e.g. tasks on a plain
+    ``nats://`` store. Fields: ``kind``, ``url``. Raised before anything is written."""
+
+    hint = (
+        "Pair the backend with a SQL backend that holds the other kinds (for NATS: "
+        "nats://host:4222?rest=sqlite:///state.db), or use a SQL store"
+    )
+
+
 class StorageCorrupt(StatekeelError):
     """The storage is not a statekeel database, or it is damaged."""
 
@@ -303,4 +313,5 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Unsupported",
 ]

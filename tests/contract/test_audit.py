@@ -15,6 +15,7 @@ from statekeel.backends.sql import Tx
 from statekeel.codec import canonical
 
 Store = statekeel.Store
+pytestmark = pytest.mark.kinds("audit")
 
 
 async def test_appends_form_a_dense_hash_chain(store: Store) -> None:
@@ -83,6 +84,7 @@ def _dialect_queries(store: Store) -> dict[str, Any]:
     return lite.queries()
 
 
+@pytest.mark.kinds("audit", "transactions")  # through the SQL backends' own writer
 @pytest.mark.parametrize(
     ("name", "sql"),
     [
