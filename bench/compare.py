@@ -23,10 +23,11 @@ Workloads (the API every revision has: ``open_store``, ``sessions.get_or_create/
 - the same on PostgreSQL with ``--pg postgresql://…/postgres`` (a database per measurement, dropped).
 
 ``--quick``: 100 turns, 20 x 10 for W3, 200 tasks, 3 rounds (about a minute and a half). Prints, per
-figure, each side's median over the rounds, the ratio after/before of the medians, the range of the
-per-round ratios (each round's two sides ran next to each other) and each side's spread; writes every
+figure, each side's median over the rounds, the ratio after/before (the median of the per-round ratios:
+each round's two sides ran next to each other, so a round's ratio shares its load), the range of the
+per-round ratios and each side's spread ((max - min) / median); writes every
 round to ``bench/results/compare-<time>.json``. With ``--fail-above 1.1`` the exit code is 1 when a
-figure's ratio exceeds 1.1.
+figure's ratio exceeds 1.1. ``--report FILE`` prints the table of a saved run again.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ def summarize(
                 "unit": unit,
                 "before": b,
                 "after": a,
-                "ratio": a / b,
+                "ratio": statistics.median(paired),
+                "ratio_of_medians": a / b,
                 "round_ratio_min": min(paired),
                 "round_ratio_max": max(paired),
                 "before_spread_pct": _spread(before),
@@ -219,11 +221,18 @@ def main() -> int:
     parser.add_argument("--pg", default=None, help="admin URL of a PostgreSQL server, e.g. …/postgres")
     parser.add_argument("--fail-above", type=float, default=None, help="exit 1 if a ratio exceeds this")
     parser.add_argument("--workdir", default=None, help="where stores are written (default: a temp dir)")
+    parser.add_argument("--report", default=None, help="print the table of a saved run (its JSON file)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         child(args.child)
         return 0
+    if args.report is not None:
+        with open(args.report) as fh:
+            saved = json.load(fh)
+        rows = summarize(saved["runs"], [(f, u) for f, u in saved["figures"]])
+        print_table(rows, saved["before"]["commit"], saved["after"]["commit"], saved["rounds"])
+        return gate(rows, args.fail_above)
     if args.before is None:
         parser.error("--before REV is required")
     rounds = args.rounds or (3 if args.quick else 5)
@@ -242,7 +251,7 @@ def main() -> int:
         f"W3 {sessions}x{w3_turns}, {tasks} tasks" + (", PostgreSQL too" if args.pg else ""),
         flush=True,
     )
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()
     runs: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory(prefix="statekeel-compare-", dir=args.workdir) as scratch:
         srcs = {"before": audit_costs.extract(args.before, os.path.join(scratch, "before"))}
@@ -282,17 +291,23 @@ def main() -> int:
             "rounds": rounds,
             "sizes": sizes,
             "pg": bool(args.pg),
-            "load_average": os.getloadavg(),
+            "load_average": {"start": load_before, "end": os.getloadavg()},
+            "figures": figures,
             "summary": rows,
             "runs": runs,
         },
     )
-    if args.fail_above is not None:
-        over = [r for r in rows if r["ratio"] > args.fail_above]
-        for r in over:
-            print(f"REGRESSION: {r['figure']}: after / before = {r['ratio']:.2f} > {args.fail_above}")
-        return 1 if over else 0
-    return 0
+    return gate(rows, args.fail_above)
+
+
+def gate(rows: list[dict[str, Any]], limit: float | None) -> int:
+    """1 (and a line per figure) when a figure's ratio exceeds ``limit``, else 0."""
+    if limit is None:
+        return 0
+    over = [r for r in rows if r["ratio"] > limit]
+    for r in over:
+        print(f"REGRESSION: {r['figure']}: after / before = {r['ratio']:.2f} > {limit}")
+    return 1 if over else 0
 
 
 if __name__ == "__main__":
