@@ -176,10 +176,34 @@ class StorageCorrupt(StatekeelError):
     hint = "Restore the database from a backup, or point statekeel at another path."
 
 
+class ExportCorrupt(StorageCorrupt):
+    """An export file is not one, or is damaged, truncated or edited: its header, its counts or the hash
+    of its body do not match. ``import_store`` raises it before writing anything."""
+
+    hint = "Nothing was imported; export the store again, or restore the file from a good copy."
+
+
+class ExportTooNew(SchemaTooNew):
+    """An export file was written in a newer format, or from a newer schema, than this statekeel reads."""
+
+    hint = "Nothing was imported; upgrade statekeel to a version that reads it."
+
+
 class AuditTampered(StatekeelError):
     """The audit hash chain does not verify."""
 
     hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
+
+
+class AuditKeyRequired(StatekeelError):
+    """An audited write on a store whose audit chain carries MACs, by a store opened without the audit
+    key: the entry would have no MAC and the chain would stop verifying under the key for good. Refused
+    before anything is written. Fields: ``head_seq`` (the keyed entry at the head of the chain)."""
+
+    hint = (
+        "Nothing was written; open the store with its audit key (open_store(url, audit_key=...); the "
+        "statekeel command: --audit-key-file PATH or $STATEKEEL_AUDIT_KEY_FILE)"
+    )
 
 
 class EncryptionError(StatekeelError):
@@ -250,10 +274,13 @@ class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
 
 
 __all__ = [
+    "AuditKeyRequired",
     "AuditTampered",
     "BackendUnavailable",
     "ConflictError",
     "DimensionMismatch",
+    "ExportCorrupt",
+    "ExportTooNew",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
