@@ -15,6 +15,7 @@ from .audit import AuditEntry, AuditLog, AuditVerification
 from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .errors import (
+    AuditKeyRequired,
     AuditTampered,
     BackendUnavailable,
     ConflictError,
@@ -61,6 +62,7 @@ __all__ = [
     "Approval",
     "ApprovalLog",
     "AuditEntry",
+    "AuditKeyRequired",
     "AuditLog",
     "AuditTampered",
     "AuditVerification",

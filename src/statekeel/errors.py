@@ -182,6 +182,17 @@ class AuditTampered(StatekeelError):
     hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
 
 
+class AuditKeyRequired(StatekeelError):
+    """An audited write on a store whose audit chain carries MACs, by a store opened without the audit
+    key: the entry would have no MAC and the chain would stop verifying under the key for good. Refused
+    before anything is written. Fields: ``head_seq`` (the keyed entry at the head of the chain)."""
+
+    hint = (
+        "Nothing was written; open the store with its audit key (open_store(url, audit_key=...); the "
+        "statekeel command: --audit-key-file PATH or $STATEKEEL_AUDIT_KEY_FILE)"
+    )
+
+
 class EncryptionError(StatekeelError):
     """Encryption at rest cannot work as configured: the ``cryptography`` package is missing, or a key is
     unusable. Fields (when known): ``key_id``."""
@@ -242,6 +253,7 @@ class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
 
 
 __all__ = [
+    "AuditKeyRequired",
     "AuditTampered",
     "BackendUnavailable",
     "ConflictError",
