@@ -301,3 +301,35 @@ def test_recovery_page_names_each_call_task_step_and_approval(client: TestClient
         assert f"<code>{html.escape(step_key)}</code></a> of task <code>{task_id}</code>" in page
     for approval_id in report.pending_approval_ids:
         assert f"<code>{approval_id}</code>" in page
+
+
+def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_path: Path) -> None:
+    pytest.importorskip("langgraph.checkpoint.base")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from statekeel.integrations.langgraph import StatekeelSaver
+
+    url = sqlite_url(tmp_path / "threads.db")
+
+    async def fill() -> None:
+        async with statekeel.open_store(url) as store:
+            saver = StatekeelSaver(store)
+            for thread, namespaces in (("older", [""]), ("newer", ["", "inner"]), ("newer", [""])):
+                for ns in namespaces:
+                    config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+                    await saver.aput(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+
+    asyncio.run(fill())
+    with TestClient(create_app(url), base_url=BASE) as c:
+        page = c.get("/threads").text
+        assert re.findall(r"<tr>\s*<td><code>([^<]+)</code>", page) == ["newer", "older"]
+        assert "newer 3 2" in text(page) and "older 1 1" in text(page)
+    empty_url = sqlite_url(tmp_path / "empty.db")
+
+    async def create() -> None:
+        async with statekeel.open_store(empty_url):
+            pass
+
+    asyncio.run(create())
+    with TestClient(create_app(empty_url), base_url=BASE) as c:
+        assert "No LangGraph threads in this store." in c.get("/threads").text

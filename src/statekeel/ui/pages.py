@@ -30,6 +30,7 @@ BOARD_SIZE = 12  # tasks shown per column of the board; the column links to the 
 AUDIT_PAGE = 100
 APPROVALS_SHOWN = 500
 WORKFLOWS_SHOWN = 200
+THREADS_SHOWN = 500
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -289,6 +290,10 @@ def routes(ui: Ui) -> list[BaseRoute]:
             request, "trace.html", title=f"Trace {trace_id}", trace_id=trace_id, chart=waterfall(spans)
         )
 
+    async def threads(request: Request) -> Response:
+        found = await ui.store.backend.list_checkpoint_threads(limit=THREADS_SHOWN)
+        return ui.render(request, "threads.html", title="Threads", threads=found, limit=THREADS_SHOWN)
+
     async def recovery(request: Request) -> Response:
         # The checks of `statekeel doctor` (store.health(), over recover(repair=False)): the banner says
         # what doctor says, from the same findings.
@@ -310,6 +315,7 @@ def routes(ui: Ui) -> list[BaseRoute]:
         ("/workflow", workflow),
         ("/traces", traces),
         ("/trace", trace),
+        ("/threads", threads),
         ("/approvals", approvals),
         ("/audit", audit),
         ("/recovery", recovery),
