@@ -487,7 +487,7 @@ async def test_a_transition_whose_audit_entry_fails_is_not_made(
 # --- an operator's requeue and cancel -------------------------------------------------------------------
 
 
-async def _task_entries(store: Store, task_id: str) -> list[statekeel.AuditEntry]:
+async def _transitions(store: Store, task_id: str) -> list[statekeel.AuditEntry]:
     found = await store.audit.query(subject=f"task:{task_id}", limit=1000)
     return [e for e in found if e.kind == "task.transitioned"]
 
@@ -499,7 +499,7 @@ async def test_requeue_queues_the_task_with_an_audit_entry_naming_the_actor(
     task = await _at(store, status)
     requeued = await store.tasks.requeue(task.id, actor="alice")
     assert requeued.status == "queued" and requeued.version == task.version + 1
-    last = (await _task_entries(store, task.id))[-1]
+    last = (await _transitions(store, task.id))[-1]
     assert (last.actor, last.data["via"], last.data["from"], last.data["to"]) == (
         "alice",
         "requeue",
@@ -515,12 +515,12 @@ async def test_requeue_refuses_a_task_that_cannot_be_queued_and_writes_nothing(
     store: Store, status: str
 ) -> None:
     task = await _at(store, status)
-    before = await _task_entries(store, task.id)
+    before = await _transitions(store, task.id)
     with pytest.raises(statekeel.InvalidTransition):
         await store.tasks.requeue(task.id, actor="alice")
     after = await store.tasks.get(task.id)
     assert after is not None and (after.status, after.version) == (status, task.version)
-    assert await _task_entries(store, task.id) == before
+    assert await _transitions(store, task.id) == before
 
 
 async def test_cancel_records_the_reason_fences_the_worker_and_refuses_a_finished_task(store: Store) -> None:
@@ -533,7 +533,7 @@ async def test_cancel_records_the_reason_fences_the_worker_and_refuses_a_finishe
         "reason": "duplicate of #12",
         "by": "bob",
     }
-    last = (await _task_entries(store, task.id))[-1]
+    last = (await _transitions(store, task.id))[-1]
     assert (last.actor, last.data["via"], last.data["reason"]) == ("bob", "cancel", "duplicate of #12")
     with pytest.raises(statekeel.LeaseLost):
         await store.tasks.heartbeat(task.id, "w", task.lease_epoch)

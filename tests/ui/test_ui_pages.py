@@ -364,3 +364,20 @@ def test_sessions_page_searches_by_key_with_a_get_form_to_the_session_page(prepa
         page = c.get("/sessions", params={"token": "s3cret"}).text
         # A GET form drops its action's query: the token rides in a hidden field.
         assert '<input type="hidden" name="token" value="s3cret">' in page
+
+
+def test_transcript_shows_when_each_message_was_stored(client: TestClient, prepared: Prepared) -> None:
+    async def stored_at() -> dict[int, str]:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            found = await store.backend.load_session_with_messages("chat-openai", include_archived=True)
+            assert found is not None
+            return {m.seq: m.created_at.isoformat() for m in found[1]}
+
+    expected = asyncio.run(stored_at())
+    page = client.get("/session", params={"key": "chat-openai"}).text
+    shown = dict(
+        re.findall(
+            r'<article class="msg[^"]*" id="m(\d+)">\s*<header>.*?<time datetime="([^"]+)"', page, re.S
+        )
+    )
+    assert expected and {int(seq): when for seq, when in shown.items()} == expected
