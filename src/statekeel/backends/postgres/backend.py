@@ -33,6 +33,7 @@ from ..sql.audit import SqlAudit
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
+from ..sql.erasure import SqlErasure
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
@@ -157,6 +158,7 @@ class PostgresBackend(
     SqlRetention,
     SqlCheckpoints,
     SqlEncryption,
+    SqlErasure,
 ):
     """PostgreSQL storage over an asyncpg pool.
 
