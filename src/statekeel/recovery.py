@@ -387,24 +387,27 @@ def _decisions(report: RecoveryReport) -> list[str]:
     if report.interrupted_tasks:
         advice.append(
             f"{len(report.interrupted_tasks)} task(s) whose lease expired {done} moved to interrupted: "
-            "requeue them (tasks.transition(task_id, 'queued')) or end them"
+            "requeue them (statekeel tasks requeue ID; tasks.requeue(task_id, actor=...)) or cancel them "
+            "(statekeel tasks cancel ID --reason TEXT)"
         )
     if report.steps_in_doubt:
         advice.append(
             f"{len(report.steps_in_doubt)} step(s) started and never finished (report.steps_in_doubt): check "
-            "whether each side effect happened, then tasks.resolve_step(task_id, step_key, 'succeeded' or "
-            "'failed')"
+            "whether each side effect happened, then settle it: statekeel steps resolve TASK STEP "
+            "--succeeded [--result JSON] or --failed "
+            "(tasks.resolve_step(task_id, step_key, succeeded=..., actor=...))"
         )
     if report.tool_calls_in_doubt:
         advice.append(
             f"{len(report.tool_calls_in_doubt)} tool call(s) started through run_tool by a process that is "
             "gone have no result (report.tool_calls_in_doubt): check each side effect, then "
-            "sessions.resolve_tool(session, call_id, result=... or interrupted=True)"
+            "statekeel calls resolve SESSION CALL_ID --result TEXT or --interrupted "
+            "(sessions.resolve_tool(key, call_id, result=... or interrupted=True, actor=...))"
         )
     if report.pending_approvals:
         advice.append(
-            f"{len(report.pending_approvals)} approval(s) wait for a decision: approvals.decide(approval_id, "
-            "granted, decided_by)"
+            f"{len(report.pending_approvals)} approval(s) wait for a decision: statekeel approvals decide ID "
+            "--grant or --deny (approvals.decide(approval_id, granted, decided_by))"
         )
     if report.unfinished_workflows:
         advice.append(

@@ -338,3 +338,51 @@ def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_pa
     asyncio.run(create())
     with TestClient(create_app(empty_url), base_url=BASE) as c:
         assert "No LangGraph threads in this store." in c.get("/threads").text
+
+
+def test_session_list_counts_each_sessions_open_tool_calls(client: TestClient, prepared: Prepared) -> None:
+    async def counted() -> dict[str, int]:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            page = await store.sessions.list(limit=100)
+            return {s.key: s.open_calls for s in page.items}
+
+    expected = asyncio.run(counted())
+    assert any(n > 0 for n in expected.values())  # the prepared store leaves a call without result
+    page = client.get("/sessions").text
+    assert "open calls" in page
+    for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)[1:]:
+        key = html.unescape(re.search(r"<a [^>]*>(.*?)</a>", row, re.S).group(1))  # type: ignore[union-attr]
+        cells = re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+        shown = text(cells[1])
+        assert shown == ("?" if expected[key] < 0 else str(expected[key]) if expected[key] else ""), key
+
+
+def test_sessions_page_searches_by_key_with_a_get_form_to_the_session_page(prepared: Prepared) -> None:
+    with TestClient(create_app(prepared.url), base_url=BASE) as c:
+        page = c.get("/sessions").text
+        assert re.search(r'<form class="search" method="get" action="/session"', page)
+        assert '<input name="key"' in page and 'name="token"' not in page
+        found = c.get("/session", params={"key": "chat-openai"})
+        assert found.status_code == 200 and "chat-openai" in found.text
+        assert c.get("/session", params={"key": "no-such-key"}).status_code == 404
+    with TestClient(create_app(prepared.url, token="s3cret"), base_url=BASE) as c:
+        page = c.get("/sessions", params={"token": "s3cret"}).text
+        # A GET form drops its action's query: the token rides in a hidden field.
+        assert '<input type="hidden" name="token" value="s3cret">' in page
+
+
+def test_transcript_shows_when_each_message_was_stored(client: TestClient, prepared: Prepared) -> None:
+    async def stored_at() -> dict[int, str]:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            found = await store.backend.load_session_with_messages("chat-openai", include_archived=True)
+            assert found is not None
+            return {m.seq: m.created_at.isoformat() for m in found[1]}
+
+    expected = asyncio.run(stored_at())
+    page = client.get("/session", params={"key": "chat-openai"}).text
+    shown = dict(
+        re.findall(
+            r'<article class="msg[^"]*" id="m(\d+)">\s*<header>.*?<time datetime="([^"]+)"', page, re.S
+        )
+    )
+    assert expected and {int(seq): when for seq, when in shown.items()} == expected

@@ -44,6 +44,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .operate import settle_commands
 
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
 # information. The names are RecoveryReport.summary() keys.
@@ -106,7 +107,9 @@ def recover(
 
     Exits 1 if something needs a person (damage, incidents, a failing audit chain, steps or tool calls
     in doubt, files changed on disk, a repair the store refused without its audit key), with --dry-run
-    too. Each finding is listed by name: sessions and call ids, tasks, steps, approvals.
+    too. Each finding is listed by name: sessions and call ids, tasks, steps, approvals; each that a
+    person decides (a step or tool call in doubt, a pending approval, an interrupted task) with the
+    commands that settle it (--json: "settle").
     """
     url, keys = store_url(db), store_keys(key_file)
     report = run(_recover(url, keys, dry_run, files_root), f"cannot recover {redact_url(url)}")
@@ -120,6 +123,7 @@ def recover(
                 "dry_run": dry_run,
                 "summary": summary,
                 "details": report.details(),
+                "settle": settle_commands(report, url),
                 "advice": report.advice,
             }
         )
@@ -145,6 +149,13 @@ def recover(
         if summary[key]:
             out.print(f"[dim]note[/dim] {summary[key]} {label}")
             _print_names(out, names.get(key, []))
+    settle = settle_commands(report, url)
+    if settle:
+        out.print("to settle what needs a person, one command each (JSON, TEXT: the value you decide):")
+    for item in settle:
+        out.print(f"  {item['item']}:", markup=False)
+        for command in item["commands"]:
+            out.print(f"    {command}", markup=False, soft_wrap=True)  # one line, to copy whole
     for advice in report.advice:
         out.print(f"→ {advice}", markup=False)
     if summary["sessions_failed"] and keys is None:
