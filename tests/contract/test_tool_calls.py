@@ -636,7 +636,6 @@ async def test_history_after_an_unanswered_call_and_a_new_user_turn_keeps_the_ea
     assert not any(c.call_id == "c1" for c in analyze(window).calls)  # only the unanswered call is out
 
 
-
 EARLIER = [user("fix the build"), {"role": "assistant", "content": "which file?"}, user("main.py")]
 
 
