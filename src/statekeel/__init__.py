@@ -16,6 +16,7 @@ from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
+    AuditKeyRequired,
     AuditTampered,
     BackendUnavailable,
     ConflictError,
@@ -47,6 +48,7 @@ from .errors import (
     TranscriptError,
     UnknownToolCall,
     UnserializableValue,
+    Unsupported,
 )
 from .export import ExportReport, export_store
 from .fallback import ReplayReport
@@ -67,6 +69,7 @@ __all__ = [
     "Approval",
     "ApprovalLog",
     "AuditEntry",
+    "AuditKeyRequired",
     "AuditLog",
     "AuditTampered",
     "AuditVerification",
@@ -133,6 +136,7 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Unsupported",
     "Vector",
     "VectorIndex",
     "Workflow",

@@ -30,6 +30,9 @@ from helpers import (
 from statekeel.backends.base import NewMessage
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze, plan_repair
 
+# run_tool commits a save and its step together: it needs transactions.
+pytestmark = pytest.mark.kinds("sessions", "tool_calls", "transactions")
+
 DIALECTS = [CHAT, RESPONSES, ANTHROPIC]
 TABLES = ("sessions", "messages", "session_steps")
 ELSEWHERE = "another-host|1|4242|777|deadbeef"  # an owner id of a process on another machine

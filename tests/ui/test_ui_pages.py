@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 import statekeel
-from helpers import Prepared, sqlite_url
+from helpers import Prepared, run_statekeel, sqlite_url
+from statekeel.recovery import RecoveryReport
 from statekeel.ui import LOOPBACK_NAMES, create_app
 
 BASE = "http://127.0.0.1:8765"
@@ -227,6 +230,82 @@ def test_bad_input_gets_an_error_page_not_a_traceback(
     assert response.status_code == status
     assert "text/html" in response.headers["content-type"]
     assert phrase in html.unescape(response.text) and "Traceback" not in response.text
+
+
+def _doctor(url: str, cwd: Path) -> dict[str, Any]:
+    result = run_statekeel("doctor", "--json", "--db", url, cwd=cwd)
+    assert result.returncode in (0, 1), result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    assert result.returncode == (0 if report["ok"] else 1)
+    return report
+
+
+def _recovery_page(url: str) -> str:
+    with TestClient(create_app(url), base_url=BASE) as c:
+        response = c.get("/recovery")
+        assert response.status_code == 200
+        return text(response.text)
+
+
+async def _leave_a_tool_call(url: str) -> None:
+    async with statekeel.open_store(url) as store:
+        session = await store.sessions.get_or_create("lost")
+        call = {"id": "call_gone", "type": "function", "function": {"name": "deploy", "arguments": "{}"}}
+        session.add_message("assistant", None, tool_calls=[call])
+        await store.sessions.save(session)
+        await store.approvals.request("repo", "deploy", {"env": "prod"}, requested_by="agent")
+
+
+def test_recovery_banner_and_doctor_come_from_one_health_model(tmp_path: Path, prepared: Prepared) -> None:
+    url = sqlite_url(tmp_path / "h.db")
+
+    async def healthy() -> None:
+        async with statekeel.open_store(url) as store:
+            await store.audit.append("note", "ops", "s", {"n": 1})
+
+    asyncio.run(healthy())
+    page, doctor = _recovery_page(url), _doctor(url, tmp_path)
+    assert doctor["ok"] and "No problems found: the store is whole" in page and "needs attention" not in page
+    # A tool call left by a process that is gone: the store is not damaged (recover() would call it ok),
+    # but doctor reports a problem, so the banner must not say whole above it.
+    asyncio.run(_leave_a_tool_call(url))
+    page, doctor = _recovery_page(url), _doctor(url, tmp_path)
+    problems = [f for f in doctor["findings"] if f["severity"] == "problem"]
+    assert not doctor["ok"] and [f["check"] for f in problems] == ["tool calls"]
+    assert "whole" not in page
+    assert f"The store needs attention: {len(problems)} problem(s)" in page
+    for finding in doctor["findings"]:
+        assert f"{finding['severity']} {finding['check']}: {finding['detail']}" in page
+    assert "lost : call_gone" in page or "lost: call_gone" in page
+    # The prepared store, with every kind of problem: the same count of problems on both. A copy: the
+    # module's client holds the prepared store open, and another process closing its last connection to
+    # the same file would remove the WAL file under it.
+    shutil.copyfile(prepared.path, tmp_path / "prepared.db")
+    copy = sqlite_url(tmp_path / "prepared.db")
+    page, doctor = _recovery_page(copy), _doctor(copy, tmp_path)
+    problems = [f for f in doctor["findings"] if f["severity"] == "problem"]
+    assert problems and f"The store needs attention: {len(problems)} problem(s)" in page
+    for finding in doctor["findings"]:
+        assert text(html.escape(f"{finding['severity']} {finding['check']}: {finding['detail']}")) in page
+
+
+def test_recovery_page_names_each_call_task_step_and_approval(client: TestClient, prepared: Prepared) -> None:
+    page = client.get("/recovery").text
+
+    async def found() -> RecoveryReport:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            return await store.recover(repair=False)
+
+    report = asyncio.run(found())
+    assert report.pending_approvals and report.interrupted_tasks and report.steps_in_doubt
+    for key, call in report.repaired_calls:
+        assert f"<code>{html.escape(call)}</code>" in page and html.escape(key) in page
+    for task_id in report.interrupted_task_ids:
+        assert f"<code>{task_id}</code>" in page
+    for task_id, step_key in report.steps_in_doubt_ids:
+        assert f"<code>{html.escape(step_key)}</code></a> of task <code>{task_id}</code>" in page
+    for approval_id in report.pending_approval_ids:
+        assert f"<code>{approval_id}</code>" in page
 
 
 def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_path: Path) -> None:

@@ -295,8 +295,10 @@ def routes(ui: Ui) -> list[BaseRoute]:
         return ui.render(request, "threads.html", title="Threads", threads=found, limit=THREADS_SHOWN)
 
     async def recovery(request: Request) -> Response:
-        report = await ui.store.recover(repair=False)
-        return ui.render(request, "recovery.html", title="Recovery report", report=report)
+        # The checks of `statekeel doctor` (store.health(), over recover(repair=False)): the banner says
+        # what doctor says, from the same findings.
+        health = await ui.store.health()
+        return ui.render(request, "recovery.html", title="Recovery report", health=health)
 
     stylesheet = resources.files("statekeel.ui").joinpath("static/style.css").read_bytes()
 
