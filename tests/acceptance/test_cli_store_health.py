@@ -59,7 +59,8 @@ def test_doctor_names_each_problem_with_what_to_do_and_exits_1(filled: Prepared,
     assert result.returncode == 1, result.stdout + result.stderr
     out = flat(result.stdout)
     assert f"PROBLEM audit: the audit chain does not verify at entry {filled.tampered_seq}" in out
-    assert "PROBLEM tool calls: 1 tool call(s) in 1 session(s) have no result" in out
+    # call_read waits at the end of chat-openai; call_lost's turn in moved-on was followed by a user message.
+    assert "PROBLEM tool calls: 2 tool call(s) in 2 session(s) have no result" in out
     assert "PROBLEM leases: 1 running task(s) hold an expired lease" in out
     assert "PROBLEM steps: 1 step(s)" in out
     assert "run `statekeel recover`" in out
@@ -111,12 +112,12 @@ def test_info_runs_every_health_check_and_fails_on_a_broken_audit_chain(
 def test_recover_repairs_then_finds_nothing_the_second_time(filled: Prepared, tmp_path: Path) -> None:
     dry = run_statekeel("recover", "--dry-run", "--db", filled.url, cwd=tmp_path)
     out = flat(dry.stdout)
-    assert "would repair 1 tool calls answered with an 'interrupted' result" in out
+    assert "would repair 2 tool calls answered with an 'interrupted' result" in out
     assert "would repair 1 running tasks with an expired lease marked interrupted" in out
     # The dry run wrote nothing: the same repairs are still to do.
     first = run_statekeel("recover", "--db", filled.url, cwd=tmp_path)
     out = flat(first.stdout)
-    assert "repaired 1 tool calls answered with an 'interrupted' result" in out
+    assert "repaired 2 tool calls answered with an 'interrupted' result" in out
     assert "repaired 1 running tasks with an expired lease marked interrupted" in out
     assert first.returncode == 1  # the tampered audit chain still needs a person
     assert "the audit log does not verify" in out

@@ -50,6 +50,9 @@ def test_sessions_lists_every_session_newest_first(filled: Prepared, tmp_path: P
     assert [r["key"] for r in archived] == ["old-archived"]
     two = as_json(filled, tmp_path, "sessions", "--limit", "2")
     assert [r["key"] for r in two] == [r["key"] for r in listed[:2]]
+    # A call whose turn a user message followed still counts until a result for it is stored.
+    calls = {r["key"]: r["open_calls"] for r in listed}
+    assert calls["moved-on"] == 1 and calls["chat-openai"] == 1
 
 
 def test_show_pairs_each_tool_call_with_its_result(filled: Prepared, tmp_path: Path) -> None:

@@ -335,3 +335,33 @@ async def test_recover_without_the_integrity_check_says_so_and_does_the_rest(sto
     assert report.orphaned_tool_calls == {"agent-1": ["c2"]}
     assert report.audit is not None and report.audit.ok
     assert (await store.recover()).integrity_checked
+
+
+async def test_recover_and_health_report_a_call_followed_by_a_user_turn_until_it_is_answered(
+    store: statekeel.Store,
+) -> None:
+    gone = statekeel.SessionManager(store.backend, store.codec)
+    session = await gone.get_or_create("s")
+    session.add_message("user", "run the tests")
+    session.add_message("assistant", None, **_assistant_calls("c1"))
+    await gone.save(session)
+    session.add_message("user", "are you there?")  # the tool never ran; the user wrote again
+    await gone.save(session)
+    await gone.close()
+
+    dry = await store.recover(repair=False)
+    assert dry.orphaned_tool_calls == {"s": ["c1"]}
+    health = await store.health()
+    assert any(f.check == "tool calls" and f.severity == "problem" for f in health.findings)
+    assert len(await store.backend.read_messages("s")) == 3  # neither wrote anything
+
+    report = await store.recover()
+    assert report.orphaned_tool_calls == {"s": ["c1"]}
+    last = (await store.backend.read_messages("s"))[-1]
+    assert last.payload == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": INTERRUPTED_CONTENT,
+    }
+    assert (await store.recover()).orphaned_tool_calls == {}
+    assert not any(f.check == "tool calls" for f in (await store.health()).findings)

@@ -28,7 +28,7 @@ from helpers import (
     user,
 )
 from statekeel.backends.base import NewMessage
-from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze
+from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze, plan_repair
 
 # run_tool commits a save and its step together: it needs transactions.
 pytestmark = pytest.mark.kinds("sessions", "tool_calls", "transactions")
@@ -669,3 +669,109 @@ async def test_resolve_tool_by_key_refuses_an_unknown_session_and_creates_nothin
     with pytest.raises(statekeel.InvalidArgument):
         await store.sessions.resolve_tool("nobody", "c1", interrupted=True, actor="")
     assert await counts(store) == before
+
+
+EARLIER = [user("fix the build"), {"role": "assistant", "content": "which file?"}, user("main.py")]
+
+
+async def followed_by_a_user_turn(
+    manager: statekeel.SessionManager, key: str, dialect: Dialect
+) -> statekeel.Session:
+    """A call saved by ``manager``, then a user turn saved after it before the call got its result (the
+    tool never ran; the user wrote again)."""
+    session = await manager.get_or_create(key)
+    for message in [*EARLIER, *model_calls(dialect, "c1")]:
+        session.add_item(message)
+    await manager.save(session)
+    session.add_message("user", "are you there?")
+    await manager.save(session)
+    return session
+
+
+async def waiting_in_row(store: statekeel.Store, key: str) -> tuple[int, str | None]:
+    record = await store.backend.load_session(key)
+    assert record is not None
+    return record.open_calls, record.calls_owner
+
+
+@pytest.mark.parametrize("dialect", [CHAT, ANTHROPIC])
+async def test_a_call_followed_by_a_user_turn_stays_counted_until_resolve_tool_answers_it_after_that_turn(
+    store: statekeel.Store, provider_types: dict[Dialect, pydantic.TypeAdapter[Any]], dialect: Dialect
+) -> None:
+    session = await followed_by_a_user_turn(store.sessions, "s", dialect)
+    assert await waiting_in_row(store, "s") == (1, store.sessions.owner_id)
+    assert [s.key for s in await store.backend.sessions_with_open_calls()] == ["s"]
+    assert session.pending_calls() == []  # appending can no longer answer it in place
+    before = await counts(store)
+    with pytest.raises(statekeel.TranscriptError):
+        await store.sessions.run_tool(session, "c1", lambda: "ran")  # running it now would surprise
+    assert await counts(store) == before
+
+    message = await store.sessions.resolve_tool(session, "c1", result="3 passed")
+    assert message == result_of(dialect, "c1", "3 passed")
+    messages = await stored(store, "s")
+    assert messages[-1] == message and len(messages) == 6  # appended after the user turn
+    step = await store.backend.get_session_step("s", "c1")
+    assert step is not None and (step.status, step.result_seq) == ("succeeded", 5)
+    assert await waiting_in_row(store, "s") == (0, None)
+    assert await store.backend.sessions_with_open_calls() == []
+    with pytest.raises(statekeel.ToolCallAlreadyAnswered):
+        await store.sessions.resolve_tool(session, "c1", interrupted=True)
+    with pytest.raises(statekeel.ToolCallAlreadyAnswered):
+        session.add_item(result_of(dialect, "c1", "again"))
+    # One message and the step's settled row were written; the refusals wrote nothing.
+    assert await counts(store) == {**before, "messages": before["messages"] + 1, "session_steps": 1}
+
+    window = session.history()
+    assert window == [*EARLIER, user("are you there?")]  # the call and its late result both left out
+    assert_accepted(provider_types, dialect, window, window=True)
+    repaired = plan_repair(messages).apply(messages)  # the real result moved right after its call
+    assert repaired[3:5] == [*model_calls(dialect, "c1"), result_of(dialect, "c1", "3 passed")]
+    assert analyze(repaired).consistent and INTERRUPTED_TEXT not in str(repaired)
+    assert_accepted(provider_types, dialect, repaired)
+    again = await fresh(store).load("s")
+    assert again is not None and again.repaired == () and again.messages == messages
+
+
+@pytest.mark.parametrize("dialect", [CHAT, ANTHROPIC])
+async def test_load_answers_a_call_followed_by_a_user_turn_as_interrupted_once_its_process_is_gone(
+    store: statekeel.Store, provider_types: dict[Dialect, pydantic.TypeAdapter[Any]], dialect: Dialect
+) -> None:
+    gone = fresh(store)
+    await followed_by_a_user_turn(gone, "s", dialect)
+    alive = await store.sessions.load("s")
+    assert alive is not None and alive.repaired == ()  # its process still runs: left alone
+    await gone.close()
+    session = await store.sessions.load("s")
+    assert session is not None and [c.call_id for c in session.repaired] == ["c1"]
+    messages = await stored(store, "s")
+    assert len(messages) == 6 and messages == session.messages
+    assert analyze([messages[3], messages[5]]).consistent and INTERRUPTED_TEXT in str(messages[5])
+    assert await waiting_in_row(store, "s") == (0, None)
+    assert session.history() == [*EARLIER, user("are you there?")]
+    repaired = plan_repair(messages).apply(messages)
+    assert repaired[:4] == messages[:4] and repaired[5] == user("are you there?")
+    assert analyze(repaired).consistent and INTERRUPTED_TEXT in str(repaired[4])
+    assert_accepted(provider_types, dialect, repaired)
+    again = await fresh(store).load("s")  # answered once
+    assert again is not None and again.repaired == () and again.messages == messages
+
+
+async def test_a_call_in_doubt_followed_by_a_user_turn_is_reported_until_resolved(
+    store: statekeel.Store,
+) -> None:
+    gone = fresh(store)
+    await followed_by_a_user_turn(gone, "s", CHAT)
+    await started_by_gone_process(store, "s", "c1")
+    await gone.close()
+    session = await store.sessions.load("s")
+    assert session is not None and session.repaired == ()  # it may have run: not answered for you
+    report = await store.recover()
+    assert [(s.session_key, s.call_id) for s in report.tool_calls_in_doubt] == [("s", "c1")]
+    assert len(await stored(store, "s")) == 5
+    await store.sessions.resolve_tool(session, "c1", interrupted=True)
+    step = await store.backend.get_session_step("s", "c1")
+    assert step is not None and (step.status, step.result_seq) == ("interrupted", 5)
+    report = await store.recover()
+    assert report.tool_calls_in_doubt == [] and report.orphaned_tool_calls == {}
+    assert await store.backend.sessions_with_open_calls() == []

@@ -200,9 +200,9 @@ def test_pending_approvals_and_recovery_report(client: TestClient) -> None:
     assert "deploy" in approvals and "shell" in approvals and "merge" not in approvals
     report = text(client.get("/recovery").text)
     assert "The store needs attention" in report and "changes nothing" in report
-    # call_lost's turn was followed by a user message: no result can be appended where the provider wants
-    # it, so recover() does not offer to answer it (the session page shows it as dangling).
-    assert "Tool calls without a result 1" in report and "call_read" in report and "call_lost" not in report
+    # call_lost's turn was followed by a user message: it is still reported (and answered after that
+    # message) until it has a result; the session page shows it as dangling.
+    assert "Tool calls without a result 2" in report and "call_read" in report and "call_lost" in report
     assert "Running tasks whose lease expired 1" in report and "long build" in report
     assert "Steps in doubt 1" in report and "push-branch" in report
 

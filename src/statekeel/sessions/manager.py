@@ -498,8 +498,9 @@ class SessionManager(SessionListing):
         """Answer a waiting tool call yourself — typically one in doubt after a crash — with ``result``
         (as :meth:`run_tool` would append what ``fn`` returned) or, with ``interrupted=True``, an
         explicit interrupted answer; its journal record is settled in the same transaction. Returns the
-        message appended. ``ConflictError`` while the call's function is running in a live process;
-        ``InvalidArgument`` for a call that is not waiting for its result.
+        message appended. A call whose turn other messages followed is answered after them (out of place;
+        ``history()`` leaves both out). ``ConflictError`` while the call's function is running in a live
+        process; ``InvalidArgument`` for a call that is not waiting for its result.
 
         ``session`` is an open session or a session's key: by key, the session is opened for the call
         (its lock taken, no other repair made; ``NotFound`` when it does not exist, ``LockTimeout`` while

@@ -12,7 +12,10 @@
   it runs (a process of this host that is gone is known at once; another host's when its heartbeat
   expires). A call whose function was started through ``run_tool`` is in doubt, not auto-answered.
 - Each session row counts its waiting calls (``open_calls``, kept by every save), so ``recover()`` finds
-  the sessions to repair through an index of those sessions, never by reading every session.
+  the sessions to repair through an index of those sessions, never by reading every session. A call of a
+  turn that other messages followed (a user message appended after a crash) counts until a result for it
+  is stored: ``resolve_tool`` and the repair append that result (out of place, where ``history()`` leaves
+  it out with its call and ``plan_repair`` moves it where the provider wants it).
 """
 
 from __future__ import annotations
@@ -36,11 +39,20 @@ from ..errors import (
     StatekeelError,
     StepInDoubt,
     ToolCallAlreadyAnswered,
+    TranscriptError,
     UnknownToolCall,
 )
 from ..holders import holder_is_dead
 from ..journal import StepFn, check_fn, check_outside_transaction, discard, run_step
-from ..transcripts import ToolCall, TranscriptIndex, analyze, normalize_item, tool_result
+from ..transcripts import (
+    Dialect,
+    ToolCall,
+    TranscriptIndex,
+    analyze,
+    interrupted_answer,
+    normalize_item,
+    tool_result,
+)
 from ..validation import check_bool, check_key
 from .session import Session
 from .transcript import take_back
@@ -65,6 +77,13 @@ def _utcnow() -> dt.datetime:
 
 def _key(session: Session, call_id: str) -> tuple[str, str]:
     return (session.key, call_id)
+
+
+def _interrupted_message(call: ToolCall) -> dict[str, Any]:
+    """The message that answers ``call`` as interrupted when appended (an Anthropic block goes in a user
+    message of its own)."""
+    answer = interrupted_answer(call)
+    return {"role": "user", "content": [answer]} if call.dialect is Dialect.ANTHROPIC else answer
 
 
 @dataclass(slots=True)
@@ -182,9 +201,10 @@ class ToolCalls:
     def _index(session: Session) -> TranscriptIndex:
         return session._tools.index(session.messages, session._first)
 
-    def _waiting_call(self, session: Session, call_id: str) -> ToolCall:
+    def _waiting_call(self, session: Session, call_id: str, *, late: bool = False) -> ToolCall:
         """The call ``call_id`` of the session, which must still wait for a result that appending can
-        give; a typed error otherwise (nothing is written)."""
+        give in place — or, with ``late``, also a call of a turn other messages followed that no stored
+        result answers (its result then goes after them); a typed error otherwise (nothing is written)."""
         index = self._index(session)
         call = index.call(call_id)
         fields = {"call_id": call_id, "key": session.key}
@@ -196,7 +216,7 @@ class ToolCalls:
                 index=None,
                 **fields,
             )
-        if index.answered(call):
+        if index.answered(call) or index.answered_late(call):
             raise ToolCallAlreadyAnswered(
                 f"tool call {call_id!r} of session {session.key!r} already has its result; a call gets "
                 "exactly one",
@@ -204,6 +224,8 @@ class ToolCalls:
                 index=call.index,
                 **fields,
             )
+        if late and not any(c is call for c in index.awaiting()):
+            return call  # its turn was followed by other messages: answered after them
         index.check(tool_result(call, ""))  # placement: TranscriptError if other messages followed its turn
         return call
 
@@ -255,15 +277,30 @@ class ToolCalls:
         finally:
             self._running.discard(running)
 
-    async def append_result(self, session: Session, message: dict[str, Any], settle: Any) -> None:
+    async def append_result(
+        self, session: Session, message: dict[str, Any], settle: Any, *, late: ToolCall | None = None
+    ) -> None:
         """Append ``message`` (already checked) to the session and commit it, with the session's other
         unsaved messages, together with ``settle(seq)`` (the journal's record of the result at ``seq``),
         conditional on the head the session holds. The caller holds ``session._saving``. On
         ``BackendUnavailable`` the message stays in the session, unsaved; on any other failure it is taken
-        back out."""
+        back out. With ``late`` (a call of a turn other messages followed) ``message`` answers that call
+        after them, out of place."""
         manager = self._manager
-        self._index(session).add(message)
+        if late is None:
+            self._index(session).add(message)
+        else:
+            self._index(session).add_stored(message)  # out of place: strict placement would refuse it
         session.messages.append(message)
+        if late is not None and not self._index(session).answered_late(late):
+            take_back(session.messages, [message], session._tools)
+            raise TranscriptError(
+                f"the result given for tool call {late.call_id!r} of session {session.key!r} does not "
+                "answer that call; pass its content, or a result item for this very call",
+                call_id=late.call_id,
+                dialect=late.dialect.value,
+                index=session.head_seq,
+            )
         seq = session.head_seq - 1
         try:
             await self.counted(session)  # the heartbeat, before the block that may name this process
@@ -289,7 +326,9 @@ class ToolCalls:
         if interrupted == (result is not MISSING):
             raise InvalidArgument("pass the call's result (result=...) or interrupted=True, not both")
         async with session._saving:
-            call = self._waiting_call(session, call_id)
+            call = self._waiting_call(session, call_id, late=True)
+            index = self._index(session)
+            late = None if any(c is call for c in index.awaiting()) else call
             if _key(session, call_id) in self._running:
                 raise ConflictError(
                     f"tool call {call_id!r} of session {session.key!r} is running in this process; it "
@@ -298,11 +337,12 @@ class ToolCalls:
                     call_id=call_id,
                 )
             if interrupted:
-                message = self._index(session).repair(only=[call_id]).append[0]
+                message = _interrupted_message(call)
             else:
                 message = self.result_message(session, call, result)
             session._codec.encode(message, where=f"messages[{session.head_seq}]")
-            self._index(session).check(message)
+            if late is None:
+                index.check(message)
 
             async def settle(seq: int) -> None:
                 step = await manager.backend.get_session_step(session.key, call_id)
@@ -335,7 +375,7 @@ class ToolCalls:
                     )
 
             try:
-                await self.append_result(session, message, settle)
+                await self.append_result(session, message, settle, late=late)
             except BackendUnavailable:
                 take_back(session.messages, [message], session._tools)  # nothing was written: retry it
                 raise
@@ -354,7 +394,7 @@ class ToolCalls:
         manager = self._manager
         key = session.key
         index = self._index(session)
-        waiting = index.awaiting()
+        waiting = index.outstanding()
         if waiting and await self._alive(tools.calls_owner, own_counts=not recovering):
             return True  # its process may still be running them
         if await self._held_elsewhere(key):
@@ -364,11 +404,17 @@ class ToolCalls:
             if not session.unsaved():
                 await self._recount(session, len(waiting))
             return True
-        plan = index.repair(only=[c.call_id for c in todo])
+        in_place = {id(c) for c in index.awaiting()}
+        plan = index.repair(only=[c.call_id for c in todo if id(c) in in_place])
+        # A call of a turn other messages followed is answered after them (out of place: history() leaves
+        # both out, plan_repair() moves the answer where the provider wants it).
+        late = [_interrupted_message(c) for c in todo if id(c) not in in_place]
         added: list[dict[str, Any]] = []
         try:
             for message in plan.append:
                 added.append(session._append(message))
+            for message in late:
+                added.append(session._append(message, strict=False))
             await manager._save(session)
         except ConflictError:
             take_back(session.messages, added, tools)
@@ -420,7 +466,7 @@ class ToolCalls:
 
     async def in_doubt(self, session: Session, *, recovering: bool = False) -> list[SessionStepRecord]:
         """The session's calls whose function was started and whose process is gone, without a result."""
-        waiting = {c.call_id for c in session.pending_calls()}
+        waiting = {c.call_id for c in self._index(session).outstanding()}
         if not waiting:
             return []
         found = []
@@ -462,7 +508,7 @@ class ToolCalls:
             keys = [found.key for found in unknown[start : start + _TAILS_PER_READ]]
             tails.update(await backend.read_session_tails(keys, _TAIL))
         counted = [
-            replace(found, open_calls=len(TranscriptIndex(tails.get(found.key, ())).awaiting()))
+            replace(found, open_calls=len(TranscriptIndex(tails.get(found.key, ())).outstanding()))
             for found in unknown
         ]
         zeros = [c for c in counted if not c.open_calls]
@@ -488,7 +534,7 @@ class ToolCalls:
                 loaded = await manager._peek(key)  # writes nothing: not even by evicting from the cache
                 if loaded is None:
                     return
-                waiting = self._index(loaded).awaiting()
+                waiting = self._index(loaded).outstanding()
                 answered = [c.call_id for c in await self._not_started(loaded, waiting)]
                 doubt = await self.in_doubt(loaded, recovering=True)
         except (ConflictError, LeaseLost):

@@ -55,8 +55,8 @@ class SessionTranscript:
         self._index = self._of = None
 
     def open_calls(self, messages: list[dict[str, Any]], first: int) -> int:
-        """How many calls of ``messages`` wait for a result that appending can still give them."""
-        return len(self.index(messages, first).awaiting())
+        """How many calls of ``messages`` no stored result answers yet (``TranscriptIndex.outstanding``)."""
+        return len(self.index(messages, first).outstanding())
 
 
 def _readable(message: Any) -> Mapping[str, Any]:

@@ -84,6 +84,8 @@ class TranscriptIndex:
         self._answered: dict[_Key, ToolResult] = {}
         self._unanswered: dict[_Key, ToolCall] = {}
         self._abandoned_at: dict[_Key, int] = {}
+        # The first result stored out of place after each unanswered call (by the message number).
+        self._late: dict[_Key, int] = {}
         self._results: list[ToolResult] = []
         self._orphans: list[ToolResult] = []
         self._malformed: list[int] = []
@@ -154,8 +156,8 @@ class TranscriptIndex:
             made = self._calls.get(key)
             error: TranscriptError | None = None
             fields = {"call_id": result.call_id, "dialect": result.dialect.value, "index": i}
-            if key in self._answered or key in answered_here:
-                where = self._answered[key].index if key in self._answered else i
+            if key in self._answered or key in answered_here or self._late_key(key):
+                where = self._answered[key].index if key in self._answered else self._late.get(key, i)
                 error = ToolCallAlreadyAnswered(
                     f"messages[{i}] answers tool call {result.call_id!r}, which messages[{where}] already "
                     "answered; a call gets exactly one result",
@@ -285,6 +287,7 @@ class TranscriptIndex:
             self._all_calls.append(call)
             self._answered.pop(key, None)  # a reused id: the new call waits for its own result
             self._abandoned_at.pop(key, None)
+            self._late.pop(key, None)
             self._unanswered[key] = call
         for result in step.answers:
             key = (result.dialect, result.call_id)
@@ -297,6 +300,9 @@ class TranscriptIndex:
         for result in step.orphans:
             self._orphans.append(result)
             self._results.append(result)
+            key = (result.dialect, result.call_id)
+            if key in self._unanswered and self._unanswered[key].index < result.index:
+                self._late.setdefault(key, result.index)
         if step.parsed.malformed:
             self._malformed.append(step.index)
         for key in step.abandoned:
@@ -345,6 +351,23 @@ class TranscriptIndex:
         """The calls without a result, oldest first."""
         return tuple(self._unanswered.values())
 
+    def _late_key(self, key: _Key) -> bool:
+        # A chat or Anthropic call of a turn that other messages followed, with a result stored after them.
+        return key in self._late and key in self._abandoned_at and key[0] is not Dialect.OPENAI_RESPONSES
+
+    def answered_late(self, call: ToolCall) -> bool:
+        """Whether ``call``, of a turn that other messages followed, has a result stored after them (out
+        of place): ``safe_window`` leaves both out, :meth:`repair` moves the result where the provider
+        wants it. A second result for it is refused (``ToolCallAlreadyAnswered``)."""
+        key = (call.dialect, call.call_id)
+        return self._unanswered.get(key) is call and self._late_key(key)
+
+    def outstanding(self) -> tuple[ToolCall, ...]:
+        """The calls no stored result answers yet, even out of place, oldest first: :meth:`awaiting`, and
+        the calls of a chat or Anthropic turn that other messages followed (a user message appended after a
+        crash) until a result for them is stored. A session row counts these as waiting (``open_calls``)."""
+        return tuple(c for k, c in self._unanswered.items() if not self._late_key(k))
+
     def awaiting(self) -> tuple[ToolCall, ...]:
         """The calls without a result that appending one still answers, oldest first: every unanswered
         call but those of a chat or Anthropic turn that other messages followed."""
@@ -382,21 +405,13 @@ class TranscriptIndex:
         anthropic_inserts: dict[int, dict[str, Any]] = {}
         # A call whose real result was stored out of place (after other messages) gets that result moved
         # where its provider wants it, never an interrupted answer beside it.
-        misplaced: dict[_Key, int] = {}
-        for r in self._orphans:
-            misplaced.setdefault((r.dialect, r.call_id), r.index)
         moved: list[tuple[int, int, str]] = []
         for call in calls:
             answer = interrupted_answer(call, text)
             at = self._abandoned_at.get((call.dialect, call.call_id))
-            found = misplaced.get((call.dialect, call.call_id))
-            if (
-                at is not None
-                and found is not None
-                and found > call.index
-                and call.dialect is not Dialect.OPENAI_RESPONSES
-            ):
-                moved.append((found, at, call.call_id))
+            if self._late_key((call.dialect, call.call_id)):
+                assert at is not None
+                moved.append((self._late[(call.dialect, call.call_id)], at, call.call_id))
                 continue
             if call.dialect is Dialect.OPENAI_RESPONSES or at is None:
                 if call.dialect is not Dialect.ANTHROPIC:
