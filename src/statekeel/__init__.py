@@ -43,6 +43,7 @@ from .errors import (
     UnknownToolCall,
     UnserializableValue,
 )
+from .backends.base import Branch
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
@@ -57,6 +58,7 @@ from .workflows import Workflow, WorkflowEngine, WorkflowStep
 __version__ = "0.1.0"
 
 __all__ = [
+    "Branch",
     "Approval",
     "ApprovalLog",
     "AuditEntry",

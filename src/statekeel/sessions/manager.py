@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..backends.base import (
+    Branch,
     SessionLease,
     SessionRecord,
     StorageBackend,
@@ -524,6 +525,31 @@ class SessionManager(SessionListing):
     async def reopen(self, key: str) -> SessionRecord:
         """Make an expired or archived session active again."""
         return await self._set_status(key, ("expired", "archived"), "active")
+
+    async def fork(self, key: str, at_seq: int, *, new_key: str | None = None) -> Session:
+        """A new session whose history is ``key``'s messages ``0..at_seq-1`` followed by its own
+        (``session.parent == (key, at_seq)``); it starts with ``key``'s stored metadata. Nothing is
+        copied: the fork's row points at its parent, whatever the parent's length, and ``load`` reads
+        the parent's part and the fork's own messages on one snapshot. ``new_key`` defaults to a fresh
+        ``"{key}/fork-<random>"``. ``at_seq`` counts what the store holds (save the parent first):
+        ``InvalidArgument`` outside ``0..head``; ``NotFound`` for an unknown parent; ``ConflictError``
+        if ``new_key`` exists. See docs/branches.md."""
+        check_key(key)
+        check_int(at_seq, "at_seq")
+        if new_key is None:
+            new_key = f"{key}/fork-{uuid.uuid4().hex[:12]}"
+        check_key(new_key, "new_key")
+        await self.backend.fork_session(key, at_seq, new_key)
+        session = await self.load(new_key)
+        if session is None:  # deleted by another writer between the fork and this read
+            raise NotFound(f"the fork {new_key!r} of {key!r} was deleted as soon as it was made", key=new_key)
+        return session
+
+    async def branches(self, key: str) -> list[Branch]:
+        """Every fork made directly from ``key`` (a fork's own forks: ``branches`` of it), by fork point
+        then key, each with its ``at_seq``."""
+        check_key(key)
+        return await self.backend.session_branches(key)
 
     async def delete(self, key: str) -> bool:
         """Delete the session, its messages, archive and fallback file. False if it did not exist."""

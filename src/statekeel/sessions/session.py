@@ -137,6 +137,7 @@ class Session:
         "last_consolidated",
         "messages",
         "metadata",
+        "parent",
         "repaired",
         "status",
         "summaries",
@@ -160,6 +161,10 @@ class Session:
         self._saved_last: dict[str, Any] | None = None
         self._tools = SessionTranscript(record)
         self.repaired: tuple[ToolCall, ...] = ()
+        # A fork's parent and the seq it forked at (its messages before that are the parent's).
+        self.parent: tuple[str, int] | None = None
+        if record is not None and record.parent_key is not None and record.parent_seq is not None:
+            self.parent = (record.parent_key, record.parent_seq)
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}

@@ -14,6 +14,7 @@ __all__ = [
     "SESSION_STATUSES",
     "SESSION_STEP_STATUSES",
     "ArchivedMessage",
+    "Branch",
     "LoadedSession",
     "MessageRecord",
     "NewMessage",
@@ -40,6 +41,9 @@ class SessionRecord:
     known, for messages appended by a writer that does not read transcripts); ``calls_owner`` is the
     process (a lease owner id) that saved the session while they were waiting. ``write_id`` is the id the
     last append was given (``append_messages(write_id=...)``; None when it gave none).
+
+    ``parent_key`` and ``parent_seq`` are set on a fork: its history is ``parent_key``'s messages
+    ``0..parent_seq-1`` followed by its own (stored from ``parent_seq`` on). Both None otherwise.
     """
 
     key: str
@@ -53,6 +57,18 @@ class SessionRecord:
     open_calls: int = 0
     calls_owner: str | None = None
     write_id: str | None = None
+    parent_key: str | None = None
+    parent_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One fork made directly from a session: its key, the seq it forked at, its head and creation."""
+
+    key: str
+    at_seq: int
+    head_seq: int
+    created_at: dt.datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +211,22 @@ class SessionBackend(abc.ABC):
 
     @abc.abstractmethod
     async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
-        """Delete a session with its messages and archive. False when it did not exist."""
+        """Delete a session with its messages and archive. False when it did not exist.
+
+        Its forks stay whole: in the same transaction, the part of its history each fork reads is copied
+        into that fork, which then reads the rest from the deleted session's own parent (if any)."""
+
+    @abc.abstractmethod
+    async def fork_session(
+        self, key: str, at_seq: int, new_key: str, *, metadata: bytes | None = None
+    ) -> SessionRecord:
+        """Create ``new_key`` as a fork of ``key`` at ``at_seq`` (``0 <= at_seq <= key``'s head): a row
+        only, whatever the parent's length. ``NotFound`` for an unknown parent, ``ConflictError`` if
+        ``new_key`` exists, ``InvalidArgument`` for a seq out of range."""
+
+    @abc.abstractmethod
+    async def session_branches(self, key: str) -> list[Branch]:
+        """The forks made directly from ``key``, by fork point then key."""
 
     @abc.abstractmethod
     async def append_messages(

@@ -13,6 +13,7 @@ from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, Stora
 from ...validation import check_aware, check_int, check_key, check_str
 from ..base import (
     ArchivedMessage,
+    Branch,
     LoadedSession,
     MessageRecord,
     NewMessage,
@@ -40,6 +41,8 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         open_calls=row["open_calls"],
         calls_owner=row["calls_owner"],
         write_id=row["write_id"],
+        parent_key=row["parent_key"],
+        parent_seq=row["parent_seq"],
     )
 
 
@@ -115,8 +118,16 @@ async def op_load_with_messages(
         return None
     record = session_from_row(tx, row)
     rows = list(await tx.fetchall("archive_as_messages", key)) if include_archived else []
-    rows += await tx.fetchall("message_range_open", key, record.last_consolidated)
-    return record, [message_from_row(tx, key, r) for r in rows]
+    messages = [message_from_row(tx, key, r) for r in rows]
+    own_from = record.last_consolidated
+    if record.parent_key is not None and record.parent_seq is not None and own_from < record.parent_seq:
+        # A fork: what it inherited (and has not archived itself), opened under the key it is stored by.
+        for src, r in await _chain_rows(tx, record.parent_key, record.parent_seq, own_from, record.parent_seq):
+            found = message_from_row(tx, src, r)
+            messages.append(MessageRecord(key, found.seq, found.role, found.payload, found.created_at))
+        own_from = record.parent_seq
+    rows = await tx.fetchall("message_range_open", key, own_from)
+    return record, messages + [message_from_row(tx, key, r) for r in rows]
 
 
 def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[str, Any]]:
@@ -156,9 +167,17 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
         archived = await tx.fetchone("archive_payload_array", key)
         assert archived is not None  # an aggregate always returns a row
         messages = _payload_array(tx, archived, key, 0, live_from)
-    live = await tx.fetchone("message_payload_array", key, live_from)
+    own_from = live_from
+    if record.parent_key is not None and record.parent_seq is not None and live_from < record.parent_seq:
+        # A fork: its ancestors' parts first (each read live or archived), on this same snapshot.
+        for part_key, lo, hi in await _chain(tx, record.parent_key, record.parent_seq, live_from):
+            part = await tx.fetchone("view_payload_array", part_key, lo, hi)
+            assert part is not None
+            messages += _payload_array(tx, part, part_key, lo, hi)
+        own_from = record.parent_seq
+    live = await tx.fetchone("message_payload_array", key, own_from)
     assert live is not None
-    messages += _payload_array(tx, live, key, live_from, record.head_seq)
+    messages += _payload_array(tx, live, key, own_from, record.head_seq)
     summaries: list[tuple[str, int, int, str]] = []
     if live_from > 0:
         summaries = [
@@ -166,6 +185,110 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
             for r in await tx.fetchall("compression_list", key)
         ]
     return LoadedSession(record, messages, 0 if include_archived else live_from, summaries)
+
+
+async def _chain(tx: Tx, parent_key: str, parent_seq: int, start: int) -> list[tuple[str, int, int]]:
+    """The ancestors' parts ``(key, lo, hi)`` of a fork's history from ``start`` on, oldest first."""
+    parts = []
+    for r in await tx.fetchall("session_chain", parent_key, parent_seq):
+        lo, hi = max(r["lo"], start), r["hi"]
+        if lo < hi:
+            parts.append((r["key"], lo, hi))
+    if not parts or parts[0][1] != max(start, 0) or sum(hi - lo for _, lo, hi in parts) != parent_seq - start:
+        raise StorageCorrupt(
+            f"the ancestors of a fork of session {parent_key!r} at {parent_seq} do not cover seqs "
+            f"{start}..{parent_seq - 1}: {parts}",
+            key=parent_key,
+        )
+    return parts
+
+
+async def _chain_rows(tx: Tx, parent_key: str, parent_seq: int, lo: int, hi: int) -> list[tuple[str, Row]]:
+    """The stored rows of a fork's inherited seqs ``[lo, hi)`` (``hi <= parent_seq``), with the key each
+    is stored (and sealed) under."""
+    rows: list[tuple[str, Row]] = []
+    for part_key, a, b in await _chain(tx, parent_key, parent_seq, lo):
+        b = min(b, hi)
+        if a < b:
+            rows += [(part_key, r) for r in await tx.fetchall("view_rows", part_key, a, b)]
+    if [r["seq"] for _, r in rows] != list(range(lo, hi)):
+        raise StorageCorrupt(
+            f"the inherited messages {lo}..{hi - 1} of a fork of {parent_key!r} are not all stored", key=parent_key
+        )
+    return rows
+
+
+def _resealed(tx: Tx, payload: Any, src: str, dst: str, seq: int) -> Any:
+    """A stored payload of ``src`` at ``seq`` as ``dst``'s (sealed under its identity when encrypted)."""
+    cipher = tx.codec.cipher
+    if cipher is None or src == dst:
+        return payload
+    raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+    return tx.sealed_in(cipher.open_raw(orjson.loads(raw), "message", (src, seq)), "message", dst, seq)
+
+
+async def op_fork_session(tx: Tx, key: str, at_seq: int, new_key: str, metadata: bytes | None) -> SessionRecord:
+    # The parent's row is locked until the commit: it cannot be deleted (nor rewound) under the fork.
+    parent = await tx.fetchone("session_get_for_update", key)
+    if parent is None:
+        raise NotFound(f"session {key!r} does not exist: nothing to fork", key=key)
+    if not 0 <= at_seq <= parent["head_seq"]:
+        raise InvalidArgument(
+            f"at_seq {at_seq} is outside session {key!r}'s history (0..{parent['head_seq']}): "
+            "a fork starts at a seq of its parent",
+            key=key,
+            at_seq=at_seq,
+        )
+    now = tx.ts_in(utcnow())
+    # Without metadata of its own the fork starts with its parent's, as stored.
+    meta = parent["metadata"] if metadata is None else tx.json_in(metadata)
+    row = await tx.fetchone("session_insert_fork", new_key, meta, key, at_seq, now)
+    if row is None:
+        raise ConflictError(f"session {new_key!r} already exists: choose another key for the fork", key=new_key)
+    return session_from_row(tx, row)
+
+
+async def op_session_branches(tx: Tx, key: str) -> list[Branch]:
+    return [
+        Branch(r["key"], r["parent_seq"], r["head_seq"], tx.ts_out(r["created_at"]))
+        for r in await tx.fetchall("session_children", key)
+    ]
+
+
+async def detach_forks(tx: Tx, key: str) -> int:
+    """Before ``key`` is deleted: copy into each of its forks the part of ``key``'s history it reads
+    (the seqs its own archive does not hold yet), and point it at ``key``'s own parent. Returns how many
+    forks were detached. Runs in the delete's transaction, with ``key``'s row locked by the caller."""
+    children = await tx.fetchall("session_children_for_update", key)
+    if not children:
+        return 0
+    row = await tx.fetchone("session_get", key)
+    assert row is not None
+    grand_key, grand_seq = row["parent_key"], row["parent_seq"]
+    own_lo = grand_seq or 0
+    for child in children:
+        lo, hi = max(own_lo, child["last_consolidated"]), child["parent_seq"]
+        if lo < hi:
+            rows = await tx.fetchall("view_rows", key, lo, hi)
+            if [r["seq"] for r in rows] != list(range(lo, hi)):
+                raise StorageCorrupt(f"session {key!r}: messages {lo}..{hi - 1} are not all stored", key=key)
+            await tx.executemany(
+                "message_insert",
+                [
+                    (
+                        child["key"],
+                        r["seq"],
+                        r["role"],
+                        _resealed(tx, r["payload"], key, child["key"], r["seq"]),
+                        r["created_at"],
+                    )
+                    for r in rows
+                ],
+            )
+        # It now reads [0, min(its fork point, key's own)) from key's parent, or nothing when key had none.
+        new_seq = None if grand_key is None else min(hi, own_lo)
+        await tx.execute("session_reparent", child["key"], grand_key, new_seq, key)
+    return len(children)
 
 
 async def op_list_sessions(tx: Tx, status: str | None, limit: int, cursor: str | None) -> Page:
@@ -219,6 +342,9 @@ async def op_update_session(
 
 async def op_delete_session(tx: Tx, key: str, lease: SessionLease | None = None) -> bool:
     await check_fence(tx, key, lease)
+    if await tx.fetchone("session_get_for_update", key) is None:
+        return False
+    await detach_forks(tx, key)
     return await tx.execute("session_delete", key) > 0
 
 
@@ -355,6 +481,17 @@ async def op_archive_messages(
         )
     now = tx.ts_in(utcnow())
     await tx.execute("compression_insert", key, compression_id, start, upto_seq, summary, now)
+    parent_key, parent_seq = current["parent_key"], current["parent_seq"]
+    if parent_key is not None and start < parent_seq:
+        # A fork compressing what it inherited: its archive gets its own copy of those messages.
+        inherited = await _chain_rows(tx, parent_key, parent_seq, start, min(upto_seq, parent_seq))
+        await tx.executemany(
+            "archive_insert",
+            [
+                (key, compression_id, r["seq"], r["role"], _resealed(tx, r["payload"], src, key, r["seq"]), r["created_at"])
+                for src, r in inherited
+            ],
+        )
     await tx.execute("archive_copy", compression_id, key, start, upto_seq)
     await tx.execute("message_delete_range", key, start, upto_seq)
     row = await tx.fetchone("session_set_consolidated", upto_seq, now, key, start)
@@ -479,6 +616,17 @@ class SqlSessions(SqlBackend, SessionBackend):
 
     async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
         return await self._write(op_delete_session, key, lease)
+
+    async def fork_session(
+        self, key: str, at_seq: int, new_key: str, *, metadata: bytes | None = None
+    ) -> SessionRecord:
+        check_key(key, "session key")
+        check_key(new_key, "new_key")
+        check_int(at_seq, "at_seq")
+        return await self._write(op_fork_session, key, at_seq, new_key, metadata)
+
+    async def session_branches(self, key: str) -> list[Branch]:
+        return await self._read(op_session_branches, key)
 
     async def append_messages(
         self,

@@ -3,20 +3,20 @@
 
 -- name: session_get
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions WHERE key = ?1;
 
 -- name: session_get_for_update
 -- The writer holds the database's write lock for the whole transaction: the row cannot change under it.
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions WHERE key = ?1;
 
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id;
+       calls_owner, write_id, parent_key, parent_seq;
 
 -- name: session_insert_missing
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES (?1, ?2, ?3, ?4)
@@ -24,22 +24,22 @@ ON CONFLICT (key) DO NOTHING;
 
 -- name: session_list
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions ORDER BY updated_at DESC, key DESC LIMIT ?1;
 
 -- name: session_list_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions WHERE (updated_at, key) < (?1, ?2) ORDER BY updated_at DESC, key DESC LIMIT ?3;
 
 -- name: session_list_status
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions WHERE status = ?1 ORDER BY updated_at DESC, key DESC LIMIT ?2;
 
 -- name: session_list_status_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq
 FROM sessions WHERE status = ?1 AND (updated_at, key) < (?2, ?3)
 ORDER BY updated_at DESC, key DESC LIMIT ?4;
 
@@ -49,7 +49,7 @@ SET metadata = COALESCE(?1, metadata), status = COALESCE(?2, status), version = 
     updated_at = ?3
 WHERE key = ?4 AND (?5 IS NULL OR version = ?5)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id;
+       calls_owner, write_id, parent_key, parent_seq;
 
 -- name: session_delete
 DELETE FROM sessions WHERE key = ?1;
@@ -66,13 +66,13 @@ SET head_seq = head_seq + ?1, metadata = COALESCE(?2, metadata),
     write_id = ?11
 WHERE key = ?4 AND head_seq = ?5 AND (?7 IS NULL OR created_at = ?7) AND (?8 IS NULL OR version = ?8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id;
+       calls_owner, write_id, parent_key, parent_seq;
 
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = ?1, version = version + 1, updated_at = ?2
 WHERE key = ?3 AND last_consolidated = ?4
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id;
+       calls_owner, write_id, parent_key, parent_seq;
 
 -- name: message_insert
 INSERT INTO messages (session_key, seq, role, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5);
@@ -134,3 +134,58 @@ FROM (SELECT seq, payload FROM messages WHERE session_key = ?1 AND seq >= ?2 ORD
 SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) AS n, min(seq) AS lo,
        max(seq) AS hi
 FROM (SELECT seq, payload FROM message_archive WHERE session_key = ?1 ORDER BY seq);
+
+-- name: session_insert_fork
+-- A fork: its row only (nothing is copied); its head starts at the fork point.
+INSERT INTO sessions (key, metadata, head_seq, parent_key, parent_seq, created_at, updated_at)
+VALUES (?1, ?2, ?4, ?3, ?4, ?5, ?5)
+ON CONFLICT (key) DO NOTHING
+RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner, write_id, parent_key, parent_seq;
+
+-- name: session_chain
+-- The ancestors a fork reads, oldest first: each one's part of the history is [lo, hi) (its own messages
+-- from its own fork point, up to where its child forked). ?1, ?2: the fork's parent_key and parent_seq.
+WITH RECURSIVE chain (key, lo, hi, parent_key, depth) AS (
+    SELECT key, min(coalesce(parent_seq, 0), ?2), ?2, parent_key, 0 FROM sessions WHERE key = ?1
+    UNION ALL
+    SELECT s.key, min(coalesce(s.parent_seq, 0), c.lo), c.lo, s.parent_key, c.depth + 1
+    FROM sessions s JOIN chain c ON s.key = c.parent_key
+)
+SELECT key, lo, hi FROM chain ORDER BY depth DESC;
+
+-- name: session_children
+-- The forks made directly from a session, by fork point then key.
+SELECT key, parent_seq, last_consolidated, head_seq, created_at FROM sessions
+WHERE parent_key = ?1 ORDER BY parent_seq, key;
+
+-- name: session_children_for_update
+-- SQLite: the writer holds the write lock for the whole transaction.
+SELECT key, parent_seq, last_consolidated FROM sessions WHERE parent_key = ?1 ORDER BY key;
+
+-- name: session_reparent
+-- A fork whose parent goes: it now holds that parent's part itself and reads the rest from its grandparent.
+UPDATE sessions SET parent_key = ?2, parent_seq = ?3 WHERE key = ?1 AND parent_key = ?4;
+
+-- name: view_payload_array
+-- One ancestor's part [?2, ?3) of a fork's history, live or archived, as one JSON array.
+SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM (SELECT seq, payload FROM (
+          SELECT seq, payload FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3
+          UNION ALL
+          SELECT seq, payload FROM message_archive WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3)
+      ORDER BY seq);
+
+-- name: view_rows
+-- One ancestor's part [?2, ?3) of a fork's history, live or archived, row by row.
+SELECT seq, role, payload, created_at FROM (
+    SELECT seq, role, payload, created_at FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3
+    UNION ALL
+    SELECT seq, role, payload, created_at FROM message_archive
+    WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3)
+ORDER BY seq;
+
+-- name: archive_insert
+INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6);
