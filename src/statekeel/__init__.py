@@ -48,7 +48,7 @@ from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
-from .sessions import Session, SessionLock, SessionManager
+from .sessions import Rewind, Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
@@ -103,6 +103,7 @@ __all__ = [
     "SearchEngine",
     "SearchRequest",
     "SerializationError",
+    "Rewind",
     "Session",
     "SessionLock",
     "SessionManager",

@@ -50,7 +50,7 @@ from ..validation import check_aware, check_bool, check_int, check_key, check_te
 from .fallback import SessionFallback
 from .listing import SessionListing
 from .lock import SessionLock
-from .session import Session, Summary
+from .session import Rewind, Session, Summary
 from .tools import MISSING, ToolCalls, ToolRecovery
 
 log = logging.getLogger("statekeel.sessions")
@@ -362,6 +362,7 @@ class SessionManager(SessionListing):
                 # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
                 expected_created_at=session._expected_created_at(),
                 expected_version=changes.expected_version,
+                expected_rewinds=changes.expected_rewinds,
                 # How many tool calls wait for a result after this save, and whose they are.
                 open_calls=calls[0],
                 calls_owner=calls[1],
@@ -544,6 +545,37 @@ class SessionManager(SessionListing):
         if session is None:  # deleted by another writer between the fork and this read
             raise NotFound(f"the fork {new_key!r} of {key!r} was deleted as soon as it was made", key=new_key)
         return session
+
+    async def rewind(self, key: str, to_seq: int, *, reason: str) -> Rewind:
+        """Take messages ``to_seq`` onwards out of the live transcript: they move to the archive under a
+        rewind record (``rewind.compression_id``; ``archived(key, rewind.compression_id)`` reads them),
+        and the next message appended takes ``to_seq``'s place. One transaction, with the session's row
+        locked and this process's lease (if it holds the session's lock) fenced: a writer that appended
+        meanwhile makes it raise ``ConflictError``, and a save of the session loaded before the rewind
+        conflicts after it. A fork that read past ``to_seq`` keeps its history (it gets its own copy of
+        that part). ``InvalidArgument`` unless ``last_consolidated <= to_seq < head``; ``reason`` is
+        required (the rewind record's summary). See docs/branches.md."""
+        check_key(key)
+        check_int(to_seq, "to_seq")
+        check_text(reason, "reason")
+        if not reason.strip():
+            raise InvalidArgument("reason must say why the session is rewound (it is the rewind record)")
+        before = await self.backend.load_session(key)
+        if before is None:
+            raise NotFound(f"session {key!r} does not exist: nothing to rewind", key=key)
+        found, record = await self.backend.rewind_session(
+            key,
+            to_seq,
+            reason=reason,
+            compression_id=uuid.uuid4().hex,
+            expected_head=before.head_seq,
+            lease=self._lease_for(key),
+            expected_created_at=before.created_at,
+        )
+        cached = self._cache.get(key)
+        if cached is not None and not cached._rewound(before, record):
+            self._forget(key, cached)
+        return Rewind(found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at)
 
     async def branches(self, key: str) -> list[Branch]:
         """Every fork made directly from ``key`` (a fork's own forks: ``branches`` of it), by fork point

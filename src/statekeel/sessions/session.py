@@ -41,6 +41,20 @@ class Summary:
     summary: str
 
 
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """What ``sessions.rewind`` did: messages ``[to_seq, upto_seq)`` of session ``key`` left the live
+    transcript for the archive under ``compression_id`` (read them with ``sessions.archived(key,
+    compression_id)``), for ``reason``."""
+
+    key: str
+    compression_id: str
+    to_seq: int
+    upto_seq: int
+    reason: str
+    created_at: dt.datetime
+
+
 def check_message(message: Any, seq: int) -> str:
     """Refuse what ``add_message`` / ``add_item`` would not have produced: a non-dict, or one without a
     non-empty ``role`` or (a Responses item) ``type``. Returns what the ``role`` column stores."""
@@ -80,6 +94,7 @@ class Changes:
     status: str | None  # the status when it differs from the stored one, else None
     create: bool  # the session is not in the backend yet
     expected_version: int | None  # what a metadata or status change is conditional on
+    expected_rewinds: int | None = None  # the rewinds the session was loaded after (None: not stored yet)
 
     @property
     def empty(self) -> bool:
@@ -89,6 +104,7 @@ class Changes:
 # What a Session knows of the store (its bookkeeping), as opposed to what the caller changes.
 _STORED = (
     "_head",
+    "_rewinds",
     "_saved_last",
     "_in_backend",
     "_metadata_raw",
@@ -126,6 +142,7 @@ class Session:
         "_in_backend",
         "_metadata_raw",
         "_owner",
+        "_rewinds",
         "_saved_last",
         "_saved_status",
         "_saving",
@@ -165,6 +182,7 @@ class Session:
         self.parent: tuple[str, int] | None = None
         if record is not None and record.parent_key is not None and record.parent_seq is not None:
             self.parent = (record.parent_key, record.parent_seq)
+        self._rewinds = 0 if record is None else record.rewinds
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}
@@ -314,6 +332,7 @@ class Session:
             expected_version=self._version
             if self._in_backend and (metadata is not None or status is not None)
             else None,
+            expected_rewinds=self._rewinds if self._in_backend else None,
         )
 
     def _expected_created_at(self) -> dt.datetime | None:
@@ -400,6 +419,7 @@ class Session:
             and record.head_seq == self._head
             and record.last_consolidated == self.last_consolidated
             and record.created_at == self.created_at  # not deleted and created again
+            and record.rewinds == self._rewinds
         )
 
     def _refreshed(self, record: SessionRecord) -> bool:
@@ -455,6 +475,7 @@ class Session:
         # can have passed another writer's change, which shows as a version jump.
         theirs = not changes.create and record.version != self._version + 1
         self._head = record.head_seq
+        self._rewinds = record.rewinds
         self._mark_saved()
         self._in_backend = True
         self.created_at = record.created_at
@@ -502,6 +523,26 @@ class Session:
         self._version = record.version
         self.updated_at = record.updated_at
 
+    def _rewound(self, before: SessionRecord, record: SessionRecord) -> bool:
+        """The manager rewound the stored session (``before`` → ``record``): drop the rewound tail from
+        the messages. Only when in step with ``before`` and nothing is unsaved; False otherwise (the caller
+        drops it from the cache: its next save conflicts)."""
+        if self.unsaved() or not (self._in_step_with(before) and self._refreshed(before)):
+            return False
+        to = record.head_seq
+        if to < self._first:
+            return False
+        del self.messages[to - self._first :]
+        self._head = to
+        self._rewinds = record.rewinds
+        self._version = record.version
+        self.updated_at = record.updated_at
+        if record.parent_key is not None and record.parent_seq is not None:
+            self.parent = (record.parent_key, record.parent_seq)
+        self._tools = SessionTranscript(record)
+        self._mark_saved()
+        return True
+
     def _compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
         """The manager compressed the stored session (``before`` → ``record``): drop what moved to the
         archive from the live messages. Only when this session is in step with ``before``: its saved
@@ -518,4 +559,4 @@ class Session:
         self.updated_at = record.updated_at
 
 
-__all__ = ["Changes", "Session", "Summary", "check_message", "message_batch"]
+__all__ = ["Changes", "Rewind", "Session", "Summary", "check_message", "message_batch"]

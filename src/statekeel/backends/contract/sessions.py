@@ -15,6 +15,7 @@ __all__ = [
     "SESSION_STEP_STATUSES",
     "ArchivedMessage",
     "Branch",
+    "RewindRecord",
     "LoadedSession",
     "MessageRecord",
     "NewMessage",
@@ -59,6 +60,7 @@ class SessionRecord:
     write_id: str | None = None
     parent_key: str | None = None
     parent_seq: int | None = None
+    rewinds: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +74,25 @@ class Branch:
 
 
 @dataclass(frozen=True, slots=True)
+class RewindRecord:
+    """A rewind: messages ``to_seq..upto_seq-1`` left the live transcript for the archive under
+    ``compression_id`` (its rewind record, ``reason`` its summary)."""
+
+    key: str
+    compression_id: str
+    to_seq: int
+    upto_seq: int
+    reason: str
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
 class NewMessage:
     """A message to append: its role and its whole payload (the message dict, role included)."""
 
     role: str
     payload: bytes  # codec-encoded JSON object
+    usage: bytes | None = None  # codec-encoded usage of the turn (see statekeel.usage), None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +241,25 @@ class SessionBackend(abc.ABC):
         ``new_key`` exists, ``InvalidArgument`` for a seq out of range."""
 
     @abc.abstractmethod
+    async def rewind_session(
+        self,
+        key: str,
+        to_seq: int,
+        *,
+        reason: str,
+        compression_id: str,
+        expected_head: int,
+        lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
+    ) -> tuple[RewindRecord, SessionRecord]:
+        """Move the live messages ``[to_seq, head)`` to the archive under a rewind record and set the
+        head back to ``to_seq``, in one transaction with the row locked and the lease fenced. A fork that
+        read past ``to_seq`` first gets its own copy of that part. ``ConflictError`` when the head is not
+        ``expected_head`` (another writer appended) or the row is another incarnation;
+        ``InvalidArgument`` unless ``last_consolidated <= to_seq < head``. A save made before the rewind
+        (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head."""
+
+    @abc.abstractmethod
     async def session_branches(self, key: str) -> list[Branch]:
         """The forks made directly from ``key``, by fork point then key."""
 
@@ -244,6 +279,7 @@ class SessionBackend(abc.ABC):
         open_calls: int | None = None,
         calls_owner: str | None = None,
         write_id: str | None = None,
+        expected_rewinds: int | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 

@@ -3,19 +3,19 @@
 
 -- name: session_get
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE key = $1;
 
 -- name: session_get_for_update
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE key = $1 FOR UPDATE;
 
 -- name: session_insert
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq;
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
 
 -- name: session_insert_missing
 INSERT INTO sessions (key, metadata, created_at, updated_at) VALUES ($1, $2, $3, $4)
@@ -23,22 +23,22 @@ ON CONFLICT (key) DO NOTHING;
 
 -- name: session_list
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions ORDER BY updated_at DESC, key DESC LIMIT $1;
 
 -- name: session_list_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE (updated_at, key) < ($1, $2) ORDER BY updated_at DESC, key DESC LIMIT $3;
 
 -- name: session_list_status
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE status = $1 ORDER BY updated_at DESC, key DESC LIMIT $2;
 
 -- name: session_list_status_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE status = $1 AND (updated_at, key) < ($2, $3)
 ORDER BY updated_at DESC, key DESC LIMIT $4;
 
@@ -48,7 +48,7 @@ SET metadata = COALESCE($1::jsonb, metadata), status = COALESCE($2::text, status
     updated_at = $3
 WHERE key = $4 AND ($5::bigint IS NULL OR version = $5)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq;
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
 
 -- name: session_delete
 DELETE FROM sessions WHERE key = $1;
@@ -64,18 +64,20 @@ SET head_seq = head_seq + $1, metadata = COALESCE($2::jsonb, metadata),
     -- Which save this is, so that one whose answer was lost knows its own write (NULL: none given).
     write_id = $11::text
 WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7)
+  -- A save made before a rewind conflicts even at the same head.
+  AND ($12::bigint IS NULL OR rewinds = $12)
   AND ($8::bigint IS NULL OR version = $8)
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq;
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
 
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = $1, version = version + 1, updated_at = $2
 WHERE key = $3 AND last_consolidated = $4
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq;
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
 
 -- name: message_insert
-INSERT INTO messages (session_key, seq, role, payload, created_at) VALUES ($1, $2, $3, $4, $5);
+INSERT INTO messages (session_key, seq, role, payload, created_at, usage) VALUES ($1, $2, $3, $4, $5, $6);
 
 -- name: message_range
 SELECT seq, role, payload, created_at FROM messages
@@ -97,8 +99,8 @@ INSERT INTO compressions (session_key, compression_id, first_seq, upto_seq, summ
 VALUES ($1, $2, $3, $4, $5, $6);
 
 -- name: archive_copy
-INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at)
-SELECT session_key, $1::text, seq, role, payload, created_at FROM messages
+INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at, usage)
+SELECT session_key, $1::text, seq, role, payload, created_at, usage FROM messages
 WHERE session_key = $2 AND seq >= $3 AND seq < $4;
 
 -- name: archive_all
@@ -113,7 +115,7 @@ WHERE a.session_key = $1 AND a.compression_id = $2 ORDER BY a.seq;
 
 -- name: compression_list
 SELECT compression_id, first_seq, upto_seq, summary FROM compressions
-WHERE session_key = $1 ORDER BY first_seq;
+WHERE session_key = $1 AND kind = 'compression' ORDER BY first_seq;
 
 -- name: session_transition_idle
 -- updated_at is kept: a status change by retention is not activity.
@@ -140,7 +142,7 @@ INSERT INTO sessions (key, metadata, head_seq, parent_key, parent_seq, created_a
 VALUES ($1, $2, $4, $3, $4, $5, $5)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq;
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
 
 -- name: session_chain
 -- The ancestors a fork reads, oldest first: each one's part of the history is [lo, hi) (its own messages
@@ -176,12 +178,48 @@ FROM (SELECT seq, payload FROM messages WHERE session_key = $1 AND seq >= $2 AND
 
 -- name: view_rows
 -- One ancestor's part [$2, $3) of a fork's history, live or archived, row by row.
-SELECT seq, role, payload, created_at FROM messages WHERE session_key = $1 AND seq >= $2 AND seq < $3
+SELECT seq, role, payload, created_at, usage FROM messages WHERE session_key = $1 AND seq >= $2 AND seq < $3
 UNION ALL
-SELECT seq, role, payload, created_at FROM message_archive
+SELECT seq, role, payload, created_at, usage FROM message_archive
 WHERE session_key = $1 AND seq >= $2 AND seq < $3
 ORDER BY seq;
 
 -- name: archive_insert
-INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at)
-VALUES ($1, $2, $3, $4, $5, $6);
+INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at, usage)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: session_rewind
+-- The live transcript ends at $1 again; a fork's own part starts there at the latest. A save made before
+-- the rewind conflicts (rewinds + 1); the waiting calls are counted again (-1: unknown).
+UPDATE sessions
+SET head_seq = $1, parent_seq = CASE WHEN parent_key IS NULL THEN NULL ELSE least(parent_seq, $1) END,
+    rewinds = rewinds + 1, version = version + 1, updated_at = $2, open_calls = -1, calls_owner = NULL,
+    write_id = NULL
+WHERE key = $3 AND head_seq = $4
+RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner, write_id, parent_key, parent_seq, rewinds;
+
+-- name: session_cut_fork
+-- A fork of a rewound session: it now holds the part past the rewind point itself.
+UPDATE sessions SET parent_seq = $2 WHERE key = $1 AND parent_key = $3;
+
+-- name: rewind_insert
+INSERT INTO compressions (session_key, compression_id, first_seq, upto_seq, summary, created_at, kind)
+VALUES ($1, $2, $3, $4, $5, $6, 'rewind');
+
+-- name: rewound_copy
+INSERT INTO rewound_messages (session_key, compression_id, seq, role, payload, created_at, usage)
+SELECT session_key, $1::text, seq, role, payload, created_at, usage FROM messages
+WHERE session_key = $2 AND seq >= $3 AND seq < $4;
+
+-- name: rewound_insert
+INSERT INTO rewound_messages (session_key, compression_id, seq, role, payload, created_at, usage)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: rewound_one
+SELECT r.compression_id, r.seq, r.payload, c.summary, r.created_at
+FROM rewound_messages r JOIN compressions c USING (session_key, compression_id)
+WHERE r.session_key = $1 AND r.compression_id = $2 ORDER BY r.seq;
+
+-- name: compression_kind
+SELECT kind FROM compressions WHERE session_key = $1 AND compression_id = $2;

@@ -18,6 +18,7 @@ from ..base import (
     MessageRecord,
     NewMessage,
     Page,
+    RewindRecord,
     SessionBackend,
     SessionLease,
     SessionRecord,
@@ -43,6 +44,7 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         write_id=row["write_id"],
         parent_key=row["parent_key"],
         parent_seq=row["parent_seq"],
+        rewinds=row["rewinds"],
     )
 
 
@@ -281,6 +283,7 @@ async def detach_forks(tx: Tx, key: str) -> int:
                         r["role"],
                         _resealed(tx, r["payload"], key, child["key"], r["seq"]),
                         r["created_at"],
+                        r["usage"],
                     )
                     for r in rows
                 ],
@@ -371,6 +374,7 @@ async def op_append_messages(
     open_calls: int | None = None,
     calls_owner: str | None = None,
     write_id: str | None = None,
+    expected_rewinds: int | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -390,9 +394,17 @@ async def op_append_messages(
         open_calls,
         calls_owner,
         write_id,
+        expected_rewinds,
     )
     if row is None:
         current = await _require_session(tx, key)
+        if current["head_seq"] == expected_head and expected_rewinds not in (None, current["rewinds"]):
+            raise ConflictError(
+                f"session {key!r} was rewound since it was loaded: load it again before appending",
+                key=key,
+                expected=expected_head,
+                current=current["head_seq"],
+            )
         if current["head_seq"] == expected_head:
             if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
                 # The head matches but the row is another incarnation: appending would fork histories.
@@ -422,7 +434,14 @@ async def op_append_messages(
         await tx.executemany(
             "message_insert",
             [
-                (key, seq, m.role, tx.sealed_in(m.payload, "message", key, seq), now)
+                (
+                    key,
+                    seq,
+                    m.role,
+                    tx.sealed_in(m.payload, "message", key, seq),
+                    now,
+                    None if m.usage is None else tx.json_in(m.usage),
+                )
                 for seq, m in enumerate(messages, expected_head)
             ],
         )
@@ -488,7 +507,15 @@ async def op_archive_messages(
         await tx.executemany(
             "archive_insert",
             [
-                (key, compression_id, r["seq"], r["role"], _resealed(tx, r["payload"], src, key, r["seq"]), r["created_at"])
+                (
+                    key,
+                    compression_id,
+                    r["seq"],
+                    r["role"],
+                    _resealed(tx, r["payload"], src, key, r["seq"]),
+                    r["created_at"],
+                    r["usage"],
+                )
                 for src, r in inherited
             ],
         )
@@ -499,11 +526,114 @@ async def op_archive_messages(
     return session_from_row(tx, row)
 
 
+async def op_rewind_session(
+    tx: Tx,
+    key: str,
+    to_seq: int,
+    reason: str,
+    compression_id: str,
+    expected_head: int,
+    lease: SessionLease | None,
+    expected_created_at: dt.datetime | None,
+) -> tuple[RewindRecord, SessionRecord]:
+    await check_fence(tx, key, lease)
+    # Locked until the commit: no append, fork or delete of this session runs in between.
+    current = await tx.fetchone("session_get_for_update", key)
+    if current is None:
+        raise NotFound(f"session {key!r} does not exist: nothing to rewind", key=key)
+    if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
+        raise ConflictError(
+            f"session {key!r} was deleted and created again since it was read; nothing was rewound", key=key
+        )
+    head = current["head_seq"]
+    if head != expected_head:
+        raise ConflictError(
+            f"session {key!r} has head {head}, not the expected {expected_head}: another writer appended "
+            "since it was read; nothing was rewound",
+            key=key,
+            expected=expected_head,
+            current=head,
+        )
+    if not current["last_consolidated"] <= to_seq < head:
+        raise InvalidArgument(
+            f"to_seq {to_seq} must be at least last_consolidated {current['last_consolidated']} (what was "
+            f"compressed cannot be rewound) and below the head {head} of session {key!r}",
+            key=key,
+            to_seq=to_seq,
+        )
+    parent_key, parent_seq = current["parent_key"], current["parent_seq"]
+    own_lo = parent_seq if parent_key is not None else 0
+    # Forks that read past to_seq get their own copy of that part first: their history does not change.
+    for child in await tx.fetchall("session_children_for_update", key):
+        lo, hi = max(to_seq, child["last_consolidated"]), child["parent_seq"]
+        if lo >= hi:
+            continue
+        rows = await _view_rows(tx, key, parent_key, own_lo, lo, hi)
+        await tx.executemany(
+            "message_insert",
+            [
+                (
+                    child["key"],
+                    r["seq"],
+                    r["role"],
+                    _resealed(tx, r["payload"], src, child["key"], r["seq"]),
+                    r["created_at"],
+                    r["usage"],
+                )
+                for src, r in rows
+            ],
+        )
+        await tx.execute("session_cut_fork", child["key"], to_seq, key)
+    now_dt = utcnow()
+    now = tx.ts_in(now_dt)
+    await tx.execute("rewind_insert", key, compression_id, to_seq, head, reason, now)
+    if to_seq < own_lo:
+        # Rewinding into what a fork inherited: the rewind record keeps its own copy of that part.
+        inherited = await _chain_rows(tx, parent_key, own_lo, to_seq, own_lo)
+        await tx.executemany(
+            "rewound_insert",
+            [
+                (
+                    key,
+                    compression_id,
+                    r["seq"],
+                    r["role"],
+                    _resealed(tx, r["payload"], src, key, r["seq"]),
+                    r["created_at"],
+                    r["usage"],
+                )
+                for src, r in inherited
+            ],
+        )
+    await tx.execute("rewound_copy", compression_id, key, max(to_seq, own_lo), head)
+    await tx.execute("message_delete_range", key, max(to_seq, own_lo), head)
+    row = await tx.fetchone("session_rewind", to_seq, now, key, head)
+    assert row is not None  # the row is locked by this transaction
+    return RewindRecord(key, compression_id, to_seq, head, reason, now_dt), session_from_row(tx, row)
+
+
+async def _view_rows(
+    tx: Tx, key: str, parent_key: str | None, own_lo: int, lo: int, hi: int
+) -> list[tuple[str, Row]]:
+    """The stored rows of ``key``'s history ``[lo, hi)`` (inherited ones first), with the key each is
+    stored under."""
+    rows: list[tuple[str, Row]] = []
+    if parent_key is not None and lo < own_lo:
+        rows = await _chain_rows(tx, parent_key, own_lo, lo, min(hi, own_lo))
+    if max(lo, own_lo) < hi:
+        rows += [(key, r) for r in await tx.fetchall("view_rows", key, max(lo, own_lo), hi)]
+    if [r["seq"] for _, r in rows] != list(range(lo, hi)):
+        raise StorageCorrupt(f"session {key!r}: messages {lo}..{hi - 1} are not all stored", key=key)
+    return rows
+
+
 async def op_read_archive(tx: Tx, key: str, compression_id: str | None) -> list[ArchivedMessage]:
     if compression_id is None:
         rows = await tx.fetchall("archive_all", key)
     else:
-        rows = await tx.fetchall("archive_one", key, compression_id)
+        kind = await tx.fetchone("compression_kind", key, compression_id)
+        rewound = kind is not None and kind["kind"] == "rewind"
+        rows = await tx.fetchall("rewound_one" if rewound else "archive_one", key, compression_id)
     return [
         ArchivedMessage(
             session_key=key,
@@ -625,6 +755,28 @@ class SqlSessions(SqlBackend, SessionBackend):
         check_int(at_seq, "at_seq")
         return await self._write(op_fork_session, key, at_seq, new_key, metadata)
 
+    async def rewind_session(
+        self,
+        key: str,
+        to_seq: int,
+        *,
+        reason: str,
+        compression_id: str,
+        expected_head: int,
+        lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
+    ) -> tuple[RewindRecord, SessionRecord]:
+        check_key(key, "session key")
+        check_int(to_seq, "to_seq")
+        check_int(expected_head, "expected_head")
+        check_str(reason, "reason")
+        check_str(compression_id, "compression_id")
+        if expected_created_at is not None:
+            check_aware(expected_created_at, "expected_created_at")
+        return await self._write(
+            op_rewind_session, key, to_seq, reason, compression_id, expected_head, lease, expected_created_at
+        )
+
     async def session_branches(self, key: str) -> list[Branch]:
         return await self._read(op_session_branches, key)
 
@@ -643,6 +795,7 @@ class SqlSessions(SqlBackend, SessionBackend):
         open_calls: int | None = None,
         calls_owner: str | None = None,
         write_id: str | None = None,
+        expected_rewinds: int | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
@@ -655,6 +808,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             calls_owner = stored_owner(open_calls, calls_owner)
         if write_id is not None:
             check_str(write_id, "write_id")
+        if expected_rewinds is not None:
+            check_int(expected_rewinds, "expected_rewinds")
         return await self._write(
             op_append_messages,
             key,
@@ -669,6 +824,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             open_calls,
             calls_owner if open_calls is not None else None,
             write_id,
+            expected_rewinds,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
