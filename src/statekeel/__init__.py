@@ -52,6 +52,7 @@ from .sessions import Rewind, Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
+from .usage import ModelUsage, Usage
 from .vectors import ExactSearch, Hit, Lag, SearchEngine, SearchRequest, Vector, VectorIndex
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
@@ -103,8 +104,10 @@ __all__ = [
     "SearchEngine",
     "SearchRequest",
     "SerializationError",
+    "ModelUsage",
     "Rewind",
     "Session",
+    "Usage",
     "SessionLock",
     "SessionManager",
     "Span",

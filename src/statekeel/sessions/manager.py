@@ -46,6 +46,7 @@ from ..errors import (
 from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
 from ..journal import StepFn
+from ..usage import Usage, total_usage
 from ..validation import check_aware, check_bool, check_int, check_key, check_text
 from .fallback import SessionFallback
 from .listing import SessionListing
@@ -576,6 +577,16 @@ class SessionManager(SessionListing):
         if cached is not None and not cached._rewound(before, record):
             self._forget(key, cached)
         return Rewind(found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at)
+
+    async def usage(self, key: str) -> Usage:
+        """What session ``key``'s history cost: totals and per model (``by_model``) over the messages that
+        recorded a usage (``add_message(..., usage=...)``). A fork counts what it shares with its parent
+        once; rewound messages are not counted; compressed ones are. ``NotFound`` for an unknown key."""
+        check_key(key)
+        usages = await self.backend.session_usage(key)
+        if usages is None:
+            raise NotFound(f"session {key!r} does not exist", key=key)
+        return total_usage(key, usages)
 
     async def branches(self, key: str) -> list[Branch]:
         """Every fork made directly from ``key`` (a fork's own forks: ``branches`` of it), by fork point

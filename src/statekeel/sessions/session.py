@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends.base import SESSION_STATUSES, NewMessage, SessionRecord
@@ -28,6 +28,7 @@ from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
 from ..transcripts import ToolCall, normalize_item, role_of, safe_window
 from ..validation import check_str
+from ..usage import check_usage
 from .transcript import SessionTranscript
 
 
@@ -148,6 +149,7 @@ class Session:
         "_saving",
         "_tools",
         "_unsure",
+        "_usage",
         "_version",
         "created_at",
         "key",
@@ -183,6 +185,8 @@ class Session:
         if record is not None and record.parent_key is not None and record.parent_seq is not None:
             self.parent = (record.parent_key, record.parent_seq)
         self._rewinds = 0 if record is None else record.rewinds
+        # The encoded usage of unsaved messages that recorded one, by seq (saved with them).
+        self._usage: dict[int, bytes] | None = None
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}
@@ -220,31 +224,44 @@ class Session:
         """The head sequence the backend held when this session was last loaded or saved."""
         return self._head
 
-    def add_message(self, role: str, content: Any, **fields: Any) -> dict[str, Any]:
+    def add_message(
+        self, role: str, content: Any, *, usage: Mapping[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
         """Append a message in memory; raises a typed error (and adds nothing) if it cannot be stored.
 
         Pydantic models inside ``content`` or ``fields`` are stored as their JSON. A tool result must
         answer a call of this transcript that has no result yet, where its provider takes it
         (``UnknownToolCall``, ``ToolCallAlreadyAnswered``, ``TranscriptError`` otherwise).
+
+        ``usage`` records what the turn cost with the message (``{"model": .., "input_tokens": ..,
+        "output_tokens": .., "cost": ..}``, see :mod:`statekeel.usage`); checked first
+        (``InvalidArgument``), and not part of the message itself.
         """
         check_str(role, "role")
-        return self._append({"role": role, "content": content, **fields})
+        return self._append({"role": role, "content": content, **fields}, usage)
 
-    def add_item(self, item: Any) -> dict[str, Any]:
+    def add_item(self, item: Any, *, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Append any provider message or item as it is: a chat or Anthropic message, an OpenAI Responses
         item (which has a ``type`` and no ``role``), or a pydantic model of the OpenAI or Anthropic SDK
         (stored as its JSON, loaded back as an equal dict). Returns the dict stored; checked like
         :meth:`add_message`, nothing is added when it is refused.
 
             session.add_item(response.output[0])   # {"type": "function_call", "call_id": ..., ...}
-        """
-        return self._append(item)
 
-    def _append(self, item: Any) -> dict[str, Any]:
+        ``usage``: as in :meth:`add_message`.
+        """
+        return self._append(item, usage)
+
+    def _append(self, item: Any, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        encoded_usage = None if usage is None else self._codec.encode(check_usage(usage), where="usage")
         message = normalize_item(item)
         index = self._tools.index(self.messages, self._first)
         self._codec.encode(message, where=f"messages[{self.head_seq}]")
         index.add(message)  # refuses (and changes nothing) before the message joins the list
+        if encoded_usage is not None:
+            if self._usage is None:
+                self._usage = {}
+            self._usage[self.head_seq] = encoded_usage
         self.messages.append(message)
         return message
 
@@ -314,6 +331,13 @@ class Session:
         base = self._head
         new = self.unsaved()
         batch = message_batch(self._codec, base, new)
+        if self._usage is not None:
+            usage = self._usage = {seq: u for seq, u in self._usage.items() if seq >= base} or None
+            if usage is not None:
+                batch = [
+                    m if (u := usage.get(seq)) is None else replace(m, usage=u)
+                    for seq, m in enumerate(batch, base)
+                ]
         if self.status not in SESSION_STATUSES:
             raise InvalidArgument(
                 f"session status must be one of {', '.join(SESSION_STATUSES)}, got {self.status!r}"
@@ -533,6 +557,7 @@ class Session:
         if to < self._first:
             return False
         del self.messages[to - self._first :]
+        self._usage = None  # nothing was unsaved
         self._head = to
         self._rewinds = record.rewinds
         self._version = record.version

@@ -260,6 +260,11 @@ class SessionBackend(abc.ABC):
         (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head."""
 
     @abc.abstractmethod
+    async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
+        """The usages recorded with the messages of ``key``'s history (a fork's inherited part once,
+        rewound messages not at all), or None when the session does not exist."""
+
+    @abc.abstractmethod
     async def session_branches(self, key: str) -> list[Branch]:
         """The forks made directly from ``key``, by fork point then key."""
 

@@ -250,6 +250,20 @@ async def op_fork_session(tx: Tx, key: str, at_seq: int, new_key: str, metadata:
     return session_from_row(tx, row)
 
 
+async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
+    row = await tx.fetchone("session_get", key)
+    if row is None:
+        return None
+    record = session_from_row(tx, row)
+    parts = [(key, 0, record.head_seq)]
+    if record.parent_key is not None and record.parent_seq is not None and record.last_consolidated < record.parent_seq:
+        parts += await _chain(tx, record.parent_key, record.parent_seq, record.last_consolidated)
+    usages: list[dict[str, Any]] = []
+    for part_key, lo, hi in parts:
+        usages += [tx.json_out(r["usage"]) for r in await tx.fetchall("usage_rows", part_key, lo, hi)]
+    return usages
+
+
 async def op_session_branches(tx: Tx, key: str) -> list[Branch]:
     return [
         Branch(r["key"], r["parent_seq"], r["head_seq"], tx.ts_out(r["created_at"]))
@@ -776,6 +790,9 @@ class SqlSessions(SqlBackend, SessionBackend):
         return await self._write(
             op_rewind_session, key, to_seq, reason, compression_id, expected_head, lease, expected_created_at
         )
+
+    async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
+        return await self._read(op_session_usage, key)
 
     async def session_branches(self, key: str) -> list[Branch]:
         return await self._read(op_session_branches, key)

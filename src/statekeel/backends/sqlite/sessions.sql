@@ -227,3 +227,9 @@ WHERE r.session_key = ?1 AND r.compression_id = ?2 ORDER BY r.seq;
 
 -- name: compression_kind
 SELECT kind FROM compressions WHERE session_key = ?1 AND compression_id = ?2;
+
+-- name: usage_rows
+-- The usages recorded with a session's messages [?2, ?3), live or archived (rewound ones are not).
+SELECT usage FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL
+UNION ALL
+SELECT usage FROM message_archive WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL;
