@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
+from .backends.base import Branch
 from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .errors import (
@@ -43,7 +44,6 @@ from .errors import (
     UnknownToolCall,
     UnserializableValue,
 )
-from .backends.base import Branch
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
@@ -59,7 +59,6 @@ from .workflows import Workflow, WorkflowEngine, WorkflowStep
 __version__ = "0.1.0"
 
 __all__ = [
-    "Branch",
     "Approval",
     "ApprovalLog",
     "AuditEntry",
@@ -67,6 +66,7 @@ __all__ = [
     "AuditTampered",
     "AuditVerification",
     "BackendUnavailable",
+    "Branch",
     "ConflictError",
     "Contradiction",
     "CopyReport",
@@ -92,6 +92,7 @@ __all__ = [
     "MemoryEvent",
     "MemoryStore",
     "MigrationError",
+    "ModelUsage",
     "NotFound",
     "PayloadTooLarge",
     "PlaintextRefused",
@@ -99,15 +100,13 @@ __all__ = [
     "Relation",
     "ReplayReport",
     "Retention",
+    "Rewind",
     "RotationReport",
     "SchemaTooNew",
     "SearchEngine",
     "SearchRequest",
     "SerializationError",
-    "ModelUsage",
-    "Rewind",
     "Session",
-    "Usage",
     "SessionLock",
     "SessionManager",
     "Span",
@@ -125,6 +124,7 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Usage",
     "Vector",
     "VectorIndex",
     "Workflow",

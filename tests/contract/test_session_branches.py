@@ -159,7 +159,13 @@ async def test_a_fork_compresses_what_it_inherited_into_its_own_archive(store: s
     assert contents(f.messages) == ["f4"] and f.last_consolidated == 4
     archived = await store.sessions.archived("f", cid)
     assert [(a.seq, a.payload["content"]) for a in archived] == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "f3")]
-    assert contents((await fresh(store, "f", include_archived=True)).messages) == ["m0", "m1", "m2", "f3", "f4"]
+    assert contents((await fresh(store, "f", include_archived=True)).messages) == [
+        "m0",
+        "m1",
+        "m2",
+        "f3",
+        "f4",
+    ]
     # The parent keeps its own messages.
     assert contents((await fresh(store, "p")).messages) == ["m0", "m1", "m2", "m3"]
 
@@ -176,9 +182,7 @@ async def test_deleting_a_parent_keeps_its_forks_whole(store: statekeel.Store) -
     c2 = await fresh(store, "c")
     assert contents(c2.messages) == ["a0", "a1", "a2", "a3", "b4", "c5"]
     assert c2.parent == ("a", 4)  # it now holds b's part itself and reads the rest from a
-    assert await store.sessions.branches("a") == [
-        statekeel.Branch("c", 4, 6, c2.created_at)
-    ]
+    assert await store.sessions.branches("a") == [statekeel.Branch("c", 4, 6, c2.created_at)]
     assert await store.sessions.delete("a")
     c3 = await fresh(store, "c")
     assert contents(c3.messages) == ["a0", "a1", "a2", "a3", "b4", "c5"] and c3.parent is None
@@ -196,7 +200,9 @@ async def test_deleting_a_compressed_parent_keeps_its_forks_whole(store: stateke
     assert contents((await fresh(store, "f")).messages) == [f"m{i}" for i in range(5)]
 
 
-async def test_deleting_a_parent_of_a_compressed_fork_copies_only_what_it_lacks(store: statekeel.Store) -> None:
+async def test_deleting_a_parent_of_a_compressed_fork_copies_only_what_it_lacks(
+    store: statekeel.Store,
+) -> None:
     await make(store, "p", 6)
     f = await store.sessions.fork("p", 5, new_key="f")
     f.add_message("user", "f5")

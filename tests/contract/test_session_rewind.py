@@ -78,38 +78,42 @@ async def test_a_session_loaded_before_a_rewind_conflicts_even_at_the_same_head(
 ) -> None:
     if store_url == "memory://":
         pytest.skip("needs a second store on the same database")
-    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a:
-        async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
-            await make(a, "s", 2)
-            stale = await b.sessions.load("s")  # head 2
-            assert stale is not None
-            more = await fresh(a, "s")
-            more.add_message("user", "m2")
-            await a.sessions.save(more)  # head 3
-            await a.sessions.rewind("s", 2, reason="undo m2")  # head 2 again
-            stale.add_message("user", "stale")
-            with pytest.raises(ConflictError):
-                await b.sessions.save(stale)
-            assert await rows(a, "s") == [(0, "m0"), (1, "m1")]
+    async with (
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a,
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b,
+    ):
+        await make(a, "s", 2)
+        stale = await b.sessions.load("s")  # head 2
+        assert stale is not None
+        more = await fresh(a, "s")
+        more.add_message("user", "m2")
+        await a.sessions.save(more)  # head 3
+        await a.sessions.rewind("s", 2, reason="undo m2")  # head 2 again
+        stale.add_message("user", "stale")
+        with pytest.raises(ConflictError):
+            await b.sessions.save(stale)
+        assert await rows(a, "s") == [(0, "m0"), (1, "m1")]
 
 
 async def test_a_writer_that_appended_first_makes_the_rewind_conflict(store_url: str, tmp_path: Any) -> None:
     if store_url == "memory://":
         pytest.skip("needs a second store on the same database")
-    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a:
-        async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
-            await make(a, "s", 3)
-            before = await a.backend.load_session("s")
-            assert before is not None
-            other = await b.sessions.load("s")
-            assert other is not None
-            other.add_message("user", "theirs")
-            await b.sessions.save(other)
-            with pytest.raises(ConflictError, match="another writer appended"):
-                await a.backend.rewind_session(
-                    "s", 1, reason="r", compression_id="c1", expected_head=before.head_seq
-                )
-            assert await rows(a, "s") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "theirs")]
+    async with (
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a,
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b,
+    ):
+        await make(a, "s", 3)
+        before = await a.backend.load_session("s")
+        assert before is not None
+        other = await b.sessions.load("s")
+        assert other is not None
+        other.add_message("user", "theirs")
+        await b.sessions.save(other)
+        with pytest.raises(ConflictError, match="another writer appended"):
+            await a.backend.rewind_session(
+                "s", 1, reason="r", compression_id="c1", expected_head=before.head_seq
+            )
+        assert await rows(a, "s") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "theirs")]
 
 
 async def test_rewind_refuses_bad_input_and_writes_nothing(store: statekeel.Store) -> None:

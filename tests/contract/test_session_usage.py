@@ -78,7 +78,9 @@ async def test_a_fork_counts_its_prefix_once_and_a_rewind_uncounts_the_tail(stor
         {"model": "m", "tokens": 3},
     ],
 )
-async def test_bad_usage_is_refused_before_anything_is_added_or_written(store: statekeel.Store, bad: Any) -> None:
+async def test_bad_usage_is_refused_before_anything_is_added_or_written(
+    store: statekeel.Store, bad: Any
+) -> None:
     s = await store.sessions.get_or_create("s")
     s.add_message("user", "hi")
     with pytest.raises(InvalidArgument, match="usage"):

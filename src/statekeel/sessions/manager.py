@@ -576,7 +576,9 @@ class SessionManager(SessionListing):
         cached = self._cache.get(key)
         if cached is not None and not cached._rewound(before, record):
             self._forget(key, cached)
-        return Rewind(found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at)
+        return Rewind(
+            found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at
+        )
 
     async def usage(self, key: str) -> Usage:
         """What session ``key``'s history cost: totals and per model (``by_model``) over the messages that

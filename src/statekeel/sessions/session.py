@@ -27,8 +27,8 @@ from ..codec import Codec
 from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
 from ..transcripts import ToolCall, normalize_item, role_of, safe_window
-from ..validation import check_str
 from ..usage import check_usage
+from ..validation import check_str
 from .transcript import SessionTranscript
 
 

@@ -30,6 +30,7 @@ from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
@@ -144,6 +145,7 @@ class PostgresBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlBranches,
     SqlToolCalls,
     SqlCopy,
     SqlTasks,

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..base import PurgeBatch, RetentionBackend
 from . import SqlBackend, Tx
-from .sessions import detach_forks
+from .lineage import detach_forks
 from .vectors import delete_source_vectors, purge_gone_source
 
 _FIRST = ""  # below every id: a cursor's id part before the first row

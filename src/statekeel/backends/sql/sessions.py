@@ -13,17 +13,16 @@ from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, Stora
 from ...validation import check_aware, check_int, check_key, check_str
 from ..base import (
     ArchivedMessage,
-    Branch,
     LoadedSession,
     MessageRecord,
     NewMessage,
     Page,
-    RewindRecord,
     SessionBackend,
     SessionLease,
     SessionRecord,
 )
 from . import Row, SqlBackend, Tx, from_micros, to_micros, utcnow
+from .lineage import chain, chain_rows, detach_forks, resealed
 
 _EMPTY_OBJECT = b"{}"
 _EPOCH = from_micros(0)
@@ -124,7 +123,7 @@ async def op_load_with_messages(
     own_from = record.last_consolidated
     if record.parent_key is not None and record.parent_seq is not None and own_from < record.parent_seq:
         # A fork: what it inherited (and has not archived itself), opened under the key it is stored by.
-        for src, r in await _chain_rows(tx, record.parent_key, record.parent_seq, own_from, record.parent_seq):
+        for src, r in await chain_rows(tx, record.parent_key, record.parent_seq, own_from, record.parent_seq):
             found = message_from_row(tx, src, r)
             messages.append(MessageRecord(key, found.seq, found.role, found.payload, found.created_at))
         own_from = record.parent_seq
@@ -172,7 +171,7 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
     own_from = live_from
     if record.parent_key is not None and record.parent_seq is not None and live_from < record.parent_seq:
         # A fork: its ancestors' parts first (each read live or archived), on this same snapshot.
-        for part_key, lo, hi in await _chain(tx, record.parent_key, record.parent_seq, live_from):
+        for part_key, lo, hi in await chain(tx, record.parent_key, record.parent_seq, live_from):
             part = await tx.fetchone("view_payload_array", part_key, lo, hi)
             assert part is not None
             messages += _payload_array(tx, part, part_key, lo, hi)
@@ -187,125 +186,6 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
             for r in await tx.fetchall("compression_list", key)
         ]
     return LoadedSession(record, messages, 0 if include_archived else live_from, summaries)
-
-
-async def _chain(tx: Tx, parent_key: str, parent_seq: int, start: int) -> list[tuple[str, int, int]]:
-    """The ancestors' parts ``(key, lo, hi)`` of a fork's history from ``start`` on, oldest first."""
-    parts = []
-    for r in await tx.fetchall("session_chain", parent_key, parent_seq):
-        lo, hi = max(r["lo"], start), r["hi"]
-        if lo < hi:
-            parts.append((r["key"], lo, hi))
-    if not parts or parts[0][1] != max(start, 0) or sum(hi - lo for _, lo, hi in parts) != parent_seq - start:
-        raise StorageCorrupt(
-            f"the ancestors of a fork of session {parent_key!r} at {parent_seq} do not cover seqs "
-            f"{start}..{parent_seq - 1}: {parts}",
-            key=parent_key,
-        )
-    return parts
-
-
-async def _chain_rows(tx: Tx, parent_key: str, parent_seq: int, lo: int, hi: int) -> list[tuple[str, Row]]:
-    """The stored rows of a fork's inherited seqs ``[lo, hi)`` (``hi <= parent_seq``), with the key each
-    is stored (and sealed) under."""
-    rows: list[tuple[str, Row]] = []
-    for part_key, a, b in await _chain(tx, parent_key, parent_seq, lo):
-        b = min(b, hi)
-        if a < b:
-            rows += [(part_key, r) for r in await tx.fetchall("view_rows", part_key, a, b)]
-    if [r["seq"] for _, r in rows] != list(range(lo, hi)):
-        raise StorageCorrupt(
-            f"the inherited messages {lo}..{hi - 1} of a fork of {parent_key!r} are not all stored", key=parent_key
-        )
-    return rows
-
-
-def _resealed(tx: Tx, payload: Any, src: str, dst: str, seq: int) -> Any:
-    """A stored payload of ``src`` at ``seq`` as ``dst``'s (sealed under its identity when encrypted)."""
-    cipher = tx.codec.cipher
-    if cipher is None or src == dst:
-        return payload
-    raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
-    return tx.sealed_in(cipher.open_raw(orjson.loads(raw), "message", (src, seq)), "message", dst, seq)
-
-
-async def op_fork_session(tx: Tx, key: str, at_seq: int, new_key: str, metadata: bytes | None) -> SessionRecord:
-    # The parent's row is locked until the commit: it cannot be deleted (nor rewound) under the fork.
-    parent = await tx.fetchone("session_get_for_update", key)
-    if parent is None:
-        raise NotFound(f"session {key!r} does not exist: nothing to fork", key=key)
-    if not 0 <= at_seq <= parent["head_seq"]:
-        raise InvalidArgument(
-            f"at_seq {at_seq} is outside session {key!r}'s history (0..{parent['head_seq']}): "
-            "a fork starts at a seq of its parent",
-            key=key,
-            at_seq=at_seq,
-        )
-    now = tx.ts_in(utcnow())
-    # Without metadata of its own the fork starts with its parent's, as stored.
-    meta = parent["metadata"] if metadata is None else tx.json_in(metadata)
-    row = await tx.fetchone("session_insert_fork", new_key, meta, key, at_seq, now)
-    if row is None:
-        raise ConflictError(f"session {new_key!r} already exists: choose another key for the fork", key=new_key)
-    return session_from_row(tx, row)
-
-
-async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
-    row = await tx.fetchone("session_get", key)
-    if row is None:
-        return None
-    record = session_from_row(tx, row)
-    parts = [(key, 0, record.head_seq)]
-    if record.parent_key is not None and record.parent_seq is not None and record.last_consolidated < record.parent_seq:
-        parts += await _chain(tx, record.parent_key, record.parent_seq, record.last_consolidated)
-    usages: list[dict[str, Any]] = []
-    for part_key, lo, hi in parts:
-        usages += [tx.json_out(r["usage"]) for r in await tx.fetchall("usage_rows", part_key, lo, hi)]
-    return usages
-
-
-async def op_session_branches(tx: Tx, key: str) -> list[Branch]:
-    return [
-        Branch(r["key"], r["parent_seq"], r["head_seq"], tx.ts_out(r["created_at"]))
-        for r in await tx.fetchall("session_children", key)
-    ]
-
-
-async def detach_forks(tx: Tx, key: str) -> int:
-    """Before ``key`` is deleted: copy into each of its forks the part of ``key``'s history it reads
-    (the seqs its own archive does not hold yet), and point it at ``key``'s own parent. Returns how many
-    forks were detached. Runs in the delete's transaction, with ``key``'s row locked by the caller."""
-    children = await tx.fetchall("session_children_for_update", key)
-    if not children:
-        return 0
-    row = await tx.fetchone("session_get", key)
-    assert row is not None
-    grand_key, grand_seq = row["parent_key"], row["parent_seq"]
-    own_lo = grand_seq or 0
-    for child in children:
-        lo, hi = max(own_lo, child["last_consolidated"]), child["parent_seq"]
-        if lo < hi:
-            rows = await tx.fetchall("view_rows", key, lo, hi)
-            if [r["seq"] for r in rows] != list(range(lo, hi)):
-                raise StorageCorrupt(f"session {key!r}: messages {lo}..{hi - 1} are not all stored", key=key)
-            await tx.executemany(
-                "message_insert",
-                [
-                    (
-                        child["key"],
-                        r["seq"],
-                        r["role"],
-                        _resealed(tx, r["payload"], key, child["key"], r["seq"]),
-                        r["created_at"],
-                        r["usage"],
-                    )
-                    for r in rows
-                ],
-            )
-        # It now reads [0, min(its fork point, key's own)) from key's parent, or nothing when key had none.
-        new_seq = None if grand_key is None else min(hi, own_lo)
-        await tx.execute("session_reparent", child["key"], grand_key, new_seq, key)
-    return len(children)
 
 
 async def op_list_sessions(tx: Tx, status: str | None, limit: int, cursor: str | None) -> Page:
@@ -517,7 +397,7 @@ async def op_archive_messages(
     parent_key, parent_seq = current["parent_key"], current["parent_seq"]
     if parent_key is not None and start < parent_seq:
         # A fork compressing what it inherited: its archive gets its own copy of those messages.
-        inherited = await _chain_rows(tx, parent_key, parent_seq, start, min(upto_seq, parent_seq))
+        inherited = await chain_rows(tx, parent_key, parent_seq, start, min(upto_seq, parent_seq))
         await tx.executemany(
             "archive_insert",
             [
@@ -526,7 +406,7 @@ async def op_archive_messages(
                     compression_id,
                     r["seq"],
                     r["role"],
-                    _resealed(tx, r["payload"], src, key, r["seq"]),
+                    resealed(tx, r["payload"], src, key, r["seq"]),
                     r["created_at"],
                     r["usage"],
                 )
@@ -538,107 +418,6 @@ async def op_archive_messages(
     row = await tx.fetchone("session_set_consolidated", upto_seq, now, key, start)
     assert row is not None  # the session row is locked by this transaction
     return session_from_row(tx, row)
-
-
-async def op_rewind_session(
-    tx: Tx,
-    key: str,
-    to_seq: int,
-    reason: str,
-    compression_id: str,
-    expected_head: int,
-    lease: SessionLease | None,
-    expected_created_at: dt.datetime | None,
-) -> tuple[RewindRecord, SessionRecord]:
-    await check_fence(tx, key, lease)
-    # Locked until the commit: no append, fork or delete of this session runs in between.
-    current = await tx.fetchone("session_get_for_update", key)
-    if current is None:
-        raise NotFound(f"session {key!r} does not exist: nothing to rewind", key=key)
-    if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
-        raise ConflictError(
-            f"session {key!r} was deleted and created again since it was read; nothing was rewound", key=key
-        )
-    head = current["head_seq"]
-    if head != expected_head:
-        raise ConflictError(
-            f"session {key!r} has head {head}, not the expected {expected_head}: another writer appended "
-            "since it was read; nothing was rewound",
-            key=key,
-            expected=expected_head,
-            current=head,
-        )
-    if not current["last_consolidated"] <= to_seq < head:
-        raise InvalidArgument(
-            f"to_seq {to_seq} must be at least last_consolidated {current['last_consolidated']} (what was "
-            f"compressed cannot be rewound) and below the head {head} of session {key!r}",
-            key=key,
-            to_seq=to_seq,
-        )
-    parent_key, parent_seq = current["parent_key"], current["parent_seq"]
-    own_lo = parent_seq if parent_key is not None else 0
-    # Forks that read past to_seq get their own copy of that part first: their history does not change.
-    for child in await tx.fetchall("session_children_for_update", key):
-        lo, hi = max(to_seq, child["last_consolidated"]), child["parent_seq"]
-        if lo >= hi:
-            continue
-        rows = await _view_rows(tx, key, parent_key, own_lo, lo, hi)
-        await tx.executemany(
-            "message_insert",
-            [
-                (
-                    child["key"],
-                    r["seq"],
-                    r["role"],
-                    _resealed(tx, r["payload"], src, child["key"], r["seq"]),
-                    r["created_at"],
-                    r["usage"],
-                )
-                for src, r in rows
-            ],
-        )
-        await tx.execute("session_cut_fork", child["key"], to_seq, key)
-    now_dt = utcnow()
-    now = tx.ts_in(now_dt)
-    await tx.execute("rewind_insert", key, compression_id, to_seq, head, reason, now)
-    if to_seq < own_lo:
-        # Rewinding into what a fork inherited: the rewind record keeps its own copy of that part.
-        inherited = await _chain_rows(tx, parent_key, own_lo, to_seq, own_lo)
-        await tx.executemany(
-            "rewound_insert",
-            [
-                (
-                    key,
-                    compression_id,
-                    r["seq"],
-                    r["role"],
-                    _resealed(tx, r["payload"], src, key, r["seq"]),
-                    r["created_at"],
-                    r["usage"],
-                )
-                for src, r in inherited
-            ],
-        )
-    await tx.execute("rewound_copy", compression_id, key, max(to_seq, own_lo), head)
-    await tx.execute("message_delete_range", key, max(to_seq, own_lo), head)
-    row = await tx.fetchone("session_rewind", to_seq, now, key, head)
-    assert row is not None  # the row is locked by this transaction
-    return RewindRecord(key, compression_id, to_seq, head, reason, now_dt), session_from_row(tx, row)
-
-
-async def _view_rows(
-    tx: Tx, key: str, parent_key: str | None, own_lo: int, lo: int, hi: int
-) -> list[tuple[str, Row]]:
-    """The stored rows of ``key``'s history ``[lo, hi)`` (inherited ones first), with the key each is
-    stored under."""
-    rows: list[tuple[str, Row]] = []
-    if parent_key is not None and lo < own_lo:
-        rows = await _chain_rows(tx, parent_key, own_lo, lo, min(hi, own_lo))
-    if max(lo, own_lo) < hi:
-        rows += [(key, r) for r in await tx.fetchall("view_rows", key, max(lo, own_lo), hi)]
-    if [r["seq"] for _, r in rows] != list(range(lo, hi)):
-        raise StorageCorrupt(f"session {key!r}: messages {lo}..{hi - 1} are not all stored", key=key)
-    return rows
 
 
 async def op_read_archive(tx: Tx, key: str, compression_id: str | None) -> list[ArchivedMessage]:
@@ -760,42 +539,6 @@ class SqlSessions(SqlBackend, SessionBackend):
 
     async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
         return await self._write(op_delete_session, key, lease)
-
-    async def fork_session(
-        self, key: str, at_seq: int, new_key: str, *, metadata: bytes | None = None
-    ) -> SessionRecord:
-        check_key(key, "session key")
-        check_key(new_key, "new_key")
-        check_int(at_seq, "at_seq")
-        return await self._write(op_fork_session, key, at_seq, new_key, metadata)
-
-    async def rewind_session(
-        self,
-        key: str,
-        to_seq: int,
-        *,
-        reason: str,
-        compression_id: str,
-        expected_head: int,
-        lease: SessionLease | None = None,
-        expected_created_at: dt.datetime | None = None,
-    ) -> tuple[RewindRecord, SessionRecord]:
-        check_key(key, "session key")
-        check_int(to_seq, "to_seq")
-        check_int(expected_head, "expected_head")
-        check_str(reason, "reason")
-        check_str(compression_id, "compression_id")
-        if expected_created_at is not None:
-            check_aware(expected_created_at, "expected_created_at")
-        return await self._write(
-            op_rewind_session, key, to_seq, reason, compression_id, expected_head, lease, expected_created_at
-        )
-
-    async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
-        return await self._read(op_session_usage, key)
-
-    async def session_branches(self, key: str) -> list[Branch]:
-        return await self._read(op_session_branches, key)
 
     async def append_messages(
         self,
