@@ -22,6 +22,7 @@ A key id is derived from the key (:func:`key_id`): the store never holds a key, 
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import hashlib
 import hmac
@@ -33,11 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import DecryptionError, EncryptionError, InvalidArgument, PlaintextRefused
+from .errors import DecryptionError, EncryptionError, InvalidArgument, PlaintextRefused, StatekeelError
 
 if TYPE_CHECKING:
     from .backends.base import StorageBackend
     from .codec import Codec
+    from .fallback import FallbackDir
 
 VERSION = 1
 KEY_BYTES = 32
@@ -284,11 +286,15 @@ ROTATION_TABLES = ("messages", "message_archive", "task_steps", "approvals", "me
 class RotationReport:
     """What :meth:`~statekeel.Store.rotate_encryption_key` did: the current ``key_id``; per table the rows
     read (``scanned``) and the rows re-encrypted under the current key (``rewritten``, which counts
-    plaintext rows encrypted in ``encrypt_existing`` mode too)."""
+    plaintext rows encrypted in ``encrypt_existing`` mode too); the fallback files read
+    (``fallback_files``) and those re-sealed under the current key (``fallback_resealed``)."""
 
     key_id: str
     scanned: Mapping[str, int] = field(default_factory=dict)
     rewritten: Mapping[str, int] = field(default_factory=dict)
+    # The sessions' fallback files (saves made while the backend was unavailable) read, and re-sealed.
+    fallback_files: int = 0
+    fallback_resealed: int = 0
 
     @property
     def total_rewritten(self) -> int:
@@ -298,11 +304,38 @@ class RotationReport:
 RotationProgress = Callable[[str, int, int], object]
 
 
+def reseal_fallback_files(files: FallbackDir | None) -> tuple[int, int]:
+    """Re-seal every fallback file under the current key (blocking: run it in a thread); the files read
+    and rewritten. A file that cannot be read stops the rotation with the error, saying what to do: until
+    it is re-sealed, replayed or quarantined, the old key is still needed to read it."""
+    if files is None:
+        return 0, 0
+    seen = resealed = 0
+    for path in files.files():
+        try:
+            resealed += files.reseal(path)
+        except (StatekeelError, OSError) as exc:
+            kind = type(exc) if isinstance(exc, StatekeelError) else EncryptionError
+            fields = exc.fields if isinstance(exc, StatekeelError) else {}
+            raise kind(
+                f"key rotation re-encrypted the database but cannot re-seal the fallback file {path} "
+                f"({exc}); keep the old keys: replay the fallback files (store.recover(), which "
+                "quarantines a file it cannot read) and run rotate_encryption_key() again",
+                **{**fields, "path": path, "hint": ""},
+            ) from exc
+        seen += 1
+    return seen, resealed
+
+
 async def rotate(
-    backend: StorageBackend, current: str, batch_size: int, on_batch: RotationProgress | None = None
+    backend: StorageBackend,
+    current: str,
+    batch_size: int,
+    on_batch: RotationProgress | None = None,
+    fallback: FallbackDir | None = None,
 ) -> RotationReport:
-    """Re-seal every table's encrypted fields under the current key, batch by batch (see
-    :meth:`statekeel.Store.rotate_encryption_key`)."""
+    """Re-seal every table's encrypted fields under the current key, batch by batch, then every fallback
+    file (see :meth:`statekeel.Store.rotate_encryption_key`)."""
     scanned = dict.fromkeys(ROTATION_TABLES, 0)
     rewritten = dict.fromkeys(ROTATION_TABLES, 0)
     for table in ROTATION_TABLES:
@@ -316,7 +349,14 @@ async def rotate(
             if page.after is None:
                 break
             after = page.after
-    return RotationReport(key_id=current, scanned=scanned, rewritten=rewritten)
+    files, resealed = await asyncio.to_thread(reseal_fallback_files, fallback)
+    return RotationReport(
+        key_id=current,
+        scanned=scanned,
+        rewritten=rewritten,
+        fallback_files=files,
+        fallback_resealed=resealed,
+    )
 
 
 __all__ = [
@@ -329,5 +369,6 @@ __all__ = [
     "key_id",
     "make_cipher",
     "read_key_file",
+    "reseal_fallback_files",
     "rotate",
 ]

@@ -90,6 +90,18 @@ class InvalidArgument(StatekeelError):
     hint = "Nothing was written; fix the argument and call again."
 
 
+class StepInTransaction(InvalidArgument):
+    """``tasks.step()`` or ``sessions.run_tool()`` was called inside a ``backend.atomic()`` block: its
+    *started* record would commit with the block (a rollback would erase it, and the next call run the
+    function again), and the block's locks would be held while the function runs. Nothing was written
+    and the function did not run."""
+
+    hint = (
+        "Nothing was written and the function did not run; call it outside the atomic() block (before "
+        "the block, or after it committed)"
+    )
+
+
 class SerializationError(InvalidArgument):
     """A value cannot be encoded by the statekeel codec (or stored bytes cannot be decoded)."""
 
@@ -248,6 +260,7 @@ __all__ = [
     "SerializationError",
     "StatekeelError",
     "StepInDoubt",
+    "StepInTransaction",
     "StorageCorrupt",
     "SyncCallRefused",
     "ToolCallAlreadyAnswered",

@@ -57,6 +57,8 @@ _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-")
 # Linux and macOS allow 255 bytes per name; leave room for the temp and quarantine decorations.
 _MAX_ENCODED = 180
 _PATH_CACHE = 10_000
+# A file re-sealed by key rotation is read again at most this many times when other writers replace it.
+_RESEAL_TRIES = 5
 # A temp file older than this was left by a crashed writer, not one writing now.
 _STALE_TMP_SECONDS = 600
 
@@ -339,6 +341,42 @@ class FallbackDir:
                 f"fallback file {path} holds session {snap.key!r} of another name", path=path
             )
         return snap
+
+    def reseal(self, path: str) -> bool:
+        """Seal the messages of the file at ``path`` under the codec's current key (key rotation): the
+        file is written again whole, atomically, as :meth:`write` does, with the same signature (the
+        sessions holding it keep holding it), and only if it is still the file that was read
+        (compare-and-swap; one rewritten meanwhile is read again). True when it was rewritten; False when
+        every message was under the current key already, or the file is gone. Raises what reading it
+        raises (``FallbackCorrupt``, ``DecryptionError``, ``PlaintextRefused``): nothing is written then."""
+        cipher = self.codec.cipher
+        if cipher is None:
+            return False
+        for _ in range(_RESEAL_TRIES):
+            try:
+                with open(path, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    data = fh.read()
+            except FileNotFoundError:
+                return False
+            snap = self.parse(path, data)
+            lines = data.split(b"\n")
+            signature = _signature(lines[0], st)
+            if all(
+                cipher.stored_key_id(orjson.loads(line), "message", (snap.key, seq)) == cipher.key_id
+                for seq, line in enumerate(lines[1:-1], snap.base_head)
+            ):
+                return False
+            fresh = self.encode(snap, None if signature.startswith("stat:") else signature)
+            with self._locked():
+                if self._signature_at(path) != signature:
+                    continue  # another writer replaced it since it was read: read it again
+                self._replace(path, fresh)
+            return True
+        raise FallbackChanged(
+            f"the fallback file {path} was replaced {_RESEAL_TRIES} times while it was being re-sealed",
+            path=path,
+        )
 
     def signature(self, key: str) -> str | None:
         """The signature of the key's current file (None when it has none)."""

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from .codec import Codec
-from .errors import InvalidArgument
+from .errors import InvalidArgument, StepInTransaction
 
 R = TypeVar("R")
 
@@ -69,6 +69,19 @@ def check_fn(fn: Any, **fields: Any) -> None:
         raise InvalidArgument(f"fn must be a callable or an awaitable, got {type(fn).__name__}", **fields)
 
 
+def check_outside_transaction(in_block: bool, what: str, **fields: Any) -> None:
+    """Refuse a step inside the caller's ``atomic()`` block (:class:`StepInTransaction`): its *started*
+    record must commit on its own before the function runs — a rollback of the block would erase it and
+    let the next call run the function again — and no lock of the block may be held while it runs."""
+    if in_block:
+        raise StepInTransaction(
+            f"{what} cannot run inside an atomic() block: its started record would commit only with the "
+            "block (a rollback would erase it and the next call would run the function again) and the "
+            "block would hold its locks while the function runs; call it outside the block",
+            **fields,
+        )
+
+
 async def run_step(step: Step[R], fn: StepFn, codec: Codec) -> Any:
     """Run ``fn`` (a callable, sync or async, or an awaitable) as ``step``: *started* committed first, then
     ``fn``, then its outcome. An exception of ``fn`` is recorded and raised; a cancellation is not recorded
@@ -91,4 +104,13 @@ async def run_step(step: Step[R], fn: StepFn, codec: Codec) -> Any:
     return await step.succeeded(record, value)
 
 
-__all__ = ["MAX_ERROR_MESSAGE_CHARS", "Step", "StepFn", "check_fn", "discard", "error_record", "run_step"]
+__all__ = [
+    "MAX_ERROR_MESSAGE_CHARS",
+    "Step",
+    "StepFn",
+    "check_fn",
+    "check_outside_transaction",
+    "discard",
+    "error_record",
+    "run_step",
+]

@@ -348,10 +348,14 @@ class Store:
         """Re-encrypt every encrypted field that is not under the current key (the first of
         ``encryption_key``) — and, in ``encrypt_existing`` mode, every plaintext one — in batches of
         ``batch_size`` rows, each committed on its own. Interrupted (killed, failed), it is run again and
-        continues: rows already under the current key are left as they are. Once it returned, the old
-        keys can be dropped from ``encryption_key``. ``on_batch(table, scanned, rewritten)`` is called after
-        each committed batch with that table's counts so far (for a progress display). See
-        :mod:`statekeel.encryption`.
+        continues: rows already under the current key are left as they are. Then every fallback file
+        (sessions saved while the backend was unavailable) is re-sealed under the current key, atomically
+        and only if no other writer replaced it meanwhile; a file it cannot read stops it with that error
+        (replay the files with ``recover()``, then run it again). Once it returned, the old keys can be
+        dropped from ``encryption_key``: nothing the store reads still needs them (a quarantined
+        fallback file, set aside for a person, keeps the key it was written under).
+        ``on_batch(table, scanned, rewritten)`` is called after each committed batch with that table's
+        counts so far (for a progress display). See :mod:`statekeel.encryption`.
 
         store = await open_store(url, encryption_key=[new_key, old_key])
         report = await store.rotate_encryption_key()
@@ -362,7 +366,9 @@ class Store:
             raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
         if self.codec.cipher is None:
             raise InvalidArgument("rotate_encryption_key needs a store opened with an encryption_key")
-        return await rotate(self.backend, self.codec.cipher.key_id, batch_size, on_batch)
+        return await rotate(
+            self.backend, self.codec.cipher.key_id, batch_size, on_batch, self.sessions.fallback
+        )
 
     async def vacuum(self) -> int | None:
         """Rewrite a SQLite file without its free pages (``VACUUM``: it holds the write lock until done)

@@ -56,10 +56,10 @@ from .errors import (
     InvalidTransition,
     LeaseLost,
     NotFound,
-    SerializationError,
-    StepInDoubt,
+    StepInTransaction,
 )
-from .journal import StepFn, check_fn, discard, run_step
+from .journal import StepFn, check_outside_transaction, discard, run_step
+from .task_steps import TaskStep, check_step_args
 from .validation import check_aware, check_bool, check_int, check_key, check_text
 
 Task = TaskRecord
@@ -83,11 +83,13 @@ MAX_LEASE_SECONDS = 7 * 24 * 3600
 
 # Actors of the audit entries of changes statekeel makes by itself.
 LEASE_EXPIRY_ACTOR = "statekeel.lease-expiry"
-UNSPECIFIED_ACTOR = "unspecified"
 
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+UNSPECIFIED_ACTOR = "unspecified"
 
 
 def _digest(raw: bytes | None) -> str | None:
@@ -479,12 +481,24 @@ class TaskManager:
         anything is recorded or run (even for a step that already succeeded).
 
         A sync ``fn`` runs on the event loop's thread; pass an async function for long blocking work.
+        Refused inside an ``atomic()`` block (``StepInTransaction``, nothing written or run): the
+        *started* record must commit on its own before ``fn`` runs.
 
         Each record written (started, succeeded, failed) commits with its audit entry, whose actor is
         ``actor`` (else "unspecified").
         """
-        _check_step_args(task_id, step_key, fn, idempotent, lease_epoch, actor)
-        step = _TaskStep(self, task_id, step_key, idempotent, lease_epoch, actor or UNSPECIFIED_ACTOR)
+        check_step_args(task_id, step_key, fn, idempotent, lease_epoch, actor)
+        try:
+            check_outside_transaction(
+                self.backend.in_atomic(),
+                f"step {step_key!r} of task {task_id!r}",
+                task_id=task_id,
+                step_key=step_key,
+            )
+        except StepInTransaction:
+            discard(fn)
+            raise
+        step = TaskStep(self, task_id, step_key, idempotent, lease_epoch, actor or UNSPECIFIED_ACTOR)
         return await run_step(step, fn, self.codec)
 
     async def resolve_step(
@@ -496,14 +510,25 @@ class TaskManager:
         result: Any = None,
         error: Any = None,
         actor: str | None = None,
+        lease_epoch: int | None = None,
+        force: bool = False,
     ) -> StepRecord:
         """Settle a step in doubt: ``outcome`` "succeeded" (later calls return ``result``) or "failed"
         (the next call runs ``fn`` again). Only a *started* step can be resolved; the change commits with
-        its ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified")."""
+        its ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified").
+
+        While the task runs under a live lease its worker may still be running the step and record its
+        own result: ``ConflictError`` (nothing written), unless the caller is that lease's holder (it
+        passes the ``lease_epoch`` it claimed the task at) or passes ``force=True``, which the audit entry
+        records (``forced``, with the lease owner and epoch it overrode). The worker's own finish after a
+        resolution raises ``ConflictError``; it never replaces the resolved outcome."""
         check_key(task_id, "task_id")
         check_key(step_key, "step_key")
         if actor is not None:
             check_key(actor, "actor")
+        if lease_epoch is not None:
+            check_int(lease_epoch, "lease_epoch", minimum=1)
+        check_bool(force, "force")
         if outcome not in ("succeeded", "failed"):
             raise InvalidArgument(
                 f"outcome must be 'succeeded' or 'failed', got {outcome!r}", outcome=outcome
@@ -512,25 +537,86 @@ class TaskManager:
             error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
         result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
         error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
+        seen = await self.backend.get_step(task_id, step_key)
+        if seen is None:
+            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
+        if seen.status != "started":
+            raise InvalidTransition(
+                f"step {step_key!r} of task {task_id!r} is {seen.status}; only a started step can be "
+                "resolved",
+                task_id=task_id,
+                step_key=step_key,
+                current=seen.status,
+            )
+        overridden = await self._live_lease(task_id, step_key, lease_epoch, force)
+        extra: dict[str, Any] = {}
+        if overridden is not None:
+            extra = {
+                "forced": True,
+                "lease_owner": overridden.lease_owner,
+                "lease_epoch": overridden.lease_epoch,
+            }
         notes = _step_notes(
             "task.step.resolved",
             actor or UNSPECIFIED_ACTOR,
             result_sha256=_digest(result_raw),
             error_sha256=_digest(error_raw),
+            **extra,
         )
+        # Conditional on the attempt judged above: a run started again meanwhile is not settled blindly.
         done = await self.backend.finish_step(
-            task_id, step_key, status=outcome, attempt=None, result=result_raw, error=error_raw, audit=notes
+            task_id,
+            step_key,
+            status=outcome,
+            attempt=seen.attempt,
+            result=result_raw,
+            error=error_raw,
+            audit=notes,
         )
         if done is not None:
             return done
         current = await self.backend.get_step(task_id, step_key)
-        if current is None:
-            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
+        if current is not None and current.status == "started":
+            raise ConflictError(
+                f"step {step_key!r} of task {task_id!r} was started again (attempt {current.attempt}) while "
+                "it was being resolved; nothing was written: its new run records its own outcome",
+                task_id=task_id,
+                step_key=step_key,
+                attempt=current.attempt,
+            )
         raise InvalidTransition(
-            f"step {step_key!r} of task {task_id!r} is {current.status}; only a started step can be resolved",
+            f"step {step_key!r} of task {task_id!r} is {'gone' if current is None else current.status}; only "
+            "a started step can be resolved",
             task_id=task_id,
             step_key=step_key,
-            current=current.status,
+            current=None if current is None else current.status,
+        )
+
+    async def _live_lease(
+        self, task_id: str, step_key: str, lease_epoch: int | None, force: bool
+    ) -> TaskRecord | None:
+        """For :meth:`resolve_step`: refuse while another worker's live lease may still finish the step;
+        the task whose lease ``force`` overrides (None when no live lease of another was in the way)."""
+        task = await self.backend.get_task(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
+        expires = task.lease_expires_at
+        if task.status != "running" or (expires is not None and expires <= _utcnow()):
+            return None  # no live worker: the step's runner is gone
+        if lease_epoch is not None and lease_epoch == task.lease_epoch:
+            return None  # the lease's own holder: it knows its function is not running
+        if force:
+            return task
+        until = "" if expires is None else f" until {expires.isoformat()}"
+        raise ConflictError(
+            f"step {step_key!r} of task {task_id!r} may still be running: the task holds a live lease of "
+            f"{task.lease_owner!r} (epoch {task.lease_epoch}){until}, whose worker would record its own "
+            "outcome. Resolve it once the lease has ended (the worker stopped, expire_leases() or cancel), "
+            "as the lease's holder (lease_epoch=...), or with force=True (recorded in the audit log)",
+            task_id=task_id,
+            step_key=step_key,
+            lease_owner=task.lease_owner,
+            lease_epoch=task.lease_epoch,
         )
 
     async def get_step(self, task_id: str, step_key: str) -> StepRecord | None:
@@ -548,110 +634,6 @@ class TaskManager:
         """Steps started but never finished whose task is not running under a live lease (for recovery)."""
         when = _utcnow() if now is None else check_aware(now, "now")
         return await self.backend.steps_in_doubt(when)
-
-
-def _check_step_args(
-    task_id: Any, step_key: Any, fn: Any, idempotent: Any, lease_epoch: Any, actor: Any
-) -> None:
-    try:
-        check_key(task_id, "task_id")
-        check_key(step_key, "step_key")
-        check_bool(idempotent, "idempotent")
-        if lease_epoch is not None:
-            check_int(lease_epoch, "lease_epoch", minimum=1)
-        if actor is not None:
-            check_key(actor, "actor")
-    except InvalidArgument:
-        discard(fn)  # a coroutine passed as fn is closed, not left to warn "never awaited"
-        raise
-    check_fn(fn, step_key=step_key)
-
-
-class _TaskStep:
-    """A task's step in the journal: the ``task_steps`` row of (task, step key), fenced by the lease."""
-
-    def __init__(
-        self,
-        tasks: TaskManager,
-        task_id: str,
-        step_key: str,
-        idempotent: bool,
-        lease_epoch: int | None,
-        actor: str,
-    ) -> None:
-        self.backend = tasks.backend
-        self.codec = tasks.codec
-        self.task_id = task_id
-        self.step_key = step_key
-        self.idempotent = idempotent
-        self.lease_epoch = lease_epoch
-        self.actor = actor
-
-    async def begin(self) -> tuple[StepRecord, bool]:
-        started = _step_notes("task.step.started", self.actor)
-        return await self.backend.begin_step(
-            self.task_id,
-            self.step_key,
-            rerun_started=self.idempotent,
-            lease_epoch=self.lease_epoch,
-            now=_utcnow(),
-            # run is True when a started record was written (a first run or a re-run); a replay writes
-            # nothing.
-            audit=lambda out: started(out[0] if out[1] else None),
-        )
-
-    def recorded(self, record: StepRecord) -> Any:
-        """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""
-        if record.status == "succeeded":
-            return record.result
-        raise StepInDoubt(
-            f"step {record.step_key!r} of task {record.task_id!r} was started (attempt {record.attempt}, at "
-            f"{record.started_at.isoformat()}) but its outcome was never recorded",
-            record=record,
-            task_id=record.task_id,
-            step_key=record.step_key,
-        )
-
-    async def failed(self, record: StepRecord, error: bytes) -> None:
-        await self.backend.finish_step(
-            record.task_id,
-            record.step_key,
-            status="failed",
-            attempt=record.attempt,
-            error=error,
-            audit=_step_notes("task.step.failed", self.actor, error_sha256=_digest(error)),
-        )
-
-    async def succeeded(self, record: StepRecord, value: Any) -> Any:
-        """Commit a step's result and return it as stored (decoded)."""
-        task_id, step_key = record.task_id, record.step_key
-        try:
-            raw = self.codec.encode(value, where="result")
-        except SerializationError as exc:
-            # fn ran, so its side effect may have happened: the step stays in doubt rather than failed.
-            raise type(exc)(
-                f"step {step_key!r} of task {task_id!r} ran but returned a value that cannot be stored "
-                f"({exc}); the step is left in doubt: settle it with resolve_step()",
-                **exc.fields,
-            ) from None
-        done = await self.backend.finish_step(
-            task_id,
-            step_key,
-            status="succeeded",
-            attempt=record.attempt,
-            result=raw,
-            audit=_step_notes("task.step.succeeded", self.actor, result_sha256=_digest(raw)),
-        )
-        if done is None:
-            current = await self.backend.get_step(task_id, step_key)
-            if current is not None and current.status == "succeeded":
-                return current.result  # a concurrent re-run of this idempotent step recorded first
-            raise ConflictError(
-                f"step {step_key!r} of task {task_id!r} was settled or re-run by someone else while it ran",
-                task_id=task_id,
-                step_key=step_key,
-            )
-        return self.codec.decode(raw)
 
 
 def _check_fence(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import re
@@ -23,11 +24,12 @@ import statekeel
 from helpers import database_write_locked, kill9_when
 from statekeel.codec import Codec
 from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
-from statekeel.fallback import FallbackDir
+from statekeel.fallback import FallbackDir, file_stem
 
 Store = statekeel.Store
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
+KEY_C = bytes(range(200, 232))
 SECRET = "PLAINTEXT-MARKER"
 ARGS = {"cmd": f"rm -rf {SECRET}-args"}
 
@@ -459,3 +461,129 @@ async def test_rotation_killed_by_sigkill_is_finished_by_running_it_again(
     messages = await store.backend.read_messages("big")
     assert [m.payload["content"] for m in messages] == [f"{SECRET}-{i}" for i in range(3000)]
     await opener.close()
+
+
+# --- key rotation and the sessions' fallback files ----------------------------------------------------------
+
+
+async def _saved_during_an_outage(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session "s" has one message in the backend and one only in its fallback file; session "new" exists
+    only in its fallback file (the backend refused both saves)."""
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "before")
+    await store.sessions.save(s)
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("the database is down")
+
+    monkeypatch.setattr(store.backend, "append_messages", unavailable)
+    s.add_message("assistant", f"{SECRET}-during")
+    await store.sessions.save(s)
+    new = await store.sessions.get_or_create("new")
+    new.add_message("user", f"{SECRET}-new")
+    await store.sessions.save(new)
+    monkeypatch.undo()
+    assert s.fallback_file is not None and new.fallback_file is not None
+
+
+def _fallback_bytes(opener: Opener) -> dict[str, bytes]:
+    return {name: (Path(opener.fallback) / name).read_bytes() for name in sorted(os.listdir(opener.fallback))}
+
+
+async def test_rotation_reseals_fallback_files_so_the_new_key_alone_reads_them(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await opener.open(KEY_A)
+    await _saved_during_an_outage(store, monkeypatch)
+    assert all(envelope_prefix(KEY_A).encode() in data for data in _fallback_bytes(opener).values())
+    store = await opener.open([KEY_B, KEY_A])
+    report = await store.rotate_encryption_key()
+    assert (report.fallback_files, report.fallback_resealed) == (2, 2)
+    for data in _fallback_bytes(opener).values():
+        assert envelope_prefix(KEY_A).encode() not in data and envelope_prefix(KEY_B).encode() in data
+        assert SECRET.encode() not in data
+    again = await store.rotate_encryption_key()  # nothing left to do
+    assert (again.fallback_files, again.fallback_resealed) == (2, 0)
+    store = await opener.open(KEY_B)  # the old key is dropped, as the docs allow
+    fresh = statekeel.SessionManager(store.backend, store.codec, fallback_dir=opener.fallback)
+    s = await fresh.load("s")
+    new = await fresh.load("new")
+    assert s is not None and [m["content"] for m in s.messages] == ["before", f"{SECRET}-during"]
+    assert new is not None and [m["content"] for m in new.messages] == [f"{SECRET}-new"]
+    report_replay = await store.sessions.replay_fallback()
+    assert report_replay.replayed == {"s": 1, "new": 1} and report_replay.ok
+    assert [m.payload["content"] for m in await store.backend.read_messages("s")] == [
+        "before",
+        f"{SECRET}-during",
+    ]
+
+
+async def test_rotation_keeps_the_signature_so_the_session_holding_a_fallback_file_saves_without_conflict(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await opener.open(KEY_A)
+    await _saved_during_an_outage(store, monkeypatch)
+    store = await opener.open([KEY_B, KEY_A])
+    await store.rotate_encryption_key()
+    s = await store.sessions.load("s")  # holds the re-sealed file: the same one it read
+    assert s is not None and s.fallback_file is not None
+    s.add_message("user", "after")
+    await store.sessions.save(s)
+    assert s.fallback_file is None
+    assert [m.payload["content"] for m in await store.backend.read_messages("s")] == [
+        "before",
+        f"{SECRET}-during",
+        "after",
+    ]
+
+
+async def test_rotation_refuses_to_finish_while_a_fallback_file_cannot_be_resealed_and_leaves_it_as_is(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await opener.open(KEY_A)
+    await _saved_during_an_outage(store, monkeypatch)
+    # Another process wrote session "new"'s file under a key the rotating store does not have.
+    snap = FallbackDir(opener.fallback, Codec(cipher=make_cipher(KEY_A))).read("new")
+    assert snap is not None
+    FallbackDir(opener.fallback, Codec(cipher=make_cipher(KEY_C))).write(snap)
+    before = _fallback_bytes(opener)
+    store = await opener.open([KEY_B, KEY_A])
+    with pytest.raises(statekeel.DecryptionError, match="cannot re-seal the fallback file") as info:
+        await store.rotate_encryption_key()
+    assert "keep the old keys" in str(info.value) and info.value.path.startswith(opener.fallback)
+    name = os.path.basename(info.value.path)
+    assert name == file_stem("new") + ".jsonl"
+    assert _fallback_bytes(opener)[name] == before[name]  # that file is left as it was
+
+
+async def test_rotation_re_reads_a_fallback_file_replaced_while_it_was_resealed_and_keeps_the_new_one(
+    opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await opener.open(KEY_A)
+    await _saved_during_an_outage(store, monkeypatch)
+    store = await opener.open([KEY_B, KEY_A])
+    files = store.sessions.fallback
+    assert files is not None
+    path = files.file_for("new")
+    parse = files.parse
+    other = FallbackDir(opener.fallback, Codec(cipher=make_cipher(KEY_A)))  # another process's writer
+    replaced: list[str] = []
+
+    def another_writer_in_between(at: str, data: bytes) -> Any:
+        # Between the rotation's read of the file and its compare-and-swap, another save replaces it.
+        snap = parse(at, data)
+        if at == path and not replaced:
+            replaced.append(other.write(dataclasses.replace(snap, messages=[*snap.messages, meanwhile])))
+        return snap
+
+    meanwhile = {"role": "user", "content": "written meanwhile"}
+    monkeypatch.setattr(files, "parse", another_writer_in_between)
+    report = await store.rotate_encryption_key()
+    monkeypatch.undo()
+    assert report.fallback_resealed == 2
+    assert replaced == [path]
+    snap = FallbackDir(opener.fallback, Codec(cipher=make_cipher(KEY_B))).read("new")  # the new key alone
+    assert snap is not None and [m["content"] for m in snap.messages] == [
+        f"{SECRET}-new",
+        "written meanwhile",
+    ]

@@ -267,3 +267,69 @@ async def test_a_bad_configuration_is_a_value_error(store: statekeel.Store) -> N
         StatekeelStore(store, index={"dims": 3})  # type: ignore[typeddict-item]
     with pytest.raises(statekeel.InvalidConfig, match="needs an open statekeel Store"):
         StatekeelStore("sqlite:///agent.db")  # type: ignore[arg-type]
+
+
+def _returning(vector: list[float], *, count: int | None = None) -> Any:
+    """An embedder that returns ``vector`` for every text (``count`` vectors, when given)."""
+
+    def embedder(texts: list[str]) -> list[list[float]]:
+        return [vector] * (len(texts) if count is None else count)
+
+    return embedder
+
+
+DIMS = len(WORDS) + 1
+
+
+@pytest.mark.parametrize(
+    ("vector", "count", "error", "message"),
+    [
+        ([0.0] * DIMS, None, statekeel.InvalidEmbedding, "all zeros"),
+        ([float("nan")] + [1.0] * (DIMS - 1), None, statekeel.InvalidEmbedding, "nan"),
+        ([1.0] * (DIMS + 1), None, statekeel.DimensionMismatch, f"dims={DIMS}"),
+        ([1.0] * DIMS, 2, statekeel.InvalidEmbedding, "2 vectors for 1 texts"),
+    ],
+    ids=["zero", "nan", "dimension", "count"],
+)
+async def test_a_put_whose_embedding_is_refused_writes_neither_the_value_nor_a_vector(
+    store: statekeel.Store, vector: list[float], count: int | None, error: type[Exception], message: str
+) -> None:
+    good = StatekeelStore(store, index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+    await good.aput(("notes",), "kept", {"text": "my cat"})
+    before = await good.aget(("notes",), "kept")
+    vectors_before = await store.backend.count_rows("vectors")
+    bad = StatekeelStore(
+        store, index={"dims": DIMS, "embed": _returning(vector, count=count), "fields": ["text"]}
+    )
+    for key in ("new", "kept"):  # a new item, and an update of a stored one
+        with pytest.raises(error, match=message) as caught:
+            await bad.aput(("notes",), key, {"text": "pizza"})
+        assert "othing was written" in str(caught.value)  # and it is true:
+        assert await store.backend.count_rows("vectors") == vectors_before
+    assert await good.aget(("notes",), "new") is None
+    after = await good.aget(("notes",), "kept")
+    assert after is not None and before is not None
+    assert (after.value, after.updated_at) == (before.value, before.updated_at)
+    assert [h.key for h in await good.asearch(("notes",), query="cat")] == ["kept"]
+
+
+async def test_a_put_whose_vector_write_fails_leaves_no_memory_behind(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lg = StatekeelStore(store, index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+    await lg.aput(("notes",), "kept", {"text": "my cat"})
+
+    async def unavailable(*args: Any, **kwargs: Any) -> None:
+        raise statekeel.BackendUnavailable("the vector write failed")
+
+    monkeypatch.setattr(store.vectors, "upsert", unavailable)
+    for key in ("new", "kept"):
+        with pytest.raises(statekeel.BackendUnavailable):
+            await lg.aput(("notes",), key, {"text": "pizza pasta"})
+    monkeypatch.undo()
+    assert await lg.aget(("notes",), "new") is None  # the memory went with its vectors
+    kept = await lg.aget(("notes",), "kept")
+    assert kept is not None and kept.value == {"text": "my cat"}
+    assert [m.key for m in (await store.memory.query()).items] == ["kept"]
+    history = await store.memory.history((await store.memory.query()).items[0].id)
+    assert len(history) == 1  # no UPDATE event of the rolled back put either

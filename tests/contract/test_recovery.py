@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import statekeel
+from statekeel.fallback import FallbackDir, FallbackSnapshot
 from statekeel.recovery import INTERRUPTED_CONTENT
 
 
@@ -70,6 +71,49 @@ async def test_recover_without_repair_writes_nothing(store: statekeel.Store) -> 
     assert (await store.backend.load_session("agent-1")).head_seq == 3  # type: ignore[union-attr]
     current = await store.tasks.get(task.id)
     assert current is not None and current.status == "running"
+
+
+def _file_bytes(files: FallbackDir) -> dict[str, bytes]:
+    """Every fallback file's bytes, by path."""
+    return {path: Path(path).read_bytes() for path in files.files()}
+
+
+async def test_recover_without_repair_writes_nothing_even_when_evicting_sessions_merged_from_fallback_files(
+    store: statekeel.Store,
+) -> None:
+    files = store.sessions.fallback
+    assert files is not None
+    keys = [f"agent-{i}" for i in range(4)]
+    for key in keys:
+        await _session_with_unanswered_call(store, key)
+        record = await store.backend.load_session(key)
+        assert record is not None
+        # An outage's save of a metadata change, only in its fallback file: a load merges it as unsaved.
+        files.write(
+            FallbackSnapshot(
+                key=key,
+                base_head=record.head_seq,
+                in_backend=True,
+                status="active",
+                metadata={"topic": "outage"},
+                status_changed=False,
+                metadata_changed=True,
+                last_consolidated=0,
+                created_at=record.created_at,
+                updated_at=record.updated_at,
+                messages=[],
+            )
+        )
+    before = {key: await store.backend.load_session(key) for key in keys}
+    on_disk = _file_bytes(files)
+    store.sessions.cache_size = 1  # more waiting sessions than the cache holds: recover evicts
+    store.sessions._cache.clear()
+    report = await store.recover(repair=False)
+    assert report.orphaned_tool_calls == {key: ["c2"] for key in keys}
+    assert {key: await store.backend.load_session(key) for key in keys} == before  # no row written
+    assert _file_bytes(files) == on_disk  # nor any file
+    again = await store.sessions.load(keys[0], repair=False)
+    assert again is not None and again.metadata == {"topic": "outage"} and again.is_dirty()
 
 
 async def test_recover_interrupts_running_tasks_whose_lease_expired(store: statekeel.Store) -> None:

@@ -896,3 +896,73 @@ async def test_snapshot_reads_a_session_as_stored_without_repairing_it(store: st
     assert store.sessions.cached("chat") is None or store.sessions.cached("chat") is not loaded
     with pytest.raises(statekeel.InvalidKey):
         await store.sessions.snapshot("")
+
+
+# --- a cached session's reload never silently discards a local edit ---------------------------------------
+
+
+@pytest.mark.parametrize("edit", ["metadata", "status"])
+async def test_a_reload_after_another_writer_appended_keeps_the_cached_edit_and_saves_it_on_top(
+    store: statekeel.Store, edit: str
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 1)
+    if edit == "metadata":
+        s.metadata["mine"] = 1
+    else:
+        s.status = "expired"
+    await changed_elsewhere(store, "s", lambda t: t.add_message("assistant", "theirs"))
+    again = await sm.load("s")  # the cached session fell behind: read again
+    assert again is not None and [m["content"] for m in again.messages] == ["s-0", "theirs"]
+    assert again.is_dirty()  # the edit is still there, unsaved
+    await sm.save(again)
+    record = await store.backend.load_session("s")
+    assert record is not None and record.head_seq == 2
+    assert (record.metadata, record.status) == (
+        ({"mine": 1}, "active") if edit == "metadata" else ({}, "expired")
+    )
+
+
+@pytest.mark.parametrize("edit", ["metadata", "status"])
+async def test_a_reload_after_another_writer_changed_the_same_field_makes_the_save_conflict_not_drop_it(
+    store: statekeel.Store, edit: str
+) -> None:
+    sm = store.sessions
+    s = await saved(store, "s", 1)
+
+    def theirs(t: Session) -> None:
+        t.add_message("assistant", "theirs")
+        if edit == "metadata":
+            t.metadata["theirs"] = 2
+        else:
+            t.status = "archived"
+
+    if edit == "metadata":
+        s.metadata["mine"] = 1
+    else:
+        s.status = "expired"
+    await changed_elsewhere(store, "s", theirs)
+    again = await sm.load("s")
+    assert again is not None and [m["content"] for m in again.messages] == ["s-0", "theirs"]
+    second = await sm.load("s")  # a second reload still holds the edit
+    assert second is not None
+    for session in (again, second):
+        with pytest.raises(statekeel.ConflictError):
+            await sm.save(session)  # never a normal return having dropped "mine"
+    record = await store.backend.load_session("s")
+    assert record is not None
+    assert (record.metadata, record.status) == (
+        ({"theirs": 2}, "active") if edit == "metadata" else ({}, "archived")
+    )
+    fresh = await sm.load("s")  # told of the conflict: the next load is the stored version
+    assert fresh is not None and not fresh.is_dirty()
+    if edit == "metadata":
+        fresh.metadata["mine"] = 1
+    else:
+        fresh.status = "expired"
+    await sm.save(fresh)  # re-applied on top
+    record = await store.backend.load_session("s")
+    assert record is not None
+    assert (record.metadata, record.status) == (
+        ({"theirs": 2, "mine": 1}, "active") if edit == "metadata" else ({}, "expired")
+    )

@@ -112,16 +112,20 @@ async def test_resolve_step_settles_a_step_in_doubt(store: Store) -> None:
     await _crash_after_start(store, task.id, "charge")
     await _crash_after_start(store, task.id, "refund")
     fn = Counter("new")
-    settled = await store.tasks.resolve_step(task.id, "charge", "succeeded", result={"charge_id": "ch_1"})
+    settled = await store.tasks.resolve_step(
+        task.id, "charge", "succeeded", result={"charge_id": "ch_1"}, lease_epoch=task.lease_epoch
+    )
     assert settled.status == "succeeded"
     assert await store.tasks.step(task.id, "charge", fn) == {"charge_id": "ch_1"}
-    await store.tasks.resolve_step(task.id, "refund", "failed", error="never reached the bank")
+    await store.tasks.resolve_step(
+        task.id, "refund", "failed", error="never reached the bank", lease_epoch=task.lease_epoch
+    )
     assert await store.tasks.step(task.id, "refund", fn) == "new"
     assert fn.calls == 1
     with pytest.raises(statekeel.InvalidTransition):
-        await store.tasks.resolve_step(task.id, "charge", "failed")
+        await store.tasks.resolve_step(task.id, "charge", "failed", lease_epoch=task.lease_epoch)
     with pytest.raises(statekeel.NotFound):
-        await store.tasks.resolve_step(task.id, "unknown", "failed")
+        await store.tasks.resolve_step(task.id, "unknown", "failed", lease_epoch=task.lease_epoch)
     with pytest.raises(statekeel.InvalidArgument):
         await store.tasks.resolve_step(task.id, "charge", "maybe")
 
@@ -245,7 +249,9 @@ async def test_each_step_record_is_in_the_audit_log_with_the_digest_of_its_outco
     with pytest.raises(RuntimeError):
         await store.tasks.step(task.id, "write", boom, actor="agent-7")
     await _crash_after_start(store, task.id, "charge")
-    await store.tasks.resolve_step(task.id, "charge", "succeeded", result={"id": 1}, actor="alice")
+    await store.tasks.resolve_step(
+        task.id, "charge", "succeeded", result={"id": 1}, actor="alice", lease_epoch=task.lease_epoch
+    )
 
     entries = [
         (e.kind, e.actor, e.data) for e in await store.audit.query(subject=f"task:{task.id}", limit=100)
@@ -281,3 +287,123 @@ async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run
         await store.tasks.step(task.id, "charge", fn)
     monkeypatch.undo()
     assert fn.calls == 0 and await store.tasks.get_step(task.id, "charge") is None
+
+
+async def test_a_step_inside_an_atomic_block_is_refused_so_a_rollback_never_makes_it_run_twice(
+    store: Store,
+) -> None:
+    task = await _running(store)
+    fn = Counter("charged")
+    entries = (await store.audit.verify()).count
+    with pytest.raises(RuntimeError, match="the caller's block fails"):
+        async with store.backend.atomic():
+            with pytest.raises(statekeel.StepInTransaction, match="outside the block"):
+                await store.tasks.step(task.id, "charge", fn)
+            raise RuntimeError("the caller's block fails")
+    assert fn.calls == 0  # refused before anything was written or run
+    assert await store.tasks.steps(task.id) == []
+    assert (await store.audit.verify()).count == entries
+    # Outside the block the step runs once, and a later call (in a block or not) replays nothing twice.
+    assert await store.tasks.step(task.id, "charge", fn) == "charged"
+    assert await store.tasks.step(task.id, "charge", fn) == "charged"
+    assert fn.calls == 1
+
+
+async def test_a_coroutine_given_to_a_step_refused_inside_an_atomic_block_is_closed(store: Store) -> None:
+    task = await _running(store)
+    ran = []
+
+    async def charge() -> str:
+        ran.append(1)
+        return "charged"
+
+    coroutine = charge()
+    async with store.backend.atomic():
+        with pytest.raises(statekeel.StepInTransaction):
+            await store.tasks.step(task.id, "charge", coroutine)
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED and ran == []
+
+
+async def test_resolve_step_refuses_while_a_live_lease_holder_runs_the_step_and_keeps_its_result(
+    store: Store,
+) -> None:
+    task = await _running(store)  # worker "w" holds a live lease
+    refused: list[BaseException] = []
+
+    async def charge() -> str:
+        # Someone resolves the step while the worker's function runs: refused, nothing written.
+        with pytest.raises(statekeel.ConflictError, match="live lease") as info:
+            await store.tasks.resolve_step(task.id, "charge", "succeeded", result="by hand", actor="ops")
+        refused.append(info.value)
+        return "by the worker"
+
+    assert await store.tasks.step(task.id, "charge", charge, lease_epoch=task.lease_epoch) == "by the worker"
+    assert len(refused) == 1 and refused[0].fields["lease_owner"] == "w"
+    record = await store.tasks.get_step(task.id, "charge")
+    assert record is not None and (record.status, record.result) == ("succeeded", "by the worker")
+    kinds = [e.kind for e in await store.audit.query(subject=f"task:{task.id}", limit=100)]
+    assert "task.step.resolved" not in kinds
+
+
+async def test_a_forced_resolve_step_is_audited_and_the_workers_own_finish_raises_not_dropped(
+    store: Store,
+) -> None:
+    task = await _running(store)
+
+    async def charge() -> str:
+        await store.tasks.resolve_step(
+            task.id, "charge", "succeeded", result="by hand", actor="ops", force=True
+        )
+        return "by the worker"
+
+    with pytest.raises(statekeel.ConflictError, match="was not recorded"):
+        await store.tasks.step(task.id, "charge", charge, lease_epoch=task.lease_epoch)
+    record = await store.tasks.get_step(task.id, "charge")
+    assert record is not None and (record.status, record.result) == ("succeeded", "by hand")
+    [resolved] = [
+        e
+        for e in await store.audit.query(subject=f"task:{task.id}", limit=100)
+        if e.kind == "task.step.resolved"
+    ]
+    assert resolved.actor == "ops"
+    assert resolved.data["forced"] is True
+    assert (resolved.data["lease_owner"], resolved.data["lease_epoch"]) == ("w", task.lease_epoch)
+    assert (await store.audit.verify()).ok
+
+
+async def test_resolve_step_after_the_lease_ended_needs_no_force(store: Store) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "charge")
+    with pytest.raises(statekeel.ConflictError):
+        await store.tasks.resolve_step(task.id, "charge", "failed")  # the lease is still live
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    settled = await store.tasks.resolve_step(task.id, "charge", "failed")
+    assert settled.status == "failed"
+    [resolved] = [
+        e
+        for e in await store.audit.query(subject=f"task:{task.id}", limit=100)
+        if e.kind == "task.step.resolved"
+    ]
+    assert "forced" not in resolved.data
+
+
+async def test_resolve_step_never_settles_a_run_started_again_after_it_judged_the_step(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "read")
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    judge = store.tasks._live_lease
+
+    async def rerun_in_between(*args: Any) -> Any:
+        overridden = await judge(*args)
+        # Between the judgement and the write, a worker re-runs the idempotent step (attempt 2).
+        _, run = await store.backend.begin_step(task.id, "read", rerun_started=True)
+        assert run
+        return overridden
+
+    monkeypatch.setattr(store.tasks, "_live_lease", rerun_in_between)
+    with pytest.raises(statekeel.ConflictError, match="started again"):
+        await store.tasks.resolve_step(task.id, "read", "succeeded", result="by hand")
+    record = await store.tasks.get_step(task.id, "read")
+    assert record is not None and (record.status, record.attempt) == ("started", 2)

@@ -594,3 +594,43 @@ async def test_a_process_with_waiting_calls_keeps_a_heartbeat_until_its_store_cl
     assert (await store.backend.load_session("s")).calls_owner == other.owner_id  # type: ignore[union-attr]
     await other.close()
     assert await store.backend.read_heartbeat(other.owner_id) is None
+
+
+async def test_run_tool_inside_an_atomic_block_is_refused_so_a_rollback_never_makes_it_run_twice(
+    store: statekeel.Store,
+) -> None:
+    session = await asked(store, "s", CHAT, "c1")
+    before = await counts(store)
+    ran = []
+    with pytest.raises(RuntimeError, match="the caller's block fails"):
+        async with store.backend.atomic():
+            with pytest.raises(statekeel.StepInTransaction, match="outside the block"):
+                await store.sessions.run_tool(session, "c1", lambda: ran.append(1) or "charged")
+            raise RuntimeError("the caller's block fails")
+    assert ran == [] and await counts(store) == before  # nothing written, nothing run
+    assert await store.backend.get_session_step("s", "c1") is None
+    assert [c.call_id for c in session.pending_calls()] == ["c1"]
+    assert await store.sessions.run_tool(session, "c1", lambda: ran.append(1) or "charged") == "charged"
+    assert ran == [1]
+
+
+@pytest.mark.parametrize("dialect", [CHAT, ANTHROPIC])
+async def test_history_after_an_unanswered_call_and_a_new_user_turn_keeps_the_earlier_turns(
+    store: statekeel.Store, provider_types: dict[Dialect, pydantic.TypeAdapter[Any]], dialect: Dialect
+) -> None:
+    session = await store.sessions.get_or_create("s")
+    earlier = [user("fix the build"), {"role": "assistant", "content": "which file?"}, user("main.py")]
+    for message in earlier:
+        session.add_item(message)
+    for message in model_calls(dialect, "c1"):
+        session.add_item(message)
+    await store.sessions.save(session)
+    # The agent was killed before running the tool; the user writes again before any repair.
+    again = await fresh(store).load("s", repair=False)
+    assert again is not None
+    again.add_message("user", "are you there?")
+    window = again.history()
+    assert window[: len(earlier)] == earlier  # what was said before the call is still sent
+    assert window[-1] == user("are you there?")
+    assert_accepted(provider_types, dialect, window, window=True)
+    assert not any(c.call_id == "c1" for c in analyze(window).calls)  # only the unanswered call is out

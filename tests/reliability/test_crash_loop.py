@@ -114,7 +114,13 @@ async def _work_on_a_task(store: Any, worker: str, n: int, ack: Any) -> None:
         )
     except statekeel.StepInDoubt:
         # An earlier agent died inside this step: we checked (here: by decree) and settle it.
-        await store.tasks.resolve_step(claimed.id, "work", "succeeded", result={"by": "resolved", "n": n})
+        await store.tasks.resolve_step(
+            claimed.id,
+            "work",
+            "succeeded",
+            result={"by": "resolved", "n": n},
+            lease_epoch=claimed.lease_epoch,
+        )
         result = await store.tasks.step(claimed.id, "work", lambda: None, lease_epoch=claimed.lease_epoch)
     ack("step", claimed.id, json.dumps(result, sort_keys=True, separators=(",", ":")))
     await store.tasks.transition(

@@ -739,3 +739,30 @@ async def test_a_replay_started_inside_an_atomic_block_runs_in_its_own_transacti
     assert await contents(store, "down") == ["during the outage"]
     assert await store.backend.load_session("up") is None
     assert (await sm.replay_fallback()).ok  # later replays do not wait on the ended block
+
+
+async def test_fallback_file_names_the_file_holding_the_last_save_and_none_once_it_reached_the_backend(
+    paths: tuple[str, Path, Path],
+) -> None:
+    url, db, fb = paths
+    async with statekeel.open_store(url, fallback_dir=os.fspath(fb), busy_timeout_ms=50) as store:
+        sm = store.sessions
+        s = await sm.get_or_create("s")
+        assert s.fallback_file is None  # nothing saved yet
+        s.add_message("user", "stored")
+        await sm.save(s)
+        assert s.fallback_file is None  # the backend took it
+        with database_write_locked(db):
+            s.add_message("user", "in the outage")
+            await sm.save(s)  # no error: the caller learns where it went from fallback_file
+            path = s.fallback_file
+            assert path == os.path.join(fb, file_stem("s") + ".jsonl") and os.listdir(fb) == [
+                file_stem("s") + ".jsonl"
+            ]
+            assert FallbackDir(fb, store.codec).read_path(path).messages == [
+                {"role": "user", "content": "in the outage"}
+            ]
+        s.add_message("user", "after")
+        await sm.save(s)
+        assert s.fallback_file is None and os.listdir(fb) == []
+        assert await contents(store, "s") == ["stored", "in the outage", "after"]

@@ -532,7 +532,9 @@ class Agent:
         else:
             raise SystemExit(f"story agent: no way to settle step {step_key!r}")
         outcome = "succeeded" if done else "failed"
-        await self.store.tasks.resolve_step(self.task_id, step_key, outcome, result=result)
+        await self.store.tasks.resolve_step(
+            self.task_id, step_key, outcome, result=result, lease_epoch=self.lease_epoch
+        )
         self.send(ack="step", task_id=self.task_id, step_key=step_key, status=outcome)
         self.send(resolved=step_key, outcome=outcome, why=why)
         after = "not run again" if done else "it runs again"

@@ -21,7 +21,7 @@ import asyncio
 import builtins
 import datetime as dt
 import itertools
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -53,7 +53,9 @@ except ImportError as exc:  # an optional extra
 from ..backends.base import MEMORY_TYPES, every_item
 from ..backends.records import Memory
 from ..errors import (
+    DimensionMismatch,
     InvalidConfig,
+    InvalidEmbedding,
     InvalidKey,
     SerializationError,
     SyncCallRefused,
@@ -61,6 +63,7 @@ from ..errors import (
 )
 from ..store import Store, open_store
 from ..validation import check_key
+from ..vectors import to_float32
 
 SCOPE_PREFIX = "langgraph/"
 # Memories (or scopes) read per page by a search without a query or a namespace listing.
@@ -365,37 +368,63 @@ class StatekeelStore(BaseStore):
             return
         embeddings = self.embeddings
         texts = self._texts(op) if embeddings is not None else []
-        # Embedded before the write: an embedder that fails changes nothing.
+        # Embedded and checked before the write: an embedder that fails, or returns a vector the index
+        # refuses (NaN, infinite, all zeros, another dimension), changes nothing.
         vectors = await embeddings.aembed_documents([t for _, t in texts]) if embeddings and texts else []
+        self._check_vectors(texts, vectors)
         now = dt.datetime.now(dt.UTC)
         data: dict[str, Any] = {_UPDATED: now}
         expires_at = None
         if op.ttl is not None:
             data[_TTL] = op.ttl
             expires_at = now + dt.timedelta(minutes=op.ttl)
-        try:
-            memory = await self.store.memory.put(
-                self.memory_type, op.key, op.value, scope=scope, data=data, expires_at=expires_at
-            )
-        except InvalidKey as exc:
-            raise InvalidConfig(exc.message) from None
-        if embeddings is None:
-            return
-        kept = set()
-        for n, ((field, _), vector) in enumerate(zip(texts, vectors, strict=True)):
-            vec_id = f"{memory.id}:{n}"
-            kept.add(vec_id)
-            await self.store.vectors.upsert(
-                vec_id,
-                memory.id,
-                vector,
+        # The memory and its vectors commit together: a put is all or nothing.
+        async with self.store.backend.atomic():
+            try:
+                memory = await self.store.memory.put(
+                    self.memory_type, op.key, op.value, scope=scope, data=data, expires_at=expires_at
+                )
+            except InvalidKey as exc:
+                raise InvalidConfig(exc.message) from None
+            if embeddings is None:
+                return
+            kept = set()
+            for n, ((field, _), vector) in enumerate(zip(texts, vectors, strict=True)):
+                vec_id = f"{memory.id}:{n}"
+                kept.add(vec_id)
+                await self.store.vectors.upsert(
+                    vec_id,
+                    memory.id,
+                    vector,
+                    model=self.model,
+                    source_version=memory.version,
+                    metadata={**_prefixes(op.namespace), "field": field},
+                )
+            for old in await self.store.vectors.by_source(memory.id):
+                if old.model == self.model and old.vec_id not in kept:
+                    await self.store.vectors.delete(old.vec_id)
+
+    def _check_vectors(self, texts: builtins.list[tuple[str, str]], vectors: Sequence[Any]) -> None:
+        """Refuse, before anything is written, what the embedder returned that the index would not take:
+        another number of vectors than texts, or a vector with NaN, infinities, all zeros, or another
+        dimension than the index's ``dims`` (or than the model's vectors already stored)."""
+        if len(vectors) != len(texts):
+            raise InvalidEmbedding(
+                f"the embedder returned {len(vectors)} vectors for {len(texts)} texts; nothing was written",
                 model=self.model,
-                source_version=memory.version,
-                metadata={**_prefixes(op.namespace), "field": field},
             )
-        for old in await self.store.vectors.by_source(memory.id):
-            if old.model == self.model and old.vec_id not in kept:
-                await self.store.vectors.delete(old.vec_id)
+        dims = self.index_config["dims"] if self.index_config is not None else None
+        for (field, _), vector in zip(texts, vectors, strict=True):
+            _, values = to_float32(vector, f"the embedding of field {field!r}", model=self.model)
+            if isinstance(dims, int) and len(values) != dims:
+                raise DimensionMismatch(
+                    f"the embedding of field {field!r} has dimension {len(values)}, but the index was "
+                    f"configured with dims={dims}",
+                    model=self.model,
+                    expected=dims,
+                    got=len(values),
+                )
+            self.store.vectors._check_dim(self.model, len(values))
 
     def _texts(self, op: PutOp) -> builtins.list[tuple[str, str]]:
         if op.index is False:

@@ -66,15 +66,17 @@ class SessionFallback:
 
     # --- reading, judging, quarantine -----------------------------------------------------------------
 
-    async def read(self, key: str) -> tuple[FallbackSnapshot, str] | None:
-        """The key's fallback file and its signature, or None; one that cannot be read is quarantined."""
+    async def read(self, key: str, *, settle: bool = True) -> tuple[FallbackSnapshot, str] | None:
+        """The key's fallback file and its signature, or None; one that cannot be read is quarantined
+        (left in place when not ``settle``)."""
         files = self.files
         if files is None or not files.exists(key):
             return None
         try:
             return await asyncio.to_thread(files.read_signed, key)
         except FallbackCorrupt as exc:
-            await self.quarantine_key(key, str(exc))
+            if settle:
+                await self.quarantine_key(key, str(exc))
             return None
 
     async def quarantine_key(self, key: str, reason: str, signature: str | None = None) -> None:
@@ -149,20 +151,27 @@ class SessionFallback:
 
     # --- load: merge the file into what the backend holds ---------------------------------------------
 
-    async def merge(self, key: str, session: Session | None, record: SessionRecord | None) -> Session | None:
+    async def merge(
+        self, key: str, session: Session | None, record: SessionRecord | None, *, settle: bool = True
+    ) -> Session | None:
         """``session`` (built from the backend's row ``record``, or None) merged with the key's file.
 
         ``ConflictError`` when ``session`` holds unsaved messages that the file, written by another
-        writer, does not continue (the caller drops that session and loads again).
+        writer, does not continue (the caller drops that session and loads again). Without ``settle``
+        nothing is written: a covered file is not deleted, an overtaken or unreadable one not quarantined.
         """
-        found = await self.read(key)
+        found = await self.read(key, settle=settle)
         if found is None:
             return session
         snap, signature = found
         if session is not None and session._fallback_sig == signature:
             return session  # it holds this very file already
         verdict = await self.judge(snap, record)
-        if not await self._settle(key, snap, signature, verdict):
+        if settle:
+            continues = await self._settle(key, snap, signature, verdict)
+        else:
+            continues = verdict.kind == "continues"
+        if not continues:
             return session
         if session is None:
             session = self._manager._new(key, None)

@@ -178,12 +178,14 @@ class SessionManager(SessionListing):
 
     # --- loading --------------------------------------------------------------------------------------
 
-    async def _cached(self, key: str, include_archived: bool) -> Session | None:
-        """The cached session brought up to date with the backend (one row read) and its fallback file;
-        None when it is not cached, or was dropped because another writer changed what it changed too."""
+    async def _cached(self, key: str, include_archived: bool) -> tuple[Session | None, Session | None]:
+        """The cached session brought up to date with the backend (one row read) and its fallback file,
+        or None when it is not cached or was dropped because another writer changed it in a way it cannot
+        follow; then also the dropped session when it held unsaved changes (the fresh session it gives way
+        to takes its metadata and status edits: :meth:`Session._carried_from`)."""
         cached = self._cache.get(key)
         if cached is None or (include_archived and not cached._full):
-            return None
+            return None, None
         record = await self.backend.load_session(key)
         if record is None:
             current = not cached._in_backend
@@ -199,15 +201,18 @@ class SessionManager(SessionListing):
             else:
                 if self._cache.get(key) is cached:
                     self._cache.move_to_end(key)
-                return cached
-        if cached.is_dirty():
-            log.warning(
-                "cached session %r has unsaved changes but another writer changed it in the backend; "
-                "loading the stored version (saving the old object will raise ConflictError)",
-                key,
-            )
+                return cached, None
         self._forget(key, cached)
-        return None
+        if not cached.is_dirty():
+            return None, None
+        log.warning(
+            "cached session %r has unsaved changes but another writer changed it in the backend; loading "
+            "the stored version, which takes its metadata and status edits (its save raises ConflictError "
+            "when the other writer changed the same one); its unsaved messages stay in the old object, "
+            "whose save raises ConflictError",
+            key,
+        )
+        return None, cached
 
     async def load(self, key: str, *, include_archived: bool = False, repair: bool = True) -> Session | None:
         """The session, or None if it does not exist. A failed read raises; it never looks empty.
@@ -234,11 +239,13 @@ class SessionManager(SessionListing):
         return session
 
     async def _load(self, key: str, include_archived: bool) -> Session | None:
-        cached = await self._cached(key, include_archived)
+        cached, dropped = await self._cached(key, include_archived)
         if cached is not None and (cached._in_backend or cached.is_dirty()):
             return cached
         session = await self._load_fresh(key, include_archived)
         if session is not None:
+            if dropped is not None:
+                session._carried_from(dropped)
             await self._remember(session)
         return session
 
@@ -255,22 +262,30 @@ class SessionManager(SessionListing):
         return session
 
     async def _get_or_create(self, key: str) -> Session:
-        cached = await self._cached(key, False)
+        cached, dropped = await self._cached(key, False)
         if cached is not None:
             return cached
         session = await self._load_fresh(key, False)
         if session is None:
             session = self._new(key, None)
+        elif dropped is not None:
+            session._carried_from(dropped)
         await self._remember(session)
         return session
 
-    async def _load_fresh(self, key: str, include_archived: bool) -> Session | None:
+    async def _load_fresh(self, key: str, include_archived: bool, *, settle: bool = True) -> Session | None:
         found = await self.backend.load_session_payloads(key, include_archived=include_archived)
         if found is None:
-            return await self._fallback.merge(key, None, None)
+            return await self._fallback.merge(key, None, None, settle=settle)
         session = self._new(key, found.record)
         session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
-        return await self._fallback.merge(key, session, found.record)
+        return await self._fallback.merge(key, session, found.record, settle=settle)
+
+    async def _peek(self, key: str) -> Session | None:
+        """The session as a load would return it (backend and fallback file merged), for reading only:
+        nothing is written — no repair, no file deleted or quarantined, and, since it does not join the
+        cache, no eviction (which saves what it evicts)."""
+        return await self._load_fresh(key, False, settle=False)
 
     # --- cache ----------------------------------------------------------------------------------------
 
@@ -290,7 +305,7 @@ class SessionManager(SessionListing):
                     continue  # a held session is never evicted, nor the one just handed out
                 if session.is_dirty():
                     try:
-                        await self.save(session)
+                        await self._save(session)
                     except StatekeelError as exc:
                         log.warning(
                             "could not save session %r before evicting it; it stays cached: %s", key, exc
@@ -323,9 +338,14 @@ class SessionManager(SessionListing):
         A save whose outcome the session never heard (the call was cancelled, or the COMMIT's answer was
         lost) is recognised by the next save or load, from the write id stored with the row: settled as
         saved, never written twice nor taken for another writer's. ``BackendUnavailable`` once the store
-        is closed, with nothing written.
+        is closed, with nothing written. A session whose save raised ``ConflictError`` leaves the cache:
+        the next load reads the stored version.
         """
-        await self._save(session)
+        try:
+            await self._save(session)
+        except ConflictError:
+            self._forget(session.key, session)
+            raise
 
     async def _save(self, session: Session) -> bool:
         """Save; True when the backend took it, False when it went to the fallback file. Saves of one

@@ -220,6 +220,15 @@ class Session:
         return self._first + len(self.messages)
 
     @property
+    def fallback_file(self) -> str | None:
+        """The path of the fallback file holding this session's last save (the backend could not take
+        it; the file is replayed into the backend later), or None when that save reached the backend."""
+        if self._fallback_sig is None:
+            return None
+        files = getattr(self._owner, "fallback", None)
+        return None if files is None else str(files.file_for(self.key))
+
+    @property
     def saved_head(self) -> int:
         """The head sequence the backend held when this session was last loaded or saved."""
         return self._head
@@ -434,6 +443,33 @@ class Session:
         self._version = record.version
         self.updated_at = record.updated_at
         return True
+
+    def _carried_from(self, old: Session) -> None:
+        """``load()`` read this session fresh in place of the cached ``old``, which held unsaved changes
+        but fell behind another writer's: ``old``'s metadata and status edits move here, so that the next
+        save stores them or raises ``ConflictError``, never drops them. An edit of a field the other writer
+        left alone becomes an edit of this session (saved on top of theirs); when they changed the same
+        field, this session keeps ``old``'s base (version, stored metadata and status), so its save
+        conflicts instead of overwriting theirs. Unsaved messages are not moved: they would follow
+        another head (``old``'s save raises ``ConflictError``)."""
+        metadata_edited = old._metadata_edited()
+        status_edited = old.status != old._saved_status
+        if not (metadata_edited or status_edited):
+            return
+        if not (old._in_backend and self._in_backend and old.created_at == self.created_at):
+            return  # deleted (and perhaps created again) meanwhile: nothing to edit on top of
+        base = {} if old._metadata_raw is None else self._codec.decode(old._metadata_raw)
+        collide = (metadata_edited and self._metadata_raw != old._metadata_raw and self.metadata != base) or (
+            status_edited and self._saved_status != old._saved_status
+        )
+        if metadata_edited:
+            self.metadata = self._codec.decode(self._codec.encode(old.metadata, where="metadata"))
+        if status_edited:
+            self.status = old.status
+        if collide:
+            self._version = old._version
+            self._metadata_raw = old._metadata_raw
+            self._saved_status = old._saved_status
 
     def _in_step_with(self, record: SessionRecord) -> bool:
         """Whether ``record`` is the row this session was last loaded or saved at, but for its metadata

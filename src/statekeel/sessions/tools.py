@@ -38,7 +38,7 @@ from ..errors import (
     UnknownToolCall,
 )
 from ..holders import holder_is_dead
-from ..journal import StepFn, check_fn, discard, run_step
+from ..journal import StepFn, check_fn, check_outside_transaction, discard, run_step
 from ..transcripts import ToolCall, TranscriptIndex, analyze, normalize_item, tool_result
 from ..validation import check_bool, check_key
 from .session import Session
@@ -231,6 +231,12 @@ class ToolCalls:
             check_key(call_id, "call_id")
             check_bool(idempotent, "idempotent")
             check_fn(fn, call_id=call_id)
+            check_outside_transaction(
+                self._manager.backend.in_atomic(),
+                f"tool call {call_id!r} of session {session.key!r}",
+                key=session.key,
+                call_id=call_id,
+            )
             call = self._waiting_call(session, call_id)
             running = _key(session, call_id)
             if running in self._running:
@@ -469,7 +475,7 @@ class ToolCalls:
                     answered = [c.call_id for c in session.repaired]
                     doubt = await self.in_doubt(session, recovering=True)
             else:
-                loaded = await manager.load(key, repair=False)
+                loaded = await manager._peek(key)  # writes nothing: not even by evicting from the cache
                 if loaded is None:
                     return
                 waiting = self._index(loaded).awaiting()

@@ -370,9 +370,24 @@ class TranscriptIndex:
         anthropic_append: dict[str, Any] | None = None
         inserts: dict[int, list[dict[str, Any]]] = {}
         anthropic_inserts: dict[int, dict[str, Any]] = {}
+        # A call whose real result was stored out of place (after other messages) gets that result moved
+        # where its provider wants it, never an interrupted answer beside it.
+        misplaced: dict[_Key, int] = {}
+        for r in self._orphans:
+            misplaced.setdefault((r.dialect, r.call_id), r.index)
+        moved: list[tuple[int, int, str]] = []
         for call in calls:
             answer = interrupted_answer(call, text)
             at = self._abandoned_at.get((call.dialect, call.call_id))
+            found = misplaced.get((call.dialect, call.call_id))
+            if (
+                at is not None
+                and found is not None
+                and found > call.index
+                and call.dialect is not Dialect.OPENAI_RESPONSES
+            ):
+                moved.append((found, at, call.call_id))
+                continue
             if call.dialect is Dialect.OPENAI_RESPONSES or at is None:
                 if call.dialect is not Dialect.ANTHROPIC:
                     append.append(answer)
@@ -390,7 +405,9 @@ class TranscriptIndex:
             else:
                 inserts.setdefault(at, []).append(answer)
         insert = tuple((at, message) for at in sorted(inserts) for message in inserts[at])
-        return Repair(calls=calls, append=tuple(append), insert=insert, offset=self._offset)
+        return Repair(
+            calls=calls, append=tuple(append), insert=insert, offset=self._offset, moved=tuple(moved)
+        )
 
 
 def analyze(messages: Iterable[Mapping[str, Any]]) -> TranscriptState:

@@ -90,27 +90,64 @@ class Repair:
     append: tuple[dict[str, Any], ...]
     insert: tuple[tuple[int, dict[str, Any]], ...] = ()
     offset: int = 0
+    # (n, m, call_id): the real result of ``call_id``, stored out of place in message ``n``, goes right
+    # before message ``m`` (where its provider wants it) and leaves message ``n``.
+    moved: tuple[tuple[int, int, str], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.calls)
 
     def apply(self, messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """The repaired transcript: ``messages`` with the inserted and appended results (a new list)."""
-        if not self.insert:
+        """The repaired transcript: ``messages`` with the inserted and appended results, and the results
+        stored out of place moved where their provider wants them (a new list; ``messages`` and the
+        messages in it are not changed). Every call then has exactly one result."""
+        if not self.insert and not self.moved:
             return [*messages, *self.append]
+        before: dict[int, list[Mapping[str, Any]]] = {}
+        taken: dict[int, set[str]] = {}
+        for n, m, call_id in self.moved:
+            result = _result_of(messages[n - self.offset], call_id)
+            before.setdefault(m - self.offset, []).append(result)
+            taken.setdefault(n - self.offset, set()).add(call_id)
+        for at, answer in self.insert:
+            before.setdefault(at - self.offset, []).append(answer)
         out: list[Mapping[str, Any]] = []
-        pending = iter(self.insert)
-        nxt = next(pending, None)
-        for i, message in enumerate(messages):
-            while nxt is not None and nxt[0] - self.offset == i:
-                out.append(nxt[1])
-                nxt = next(pending, None)
-            out.append(message)
-        while nxt is not None:  # positions at the end of the list
-            out.append(nxt[1])
-            nxt = next(pending, None)
+        for i, stored in enumerate(messages):
+            out.extend(before.pop(i, ()))
+            kept = _without_results(stored, taken[i]) if i in taken else stored
+            if kept is not None:
+                out.append(kept)
+        for at in sorted(before):  # positions at the end of the list
+            out.extend(before[at])
         out.extend(self.append)
         return out
+
+
+def _result_of(message: Mapping[str, Any], call_id: str) -> Mapping[str, Any]:
+    """The message that holds only ``message``'s result of ``call_id``: a chat tool message is one already;
+    an Anthropic ``tool_result`` block goes in a user message of its own."""
+    content = message.get("content")
+    if message.get("role") == "user" and type(content) is list:
+        blocks = [
+            b
+            for b in content
+            if type(b) is dict and b.get("type") == "tool_result" and b.get("tool_use_id") == call_id
+        ]
+        return {"role": "user", "content": blocks[:1]}
+    return message
+
+
+def _without_results(message: Mapping[str, Any], call_ids: set[str]) -> Mapping[str, Any] | None:
+    """``message`` without its results of ``call_ids`` (a copy), or None when nothing else is left."""
+    content = message.get("content")
+    if message.get("role") == "user" and type(content) is list:
+        kept = [
+            b
+            for b in content
+            if not (type(b) is dict and b.get("type") == "tool_result" and b.get("tool_use_id") in call_ids)
+        ]
+        return {**message, "content": kept} if kept else None
+    return None  # a chat tool message is its one result
 
 
 # --- the Responses item types that are tool calls a client answers ---------------------------------------
