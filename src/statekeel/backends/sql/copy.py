@@ -52,11 +52,14 @@ TABLES: tuple[CopyTable, ...] = (
         "key",
     ),
     _table(
-        "messages", "session_key:text seq:int role:text payload:json created_at:ts usage:json", "session_key seq"
+        "messages",
+        "session_key:text seq:int role:text payload:json created_at:ts usage:json",
+        "session_key seq",
     ),
     _table(
         "compressions",
-        "session_key:text compression_id:text first_seq:int upto_seq:int summary:text created_at:ts kind:text",
+        "session_key:text compression_id:text first_seq:int upto_seq:int summary:text created_at:ts "
+        "kind:text",
         "session_key compression_id",
     ),
     _table(
