@@ -147,13 +147,13 @@ RETURNING key, status, metadata, last_consolidated, head_seq, version, created_a
 -- name: session_chain
 -- The ancestors a fork reads, oldest first: each one's part of the history is [lo, hi) (its own messages
 -- from its own fork point, up to where its child forked). $1, $2: the fork's parent_key and parent_seq.
-WITH RECURSIVE chain (key, lo, hi, parent_key, depth) AS (
-    SELECT key, least(coalesce(parent_seq, 0), $2::bigint), $2::bigint, parent_key, 0 FROM sessions WHERE key = $1
+WITH RECURSIVE chain (key, lo, hi, parent_key, depth, last_consolidated) AS (
+    SELECT key, least(coalesce(parent_seq, 0), $2::bigint), $2::bigint, parent_key, 0, last_consolidated FROM sessions WHERE key = $1
     UNION ALL
-    SELECT s.key, least(coalesce(s.parent_seq, 0), c.lo), c.lo, s.parent_key, c.depth + 1
+    SELECT s.key, least(coalesce(s.parent_seq, 0), c.lo), c.lo, s.parent_key, c.depth + 1, s.last_consolidated
     FROM sessions s JOIN chain c ON s.key = c.parent_key
 )
-SELECT key, lo, hi FROM chain ORDER BY depth DESC;
+SELECT key, lo, hi, last_consolidated FROM chain ORDER BY depth DESC;
 
 -- name: session_children
 -- The forks made directly from a session, by fork point then key.
@@ -231,3 +231,9 @@ WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL
 UNION ALL
 SELECT usage::text AS usage FROM message_archive
 WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL;
+
+-- name: message_payload_range
+-- Live messages [$2, $3) as one JSON array (an ancestor's part of a fork's history, none of it archived).
+SELECT coalesce(json_agg(payload ORDER BY seq), '[]'::json)::text AS arr, count(*) AS n, min(seq) AS lo,
+       max(seq) AS hi
+FROM messages WHERE session_key = $1 AND seq >= $2 AND seq < $3;

@@ -13,13 +13,18 @@ from ...errors import StorageCorrupt
 from . import Row, Tx
 
 
-async def chain(tx: Tx, parent_key: str, parent_seq: int, start: int) -> list[tuple[str, int, int]]:
-    """The ancestors' parts ``(key, lo, hi)`` of a fork's history from ``start`` on, oldest first."""
+async def chain(
+    tx: Tx, parent_key: str, parent_seq: int, start: int, *, live: list[bool] | None = None
+) -> list[tuple[str, int, int]]:
+    """The ancestors' parts ``(key, lo, hi)`` of a fork's history from ``start`` on, oldest first. With
+    ``live``, one flag per part is appended to it: whether none of that part is archived."""
     parts = []
     for r in await tx.fetchall("session_chain", parent_key, parent_seq):
         lo, hi = max(r["lo"], start), r["hi"]
         if lo < hi:
             parts.append((r["key"], lo, hi))
+            if live is not None:
+                live.append(lo >= r["last_consolidated"])
     if not parts or parts[0][1] != max(start, 0) or sum(hi - lo for _, lo, hi in parts) != parent_seq - start:
         raise StorageCorrupt(
             f"the ancestors of a fork of session {parent_key!r} at {parent_seq} do not cover seqs "
