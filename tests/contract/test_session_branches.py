@@ -245,3 +245,32 @@ async def test_an_encrypted_fork_opens_its_parents_messages(store_url: str, tmp_
         assert contents(f.messages) == ["m0", "m1"]
         await s.sessions.delete("p")
         assert contents((await fresh(s, "f")).messages) == ["m0", "m1"]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+
+
+async def test_a_fork_left_with_waiting_calls_by_a_process_that_is_gone_is_repaired(
+    store_url: str, tmp_path: Any
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as creator:
+        s = await creator.sessions.get_or_create("p")
+        s.add_message("user", "run it")
+        s.add_message("assistant", None, tool_calls=[CALL])
+        await creator.sessions.save(s)
+        f = await creator.sessions.fork("p", 2, new_key="f")
+        g = await creator.sessions.fork("p", 2, new_key="g")
+        # Its creator is alive: the call it inherited is its to answer.
+        assert [c.call_id for c in f.pending_calls()] == ["c1"] and f.repaired == ()
+        assert g.repaired == ()
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as later:
+        report = await later.recover()  # finds the forks through their own rows, reads what they inherited
+        assert report.orphaned_tool_calls.get("f") == ["c1"] and report.orphaned_tool_calls.get("g") == ["c1"]
+        f2 = await fresh(later, "f")
+        assert f2.pending_calls() == [] and len(f2.messages) == 3 and f2.messages[2]["tool_call_id"] == "c1"
+        # The parent's history is its own: answered once, in its own transcript, not through the fork.
+        p = await fresh(later, "p")
+        assert len(p.messages) == 3
+        assert await view(later, "f") == ["run it", None, f2.messages[2]["content"]]

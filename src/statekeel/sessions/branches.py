@@ -15,12 +15,15 @@ from .session import Rewind, Session
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
 
+    from .tools import ToolCalls
+
 
 class SessionBranches:
     """Fork, rewind, branches and usage over the manager's backend and cache."""
 
     backend: StorageBackend
     _cache: MutableMapping[str, Session]
+    _tools: ToolCalls
 
     def _lease_for(self, key: str) -> SessionLease | None:
         raise NotImplementedError
@@ -44,7 +47,11 @@ class SessionBranches:
         if new_key is None:
             new_key = f"{key}/fork-{uuid.uuid4().hex[:12]}"
         check_key(new_key, "new_key")
-        await self.backend.fork_session(key, at_seq, new_key)
+        # The calls it inherits still waiting for a result are this process's until it is gone (its
+        # heartbeat first: a reader never sees the owner without it).
+        if at_seq > 0:
+            await self._tools.ensure_heartbeat()
+        await self.backend.fork_session(key, at_seq, new_key, calls_owner=self._tools.owner)
         session = await self.load(new_key)
         if session is None:  # deleted by another writer between the fork and this read
             raise NotFound(f"the fork {new_key!r} of {key!r} was deleted as soon as it was made", key=new_key)

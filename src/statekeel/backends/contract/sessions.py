@@ -234,10 +234,17 @@ class SessionBackend(abc.ABC):
 
     @abc.abstractmethod
     async def fork_session(
-        self, key: str, at_seq: int, new_key: str, *, metadata: bytes | None = None
+        self,
+        key: str,
+        at_seq: int,
+        new_key: str,
+        *,
+        metadata: bytes | None = None,
+        calls_owner: str | None = None,
     ) -> SessionRecord:
         """Create ``new_key`` as a fork of ``key`` at ``at_seq`` (``0 <= at_seq <= key``'s head): a row
-        only, whatever the parent's length. ``NotFound`` for an unknown parent, ``ConflictError`` if
+        only, whatever the parent's length. Its count of waiting tool calls starts unknown (-1, when it
+        inherits any message) with ``calls_owner`` (the process making it) as their owner. ``NotFound`` for an unknown parent, ``ConflictError`` if
         ``new_key`` exists, ``InvalidArgument`` for a seq out of range."""
 
     @abc.abstractmethod

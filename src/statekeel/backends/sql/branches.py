@@ -16,7 +16,7 @@ _EMPTY_OBJECT = b"{}"
 
 
 async def op_fork_session(
-    tx: Tx, key: str, at_seq: int, new_key: str, metadata: bytes | None
+    tx: Tx, key: str, at_seq: int, new_key: str, metadata: bytes | None, calls_owner: str | None
 ) -> SessionRecord:
     # The parent's row is locked until the commit: it cannot be deleted (nor rewound) under the fork.
     parent = await tx.fetchone("session_get_for_update", key)
@@ -32,7 +32,7 @@ async def op_fork_session(
     now = tx.ts_in(utcnow())
     # Without metadata of its own the fork starts with its parent's, as stored.
     meta = parent["metadata"] if metadata is None else tx.json_in(metadata)
-    row = await tx.fetchone("session_insert_fork", new_key, meta, key, at_seq, now)
+    row = await tx.fetchone("session_insert_fork", new_key, meta, key, at_seq, now, calls_owner)
     if row is None:
         raise ConflictError(
             f"session {new_key!r} already exists: choose another key for the fork", key=new_key
@@ -155,12 +155,20 @@ class SqlBranches(SqlBackend):
     """Forks, rewinds and usage of the session contract over the operations above."""
 
     async def fork_session(
-        self, key: str, at_seq: int, new_key: str, *, metadata: bytes | None = None
+        self,
+        key: str,
+        at_seq: int,
+        new_key: str,
+        *,
+        metadata: bytes | None = None,
+        calls_owner: str | None = None,
     ) -> SessionRecord:
         check_key(key, "session key")
         check_key(new_key, "new_key")
         check_int(at_seq, "at_seq")
-        return await self._write(op_fork_session, key, at_seq, new_key, metadata)
+        if calls_owner is not None:
+            check_str(calls_owner, "calls_owner")
+        return await self._write(op_fork_session, key, at_seq, new_key, metadata, calls_owner)
 
     async def rewind_session(
         self,

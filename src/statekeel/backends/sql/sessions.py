@@ -171,9 +171,9 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
     own_from = live_from
     if record.parent_key is not None and record.parent_seq is not None and live_from < record.parent_seq:
         # A fork: its ancestors' parts first (each read live or archived), on this same snapshot.
-        live: list[bool] = []
-        parts = await chain(tx, record.parent_key, record.parent_seq, live_from, live=live)
-        for (part_key, lo, hi), unarchived in zip(parts, live, strict=True):
+        flags: list[bool] = []
+        parts = await chain(tx, record.parent_key, record.parent_seq, live_from, live=flags)
+        for (part_key, lo, hi), unarchived in zip(parts, flags, strict=True):
             # A part none of which is archived is read in index order, without merging the archive.
             query = "message_payload_range" if unarchived else "view_payload_array"
             part = await tx.fetchone(query, part_key, lo, hi)

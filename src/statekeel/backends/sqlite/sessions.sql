@@ -138,9 +138,13 @@ SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) A
 FROM (SELECT seq, payload FROM message_archive WHERE session_key = ?1 ORDER BY seq);
 
 -- name: session_insert_fork
--- A fork: its row only (nothing is copied); its head starts at the fork point.
-INSERT INTO sessions (key, metadata, head_seq, parent_key, parent_seq, created_at, updated_at)
-VALUES (?1, ?2, ?4, ?3, ?4, ?5, ?5)
+-- A fork: its row only (nothing is copied); its head starts at the fork point. What it inherited may end
+-- with tool calls waiting for a result: their count is unknown (-1) until counted, and their owner is the
+-- process that made the fork (?6), so that they are answered once it is gone.
+INSERT INTO sessions (key, metadata, head_seq, parent_key, parent_seq, created_at, updated_at, open_calls,
+                      calls_owner)
+VALUES (?1, ?2, ?4, ?3, ?4, ?5, ?5, CASE WHEN ?4 > 0 THEN -1 ELSE 0 END,
+        CASE WHEN ?4 > 0 THEN ?6 END)
 ON CONFLICT (key) DO NOTHING
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
        calls_owner, write_id, parent_key, parent_seq, rewinds;
