@@ -4,7 +4,8 @@ For each parent length N: the time of the fork's write (``backend.fork_session``
 the target is O(1) in the parent's length) and of ``sessions.fork(parent, N)`` (that write, then the load
 of the Session it returns, which holds the N messages), and the time of loading (uncached) a fork of a
 session of N messages that added 10 of its own, against loading a plain session of the same N + 10
-messages, measured alternately in the same run (target: within 1.2x). Medians (and minimums) of ``--repeat``. Writes
+messages, measured alternately in the same run (target: within 1.2x). Medians (and minimums) of
+``--repeat``. Writes
 ``bench/results/branches-<time>.json``.
 """
 
