@@ -244,8 +244,9 @@ class SessionBackend(abc.ABC):
     ) -> SessionRecord:
         """Create ``new_key`` as a fork of ``key`` at ``at_seq`` (``0 <= at_seq <= key``'s head): a row
         only, whatever the parent's length. Its count of waiting tool calls starts unknown (-1, when it
-        inherits any message) with ``calls_owner`` (the process making it) as their owner. ``NotFound`` for an unknown parent, ``ConflictError`` if
-        ``new_key`` exists, ``InvalidArgument`` for a seq out of range."""
+        inherits any message) with ``calls_owner`` (the process making it) as their owner. ``NotFound``
+        for an unknown parent, ``ConflictError`` if ``new_key`` exists, ``InvalidArgument`` for a seq out
+        of range."""
 
     @abc.abstractmethod
     async def rewind_session(
