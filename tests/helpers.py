@@ -541,6 +541,7 @@ class Prepared:
             "/traces?status=error",
             f"/trace?id={self.trace_id}",
             "/trace?id=missing",
+            "/threads",
             "/approvals",
             "/audit",
             "/audit?after=0",

@@ -231,6 +231,14 @@ class UnserializableValue(SerializationError, TypeError, ValueError):
     hint = "Nothing was written; store only values the serializer supports (or configure its serde)."
 
 
+class InvalidImportSource(InvalidArgument, ValueError):
+    """What ``statekeel import --from SOURCE PATH`` was given cannot be imported: an unknown source, a
+    file that is not a database of that source's shape, or items that source would not hold. Nothing was
+    written."""
+
+    hint = "Nothing was written; check --from and the path (the database the framework's own store wrote)"
+
+
 class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
     """A synchronous method of an async adapter cannot run here: on the event loop the adapter runs on
     (it would block that loop forever), or while that loop is not running."""
@@ -249,6 +257,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
+    "InvalidImportSource",
     "InvalidKey",
     "InvalidTransition",
     "LeaseLost",

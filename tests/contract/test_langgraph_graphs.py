@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import operator
 import os
+import threading
+from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -34,8 +36,11 @@ class Inner(TypedDict):
     checked: bool
 
 
-def _build(ran: list[str], *, fail_once: set[str] | None = None) -> StateGraph[Any]:
-    """plan -> (research || draft) -> review (asks a human) -> publish; review runs a subgraph first."""
+def _build(
+    ran: list[str], *, fail_once: set[str] | None = None, fail_after: threading.Event | None = None
+) -> StateGraph[Any]:
+    """plan -> (research || draft) -> review (asks a human) -> publish; review runs a subgraph first.
+    A node of ``fail_once`` fails its first run, once ``fail_after`` is set (when given)."""
     failing = fail_once if fail_once is not None else set()
 
     def node(name: str, **update: Any) -> Any:
@@ -43,6 +48,8 @@ def _build(ran: list[str], *, fail_once: set[str] | None = None) -> StateGraph[A
             ran.append(name)
             if name in failing:
                 failing.discard(name)
+                # Nodes run in worker threads: this one waits here, off the event loop, for its cue.
+                assert fail_after is None or fail_after.wait(30), "the cue to fail never came"
                 raise RuntimeError(f"{name} failed")
             return {"log": [name], **update}
 
@@ -150,11 +157,30 @@ async def test_graph_ends_as_with_langgraphs_own_saver_in_every_durability_mode(
     assert ours_history == their_history
 
 
+class _TellsWhenSaved(StatekeelSaver):
+    """A saver that sets ``saved`` once the writes of the node ``node`` are committed."""
+
+    def __init__(self, store: statekeel.Store, node: str, saved: threading.Event) -> None:
+        super().__init__(store)
+        self._node, self._saved = node, saved
+
+    async def aput_writes(
+        self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await super().aput_writes(config, writes, task_id, task_path)
+        if ("log", [self._node]) in writes:
+            self._saved.set()
+
+
 async def test_failed_node_is_retried_alone_and_finished_siblings_are_not_rerun(
     store: statekeel.Store,
 ) -> None:
+    # LangGraph cancels the siblings still running when a node fails (their results are dropped and they
+    # run again on the retry, with any saver): draft fails only once research's result is committed.
     ran: list[str] = []
-    graph = _build(ran, fail_once={"draft"}).compile(checkpointer=StatekeelSaver(store))
+    saved = threading.Event()
+    saver = _TellsWhenSaved(store, "research", saved)
+    graph = _build(ran, fail_once={"draft"}, fail_after=saved).compile(checkpointer=saver)
     with pytest.raises(RuntimeError, match="draft failed"):
         await graph.ainvoke({"log": [], "n": 0}, CFG, durability="sync")
     assert sorted(ran) == ["draft", "plan", "research"]
@@ -306,3 +332,26 @@ async def test_delta_channel_history_equals_the_base_walk_across_pages_and_forks
     assert await asyncio.to_thread(
         saver.get_delta_channel_history, config=config, channels=["marks"]
     ) == await saver.aget_delta_channel_history(config=config, channels=["marks"])
+
+
+async def test_threads_are_listed_with_their_checkpoints_and_counted_by_info(store: statekeel.Store) -> None:
+    saver = StatekeelSaver(store)
+    await _build([]).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, CFG)
+    other = {"configurable": {"thread_id": "run-2"}}
+    await _build([]).compile(checkpointer=saver).ainvoke({"log": [], "n": 0}, other)
+    threads = await store.backend.list_checkpoint_threads()
+    assert [t.thread_id for t in threads] == ["run-2", "run-1"]  # the most recently checkpointed first
+    history = [s async for s in _build([]).compile(checkpointer=saver).aget_state_history(CFG)]
+    first = threads[1]
+    assert first.namespaces == 2  # the graph's and the inner subgraph's
+    assert first.checkpoints >= len(history)
+    stored = await store.backend.list_checkpoints(thread_id="run-1", limit=1000)
+    assert first.checkpoints == len(stored)
+    assert first.latest_checkpoint_id == max(r.checkpoint_id for r in stored)
+    assert first.latest_at <= threads[0].latest_at
+    assert [t.thread_id for t in await store.backend.list_checkpoint_threads(limit=1)] == ["run-2"]
+    counts = (await store.info(check_integrity=False)).counts
+    assert counts is not None and counts.checkpoint_threads == 2
+    assert counts.checkpoints == sum(t.checkpoints for t in threads)
+    with pytest.raises(statekeel.InvalidArgument, match="limit"):
+        await store.backend.list_checkpoint_threads(limit=0)

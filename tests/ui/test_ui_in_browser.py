@@ -231,6 +231,7 @@ def test_every_page_loads_in_the_browser_and_leaves_the_database_unchanged(
         f"workflow?id={prepared.workflow_id}": "Workflow release",
         "approvals": "Pending approvals",
         "traces": "Traces",
+        "threads": "Threads",
         "recovery": "Recovery report",
         "session?key=nobody": "Session not found",
     }

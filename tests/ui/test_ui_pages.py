@@ -8,6 +8,7 @@ import html
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import markupsafe
 import pytest
@@ -226,3 +227,35 @@ def test_bad_input_gets_an_error_page_not_a_traceback(
     assert response.status_code == status
     assert "text/html" in response.headers["content-type"]
     assert phrase in html.unescape(response.text) and "Traceback" not in response.text
+
+
+def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_path: Path) -> None:
+    pytest.importorskip("langgraph.checkpoint.base")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from statekeel.integrations.langgraph import StatekeelSaver
+
+    url = sqlite_url(tmp_path / "threads.db")
+
+    async def fill() -> None:
+        async with statekeel.open_store(url) as store:
+            saver = StatekeelSaver(store)
+            for thread, namespaces in (("older", [""]), ("newer", ["", "inner"]), ("newer", [""])):
+                for ns in namespaces:
+                    config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+                    await saver.aput(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+
+    asyncio.run(fill())
+    with TestClient(create_app(url), base_url=BASE) as c:
+        page = c.get("/threads").text
+        assert re.findall(r"<tr>\s*<td><code>([^<]+)</code>", page) == ["newer", "older"]
+        assert "newer 3 2" in text(page) and "older 1 1" in text(page)
+    empty_url = sqlite_url(tmp_path / "empty.db")
+
+    async def create() -> None:
+        async with statekeel.open_store(empty_url):
+            pass
+
+    asyncio.run(create())
+    with TestClient(create_app(empty_url), base_url=BASE) as c:
+        assert "No LangGraph threads in this store." in c.get("/threads").text

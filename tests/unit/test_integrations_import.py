@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-FRAMEWORKS = ("langgraph", "langchain_core", "agents", "opentelemetry")
+FRAMEWORKS = ("langgraph", "langchain_core", "agents", "opentelemetry", "google")
 
 
 def test_import_statekeel_does_not_import_a_framework() -> None:
@@ -36,6 +36,7 @@ def test_saver_is_reachable_from_the_integrations_package() -> None:
         ("StatekeelSession", "openai_agents"),
         ("StatekeelTracingProcessor", "openai_agents"),
         ("StatekeelSpanExporter", "otel"),
+        ("StatekeelSessionService", "adk"),
     ],
 )
 def test_each_adapter_is_reachable_from_the_integrations_package(name: str, module: str) -> None:
@@ -52,6 +53,7 @@ def test_each_adapter_is_reachable_from_the_integrations_package(name: str, modu
         ("openai_agents", "agents", "openai-agents"),
         ("otel", "opentelemetry", "otel"),
         ("langgraph_store", "langgraph", "langgraph"),
+        ("adk", "google", "adk"),
     ],
 )
 def test_an_adapter_names_its_extra_when_its_framework_is_missing(

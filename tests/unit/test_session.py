@@ -90,3 +90,25 @@ def test_a_tool_result_for_a_call_the_session_never_made_is_refused_and_nothing_
 def test_history_rejects_a_bad_max_messages(bad: Any) -> None:
     with pytest.raises(statekeel.InvalidArgument):
         new_session().history(bad)
+
+
+def test_a_result_the_transcript_does_not_expect_is_kept_as_it_is_when_not_strict() -> None:
+    session = new_session()
+    orphan = {"type": "function_call_output", "call_id": "elsewhere", "output": "42"}
+    with pytest.raises(statekeel.UnknownToolCall):
+        session.add_item(orphan)
+    assert session.messages == []
+    assert session.add_item(orphan, strict=False) == orphan
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"}
+    session.add_item(call)
+    session.add_item({"type": "function_call_output", "call_id": "c1", "output": "3"})
+    again = {"type": "function_call_output", "call_id": "c1", "output": "3 again"}
+    with pytest.raises(statekeel.ToolCallAlreadyAnswered):
+        session.add_item(again)
+    session.add_item(again, strict=False)
+    assert [m.get("output") for m in session.messages] == ["42", None, "3", "3 again"]
+    assert session.pending_calls() == []
+    with pytest.raises(statekeel.InvalidArgument, match="strict"):
+        session.add_item(again, strict="no")  # type: ignore[arg-type]
+    with pytest.raises(statekeel.InvalidArgument):
+        session.add_item({"content": "no role"}, strict=False)  # still a message, or refused

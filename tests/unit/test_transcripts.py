@@ -725,3 +725,24 @@ def test_a_model_whose_dump_fails_is_refused_with_a_serialization_error() -> Non
     with pytest.raises(statekeel.SerializationError) as info:
         normalize_item(Broken())
     assert "cannot dump" in str(info.value)
+
+
+def test_a_call_id_comes_again_once_its_call_is_answered_and_the_result_answers_the_latest_call() -> None:
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "add"},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "3"},
+        {"role": "user", "content": "again"},
+    ]
+    index = TranscriptIndex(items, strict=True)
+    index.add({"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"})
+    first, second = index.state().calls
+    assert (first.index, second.index) == (1, 4)
+    assert index.answered(first) and not index.answered(second)
+    assert [c.index for c in index.awaiting()] == [4]
+    with pytest.raises(statekeel.TranscriptError, match="has no result yet"):
+        index.check({"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"})
+    index.add({"type": "function_call_output", "call_id": "c1", "output": "3 again"})
+    assert index.answered(second) and index.state().orphans == ()
+    with pytest.raises(statekeel.ToolCallAlreadyAnswered):
+        index.check({"type": "function_call_output", "call_id": "c1", "output": "once more"})

@@ -59,6 +59,7 @@ def _print_facts(out: Console, facts: StoreInfo, *, migrations: bool) -> None:
             f"memories: {counts.memories}, open contradictions: {counts.contradictions_open}, "
             f"file changes: {counts.file_changes}"
         )
+        out.print(f"langgraph threads: {counts.checkpoint_threads}, checkpoints: {counts.checkpoints}")
     if facts.files is not None:
         out.print(
             f"database file: {size_text(facts.files.database_bytes)}, WAL: {size_text(facts.files.wal_bytes)}"

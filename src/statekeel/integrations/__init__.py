@@ -17,6 +17,11 @@
       session = StatekeelSession("user-42", "sqlite:///agent.db")
       await Runner.run(agent, "run the tests", session=session)
 
+- Google ADK (``pip install 'statekeel[adk]'``):
+  :class:`statekeel.integrations.adk.StatekeelSessionService`, a ``BaseSessionService``::
+
+      runner = Runner(agent=agent, app_name="shop", session_service=StatekeelSessionService(url))
+
 - OpenTelemetry (``pip install 'statekeel[otel]'``):
   :class:`statekeel.integrations.otel.StatekeelSpanExporter`, a ``SpanExporter`` into ``store.traces``.
 
@@ -36,6 +41,7 @@ _LAZY = {
     "StatekeelSession": "statekeel.integrations.openai_agents",
     "StatekeelTracingProcessor": "statekeel.integrations.openai_agents",
     "StatekeelSpanExporter": "statekeel.integrations.otel",
+    "StatekeelSessionService": "statekeel.integrations.adk",
 }
 
 

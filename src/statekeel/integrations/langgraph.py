@@ -69,6 +69,7 @@ from ..errors import (
     UnserializableValue,
 )
 from ..store import Store, open_store
+from ._bridge import LoopThread, blocking
 
 T = TypeVar("T")
 
@@ -162,6 +163,12 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
         async with StatekeelSaver.from_url("postgresql://agent@db:5432/agents") as saver:
             graph = builder.compile(checkpointer=saver)
 
+    or, for a sync graph (``graph.invoke``, ``get_state``), as LangGraph's ``SqliteSaver`` is used::
+
+        with StatekeelSaver.from_url("sqlite:///agent.db") as saver:
+            graph = builder.compile(checkpointer=saver)
+            graph.invoke({"messages": [...]}, {"configurable": {"thread_id": "user-42"}})
+
     The async methods are the interface. The sync ones (``get_tuple``, ``list``, ``put`` …) exist for
     LangGraph's sync API and run on the saver's event loop: call them from another thread while that loop
     runs; on the loop itself they raise :class:`~statekeel.errors.SyncCallRefused`, as LangGraph's own
@@ -180,6 +187,7 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
         self.store = store
         self.loop: asyncio.AbstractEventLoop | None = _loop_now()
         self._owns_store = False
+        self._thread: LoopThread | None = None  # the store's own loop, for a saver opened with `with`
 
     @classmethod
     def from_url(
@@ -204,6 +212,17 @@ class StatekeelSaver(BaseCheckpointSaver[str]):
         """Close the store if this saver opened it (``from_url``); a store passed in is left open."""
         if self._owns_store:
             await self.store.close()
+
+    def close(self) -> None:
+        """Close, from sync code, a saver opened with ``with StatekeelSaver.from_url(url) as saver:`` (the
+        block does it): its store, then the thread its event loop runs on."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            blocking(self.aclose(), thread.loop, "StatekeelSaver.close")
+        finally:
+            thread.stop()
 
     # --- serialization -------------------------------------------------------------------------------
 
@@ -617,6 +636,25 @@ class _SaverOpener:
 
     def __await__(self) -> Generator[Any, None, StatekeelSaver]:
         return self._open().__await__()
+
+    def __enter__(self) -> StatekeelSaver:
+        """``with StatekeelSaver.from_url(url) as saver:`` for a sync graph (``graph.invoke``,
+        ``get_state``, ``get_state_history``): the store runs on an event loop of its own, on a thread the
+        block ends with the store."""
+        thread = LoopThread("statekeel-saver")
+        try:
+            saver = blocking(self._open(), thread.loop, "StatekeelSaver.from_url")
+        except BaseException:
+            thread.stop()
+            raise
+        saver.loop = thread.loop
+        saver._thread = thread
+        self._saver = saver
+        return saver
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saver is not None:
+            self._saver.close()
 
     async def __aenter__(self) -> StatekeelSaver:
         self._saver = await self._open()

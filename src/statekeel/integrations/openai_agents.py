@@ -14,19 +14,21 @@ A session's items are the messages of the statekeel session of the same key, in 
 format the SDK hands over: ``statekeel show``, ``store.recover()`` and ``store.sessions.load`` work on it
 as on any other session. The stored history is append-only: ``pop_item`` hides the last item (the hidden
 sequence numbers are in the session's metadata) and ``clear_session`` moves the items into the message
-archive; neither deletes a message.
+archive; neither deletes a message. A session made from a URL works from any thread and event loop (its
+store runs on a loop of its own), as ``SQLiteSession`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import datetime as dt
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings
@@ -44,13 +46,17 @@ from ..errors import (
     InvalidConfig,
     InvalidKey,
     SerializationError,
+    SyncCallRefused,
     UnserializableValue,
 )
 from ..sessions import Session as StoredSession
 from ..store import Store, open_store
-from ..transcripts import normalize_item
+from ..transcripts import Dialect, interrupted_answer, normalize_item
 from ..validation import check_key
+from ._bridge import LoopThread, blocking, on_loop, running_loop, submit
 from ._spans import SinkOwner, SpanSink, utc_from_iso
+
+T = TypeVar("T")
 
 log = logging.getLogger("statekeel.integrations.openai_agents")
 
@@ -58,8 +64,6 @@ log = logging.getLogger("statekeel.integrations.openai_agents")
 HIDDEN_KEY = "openai_agents.popped"
 # The summary of the compression clear_session makes.
 CLEARED = "cleared by the OpenAI Agents SDK (clear_session)"
-# Response item types that answer a call by its call_id (a hidden call hides its answers too).
-_OUTPUT_SUFFIX = "_output"
 
 
 def _session_id(value: Any) -> str:
@@ -80,10 +84,19 @@ def _check_limit(limit: Any) -> int | None:
 class StatekeelSession:
     """The OpenAI Agents SDK's ``Session`` protocol on a statekeel session.
 
-    ``StatekeelSession(session_id, url)`` opens the store at ``url`` on first use (close it with
-    ``await session.aclose()`` or ``async with``); ``StatekeelSession.from_store(store, session_id)`` (or
-    ``StatekeelSession(session_id, store)``) uses a store the application opened and closes. ``open_store``
+    ``StatekeelSession(session_id, url)`` opens the store at ``url`` on first use, on an event loop of its
+    own (a daemon thread), so that the session works from any thread and event loop — ``Runner.run`` on
+    the application's loop, ``Runner.run_sync`` or ``asyncio.run`` in worker threads — as ``SQLiteSession``
+    does; close it with ``session.close()``, ``await session.aclose()`` or ``async with``.
+    ``StatekeelSession.from_store(store, session_id)`` (or ``StatekeelSession(session_id, store)``) uses a
+    store the application opened and closes: the session then runs on that store's event loop, and a call
+    from another thread or loop goes through it while it runs (a call that could never complete, that loop
+    being closed or stopped, raises :class:`~statekeel.errors.SyncCallRefused` at once). ``open_store``
     options pass as keywords with a URL.
+
+    The session stores and returns, unchanged and in order, what the SDK hands it, as ``SQLiteSession``
+    does: a tool output answering no call of the session, a call id used again in a later turn (a result
+    answers the latest call of that id still without one), an output added again after ``pop_item``.
 
     Each ``add_items`` is one transaction that appends its items after what the store holds (a failure
     appends none of them); ``pop_item`` and ``clear_session`` are one transaction each. Every write takes
@@ -122,9 +135,13 @@ class StatekeelSession:
             raise InvalidConfig(f"lock_timeout must be None or a number >= 0, got {lock_timeout!r}")
         self.lock_timeout = lock_timeout
         self._store: Store | None = None
+        self._url: str | None = None
         self._opener: Any = None
         self._opening: asyncio.Lock | None = None
-        self._owns_store = False
+        self._home: asyncio.AbstractEventLoop | None = None  # the loop the store runs on
+        self._thread: LoopThread | None = None  # the session's own loop, for a store it opened
+        self._thread_lock = threading.Lock()
+        self._closed = False
         self._holding = 0
         if isinstance(store, Store):
             if store_options:
@@ -133,9 +150,10 @@ class StatekeelSession:
                     "open store"
                 )
             self._store = store
+            self._home = running_loop()
         elif isinstance(store, str):
             self._opener = open_store(store, **store_options)  # a bad URL or option fails here
-            self._owns_store = True
+            self._url = store
         else:
             raise InvalidConfig(
                 f"StatekeelSession needs a store URL or an open statekeel Store, got {type(store).__name__}"
@@ -158,24 +176,65 @@ class StatekeelSession:
             session_id, store, session_settings=session_settings, lock_timeout=lock_timeout, repair=repair
         )
 
-    # --- the store --------------------------------------------------------------------------------------
+    # --- the store and its event loop -------------------------------------------------------------------
+
+    def _loop(self, what: str) -> asyncio.AbstractEventLoop:
+        """The event loop the store runs on (started with the session's own thread for a URL)."""
+        if self._url is None:
+            if self._home is None:
+                self._home = running_loop()  # the store's loop: the first caller's
+            assert self._home is not None  # every caller is a coroutine
+            return self._home
+        with self._thread_lock:
+            if self._closed:
+                raise SyncCallRefused(
+                    f"StatekeelSession.{what}: the session was closed; make a new StatekeelSession"
+                )
+            if self._thread is None:
+                self._thread = LoopThread(f"statekeel-session-{self.session_id}")
+            return self._thread.loop
+
+    async def _run(self, what: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        loop = self._loop(what)  # before the coroutine is made: a refusal leaves none unawaited
+        return await on_loop(make(), loop, f"StatekeelSession.{what}")
+
+    async def _open_here(self) -> Store:
+        if self._store is None:
+            if self._opening is None:  # made on the store's loop, where every _open_here runs
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._store is None:
+                    self._store = await self._opener
+        return self._store
 
     async def store(self) -> Store:
-        """The statekeel store, opened on first use when this session was made from a URL."""
-        if self._store is not None:
-            return self._store
-        if self._opening is None:
-            self._opening = asyncio.Lock()
-        async with self._opening:
-            if self._store is None:
-                self._store = await self._opener
-        return self._store
+        """The statekeel store, opened on first use when this session was made from a URL. Such a store
+        runs on the session's own event loop: call its methods from there, or open another store on the
+        same URL to read it from elsewhere."""
+        return await self._run("store", self._open_here)
+
+    async def _close_here(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
 
     async def aclose(self) -> None:
         """Close the store if this session opened it (from a URL); a store passed in is left open."""
-        if self._owns_store and self._store is not None:
-            store, self._store = self._store, None
-            await store.close()
+        self.close()
+
+    def close(self) -> None:
+        """Close the store if this session opened it (from a URL), as ``SQLiteSession.close()`` closes its
+        connections; a store passed in is left open. Callable from any thread, also on an event loop."""
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+            self._closed = self._url is not None
+        if thread is None:
+            return
+        try:
+            if thread.alive:
+                blocking(self._close_here(), thread.loop, "StatekeelSession.close")
+        finally:
+            thread.stop()
 
     async def __aenter__(self) -> StatekeelSession:
         await self.store()
@@ -194,12 +253,52 @@ class StatekeelSession:
         Another process's writes to this session wait until the block ends (``LockTimeout`` past
         ``timeout``, default the session's ``lock_timeout``).
         """
-        store = await self.store()
-        lock = store.sessions.lock(self.session_id)
-        await lock.acquire(self.lock_timeout if timeout is None else timeout)
-        self._holding += 1
+        wait = self.lock_timeout if timeout is None else timeout
+        loop = self._loop("hold")
+        if running_loop() is loop:  # on the store's loop: this task holds the lock
+            store = await self._open_here()
+            lock = store.sessions.lock(self.session_id)
+            await lock.acquire(wait)
+            self._holding += 1
+            try:
+                yield self
+            finally:
+                self._holding -= 1
+                await lock.release()
+            return
+        # Elsewhere, one task on the store's loop takes the lock and gives it back (a lock is its task's).
+        held: concurrent.futures.Future[asyncio.Event] = concurrent.futures.Future()
+        holder = submit(self._hold_for(held, wait), loop, "StatekeelSession.hold")
+        try:
+            release = await asyncio.wrap_future(held)
+        except BaseException:
+            if held.done() and not held.cancelled() and held.exception() is None:
+                loop.call_soon_threadsafe(held.result().set)  # taken as this caller gave up: give it back
+            raise
         try:
             yield self
+        finally:
+            loop.call_soon_threadsafe(release.set)
+            await asyncio.wrap_future(holder)
+
+    async def _hold_for(self, held: concurrent.futures.Future[asyncio.Event], wait: float | None) -> None:
+        """Hold the session lock, on the store's loop, until the event handed out through ``held`` is set."""
+        try:
+            store = await self._open_here()
+            lock = store.sessions.lock(self.session_id)
+            await lock.acquire(wait)
+        except BaseException as exc:
+            if not held.done():
+                held.set_exception(exc)
+            raise
+        release = asyncio.Event()
+        self._holding += 1
+        try:
+            try:
+                held.set_result(release)
+            except concurrent.futures.InvalidStateError:
+                return  # the caller stopped waiting (it was cancelled): give the lock back
+            await release.wait()
         finally:
             self._holding -= 1
             await lock.release()
@@ -207,7 +306,7 @@ class StatekeelSession:
     @asynccontextmanager
     async def _writing(self) -> AsyncIterator[tuple[Store, StoredSession]]:
         """The statekeel session, loaded (and repaired) under its lock, for one write."""
-        store = await self.store()
+        store = await self._open_here()
         if self._holding:
             yield store, await store.sessions.get_or_create(self.session_id, repair=self.repair)
             return
@@ -222,11 +321,15 @@ class StatekeelSession:
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The session's items in order: the latest ``limit`` (default ``session_settings.limit``; None:
-        all). Items ``pop_item`` hid are left out, and so are the outputs answering a hidden call."""
+        all). Items ``pop_item`` removed are left out; items a save wrote to the fallback file while the
+        database was unavailable are in."""
         limit = _check_limit(limit)
         if limit is None and self.session_settings is not None:
             limit = _check_limit(self.session_settings.limit)
-        store = await self.store()
+        return await self._run("get_items", lambda: self._get_items(limit))
+
+    async def _get_items(self, limit: int | None) -> list[Any]:
+        store = await self._open_here()
         session = await store.sessions.load(self.session_id, repair=self.repair)
         if session is None or limit == 0:
             return []
@@ -234,32 +337,42 @@ class StatekeelSession:
 
     async def add_items(self, items: list[Any]) -> None:
         """Append ``items`` (dicts or the SDK's pydantic items) in one transaction, after what the store
-        holds. Refused before anything is written: a non-list (``InvalidConfig``), an item that is not a
-        Responses item (``InvalidConfig``) or cannot be serialized (``UnserializableValue``, a
-        ``TypeError`` as ``json.dumps`` raises, and a ``ValueError``), a tool output that answers no call
-        or one already answered (``UnknownToolCall``, ``ToolCallAlreadyAnswered``)."""
+        holds, each stored as it is (as ``SQLiteSession`` stores them: also a tool output that answers no
+        call of the session, or a call already answered). Refused before anything is written: a non-list
+        (``InvalidConfig``), an item that is not a Responses item (``InvalidConfig``) or cannot be
+        serialized (``UnserializableValue``, a ``TypeError`` as ``json.dumps`` raises, and a
+        ``ValueError``)."""
         if not isinstance(items, Sequence) or isinstance(items, str | bytes):
             raise InvalidConfig(f"items must be a list of items, got {type(items).__name__}")
         if not items:
             return
-        store = await self.store()
+        batch = list(items)
+        await self._run("add_items", lambda: self._add_items(batch))
+
+    async def _add_items(self, items: list[Any]) -> None:
+        store = await self._open_here()
         messages = [_normalized(item, i, store) for i, item in enumerate(items)]
         async with self._writing() as (store, session):
             before = len(session.messages)
             try:
                 for message in messages:
-                    session.add_item(message)
+                    session.add_item(message, strict=False)
                 await store.sessions.save(session)
             except BaseException:
                 # Nothing of this batch may stay behind, unsaved, for a later write to save.
-                saved = session.saved_head - (session.head_seq - len(session.messages))
+                saved = session.acknowledged_head - (session.head_seq - len(session.messages))
                 if saved <= before:
                     del session.messages[before:]
                 raise
 
     async def pop_item(self) -> Any | None:
         """Remove and return the most recent item (None for an empty session). The stored history keeps
-        it: its sequence number joins the hidden ones in the session's metadata, in one transaction."""
+        it: its sequence number joins the hidden ones in the session's metadata, in one transaction. A
+        removed call still waiting for its output is answered, hidden too, with an interrupted output: no
+        repair answers it later, and the same call added again is a new call."""
+        return await self._run("pop_item", self._pop_item)
+
+    async def _pop_item(self) -> Any | None:
         async with self._writing() as (store, session):
             first = session.head_seq - len(session.messages)
             hidden = _hidden(session)
@@ -267,17 +380,32 @@ class StatekeelSession:
             if found is None:
                 return None
             seq, item = found
-            _set_hidden(session, hidden | {seq}, first)
+            before = len(session.messages)
+            now_hidden = hidden | {seq}
+            for call in session.pending_calls():
+                if call.index == seq:
+                    answer = interrupted_answer(call)
+                    if call.dialect is Dialect.ANTHROPIC:
+                        answer = {"role": "user", "content": [answer]}
+                    now_hidden.add(session.head_seq)
+                    session.add_item(answer, strict=False)
+            _set_hidden(session, now_hidden, first)
             try:
                 await store.sessions.save(session)
             except BaseException:
                 _set_hidden(session, hidden, first)
+                saved = session.acknowledged_head - (session.head_seq - len(session.messages))
+                if saved <= before:
+                    del session.messages[before:]
                 raise
             return copy.deepcopy(item)
 
     async def clear_session(self) -> None:
         """Clear the session: its items move into statekeel's message archive (``statekeel ui`` and
         ``store.sessions.archived(key)`` still list them), in one transaction."""
+        await self._run("clear_session", self._clear_session)
+
+    async def _clear_session(self) -> None:
         async with self._writing() as (store, session):
             if session.saved_head > session.last_consolidated:
                 await store.sessions.compress(self.session_id, session.saved_head, CLEARED)
@@ -318,51 +446,28 @@ def _set_hidden(session: StoredSession, hidden: set[int], first: int) -> None:
         session.metadata.pop(HIDDEN_KEY, None)
 
 
-def _hidden_calls(session: StoredSession, hidden: set[int]) -> set[str]:
-    """The call ids of the hidden items that are calls: their outputs are hidden with them."""
-    first = session.head_seq - len(session.messages)
-    calls = set()
-    for seq in hidden:
-        if first <= seq < session.head_seq:
-            item = session.messages[seq - first]
-            kind = item.get("type")
-            if isinstance(kind, str) and not kind.endswith(_OUTPUT_SUFFIX) and "call_id" in item:
-                calls.add(item["call_id"])
-    return calls
-
-
-def _is_hidden(item: Mapping[str, Any], seq: int, hidden: set[int], calls: set[str]) -> bool:
-    if seq in hidden:
-        return True
-    kind = item.get("type")
-    is_output = isinstance(kind, str) and kind.endswith(_OUTPUT_SUFFIX)
-    return bool(calls) and is_output and item.get("call_id") in calls
-
-
 def _visible(session: StoredSession, limit: int | None) -> list[dict[str, Any]]:
-    """The live, saved items minus the hidden ones; the latest ``limit`` of them. Items another task is
-    adding (in the session object, not committed yet) are not read."""
+    """The live, acknowledged items (in the backend, or in the fallback file) minus the hidden ones; the
+    latest ``limit`` of them. Items another task is adding (not written yet) are not read."""
     hidden = _hidden(session)
     first = session.head_seq - len(session.messages)
-    messages = session.messages[: session.saved_head - first]
+    messages = session.messages[: session.acknowledged_head - first]
     if not hidden:
         return list(messages if limit is None else messages[-limit:])
-    calls = _hidden_calls(session, hidden)
     out: list[dict[str, Any]] = []
     for i in range(len(messages) - 1, -1, -1):
         if limit is not None and len(out) >= limit:
             break
-        if not _is_hidden(messages[i], first + i, hidden, calls):
+        if first + i not in hidden:
             out.append(messages[i])
     out.reverse()
     return out
 
 
 def _last_visible(session: StoredSession, hidden: set[int]) -> tuple[int, dict[str, Any]] | None:
-    calls = _hidden_calls(session, hidden)
     first = session.head_seq - len(session.messages)
     for i in range(len(session.messages) - 1, -1, -1):
-        if not _is_hidden(session.messages[i], first + i, hidden, calls):
+        if first + i not in hidden:
             return first + i, session.messages[i]
     return None
 

@@ -265,7 +265,7 @@ class SessionFallback:
                 key=session.key,
                 fallback_error=str(exc),
             ) from cause
-        session._fell_back(signature)
+        session._fell_back(signature, changes.base + len(snap.messages))
         self.pending.add(session.key)
         log.warning(
             "backend unavailable (%s): session %r (%d unsaved messages) written to fallback file %s",

@@ -28,7 +28,7 @@ from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
 from ..transcripts import ToolCall, normalize_item, role_of, safe_window
 from ..usage import check_usage
-from ..validation import check_str
+from ..validation import check_bool, check_str
 from .transcript import SessionTranscript
 
 
@@ -114,6 +114,7 @@ _STORED = (
     "created_at",
     "updated_at",
     "_fallback_sig",
+    "_fallback_head",
     "_unsure",
 )
 _stored_fields = operator.attrgetter(*_STORED)
@@ -136,6 +137,7 @@ class Session:
 
     __slots__ = (
         "_codec",
+        "_fallback_head",
         "_fallback_sig",
         "_first",
         "_full",
@@ -171,6 +173,7 @@ class Session:
         self.summaries: list[Summary] = []
         # The signature of the fallback file whose content this session holds (it wrote or merged it).
         self._fallback_sig: str | None = None
+        self._fallback_head = 0  # the head sequence that file holds
         self._saving = asyncio.Lock()  # one save of this object at a time
         # The saves since the last one that was answered whose outcome this session never heard, by
         # write id: each may have landed (see _landed).
@@ -233,6 +236,15 @@ class Session:
         """The head sequence the backend held when this session was last loaded or saved."""
         return self._head
 
+    @property
+    def acknowledged_head(self) -> int:
+        """The head sequence of what the store acknowledged: the messages before it are in the backend or,
+        while it is unavailable, in this session's fallback file (a save that fell back returned, so they
+        survive ``kill -9``); messages after it are being added and not written yet."""
+        if self._fallback_sig is None:
+            return self._head
+        return max(self._head, min(self._fallback_head, self.head_seq))
+
     def add_message(
         self, role: str, content: Any, *, usage: Mapping[str, Any] | None = None, **fields: Any
     ) -> dict[str, Any]:
@@ -249,7 +261,9 @@ class Session:
         check_str(role, "role")
         return self._append({"role": role, "content": content, **fields}, usage)
 
-    def add_item(self, item: Any, *, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def add_item(
+        self, item: Any, *, strict: bool = True, usage: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Append any provider message or item as it is: a chat or Anthropic message, an OpenAI Responses
         item (which has a ``type`` and no ``role``), or a pydantic model of the OpenAI or Anthropic SDK
         (stored as its JSON, loaded back as an equal dict). Returns the dict stored; checked like
@@ -257,16 +271,25 @@ class Session:
 
             session.add_item(response.output[0])   # {"type": "function_call", "call_id": ..., ...}
 
-        ``usage``: as in :meth:`add_message`.
+        ``strict=False`` stores a tool result or call the transcript does not expect (a result answering
+        no call of the session, or one already answered), as a framework's own store does: it is kept as
+        it is, and counted among ``analyze()``'s orphans or malformed messages instead of refused. The
+        item must still be a message that can be serialized. ``usage``: as in :meth:`add_message`.
         """
-        return self._append(item, usage)
+        check_bool(strict, "strict")
+        return self._append(item, usage, strict=strict)
 
-    def _append(self, item: Any, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def _append(
+        self, item: Any, usage: Mapping[str, Any] | None = None, *, strict: bool = True
+    ) -> dict[str, Any]:
         encoded_usage = None if usage is None else self._codec.encode(check_usage(usage), where="usage")
         message = normalize_item(item)
         index = self._tools.index(self.messages, self._first)
         self._codec.encode(message, where=f"messages[{self.head_seq}]")
-        index.add(message)  # refuses (and changes nothing) before the message joins the list
+        if strict:
+            index.add(message)  # refuses (and changes nothing) before the message joins the list
+        else:
+            index.add_stored(message)
         if encoded_usage is not None:
             if self._usage is None:
                 self._usage = {}
@@ -404,6 +427,7 @@ class Session:
         self.updated_at = snap.updated_at
         self.messages = list(snap.messages)
         self._fallback_sig = signature
+        self._fallback_head = self.head_seq
 
     def _continued_by(self, snap: FallbackSnapshot, messages: list[dict[str, Any]], signature: str) -> None:
         """A fallback file continues what this session holds: ``messages`` (the file's messages this
@@ -414,10 +438,12 @@ class Session:
         if snap.status_changed:
             self.status = snap.status
         self._fallback_sig = signature
+        self._fallback_head = self.head_seq
 
-    def _fell_back(self, signature: str) -> None:
-        """The unsaved part was written to the fallback file with ``signature``."""
+    def _fell_back(self, signature: str, head: int) -> None:
+        """The unsaved part, up to ``head``, was written to the fallback file with ``signature``."""
         self._fallback_sig = signature
+        self._fallback_head = head
 
     def _metadata_edited(self) -> bool:
         if self._metadata_raw is None:

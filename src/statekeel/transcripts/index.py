@@ -77,7 +77,10 @@ class TranscriptIndex:
         check_int(offset, "offset")
         self._offset = offset
         self._count = 0
-        self._calls: dict[_Key, ToolCall] = {}
+        self._calls: dict[_Key, ToolCall] = {}  # the latest call of each id
+        self._all_calls: list[ToolCall] = []
+        # The calls that have their result, by id and the index of the message that made them.
+        self._answered_at: set[tuple[Dialect, str, int]] = set()
         self._answered: dict[_Key, ToolResult] = {}
         self._unanswered: dict[_Key, ToolCall] = {}
         self._abandoned_at: dict[_Key, int] = {}
@@ -127,11 +130,13 @@ class TranscriptIndex:
         fresh: set[_Key] = set()
         for call in p.calls:
             key = (call.dialect, call.call_id)
-            if key in self._calls or key in fresh:
+            # An id may come again once its earlier call has its result (some providers reuse ids from
+            # one turn to the next): the new call is then the one a result with that id answers.
+            if key in self._unanswered or key in fresh:
                 _fail(
                     p,
-                    f"messages[{i}] makes tool call {call.call_id!r}, an id an earlier call of this "
-                    "transcript already has; each call needs its own id",
+                    f"messages[{i}] makes tool call {call.call_id!r}, the id of an earlier call of this "
+                    "transcript that has no result yet; each waiting call needs its own id",
                     call_id=call.call_id,
                     dialect=call.dialect.value,
                     index=i,
@@ -277,10 +282,15 @@ class TranscriptIndex:
         for call in step.new_calls:
             key = (call.dialect, call.call_id)
             self._calls[key] = call
+            self._all_calls.append(call)
+            self._answered.pop(key, None)  # a reused id: the new call waits for its own result
+            self._abandoned_at.pop(key, None)
             self._unanswered[key] = call
         for result in step.answers:
             key = (result.dialect, result.call_id)
             self._answered[key] = result
+            if result.call_index is not None:
+                self._answered_at.add((result.dialect, result.call_id, result.call_index))
             self._unanswered.pop(key, None)
             self._abandoned_at.pop(key, None)
             self._results.append(result)
@@ -321,7 +331,7 @@ class TranscriptIndex:
         """A snapshot of the calls, results and problems found so far."""
         pending, pending_from = self._pending()
         return TranscriptState(
-            calls=tuple(self._calls.values()),
+            calls=tuple(self._all_calls),
             results=tuple(self._results),
             unanswered=tuple(self._unanswered.values()),
             pending=tuple(pending),
@@ -356,7 +366,7 @@ class TranscriptIndex:
 
     def answered(self, call: ToolCall) -> bool:
         """Whether ``call`` has its result."""
-        return (call.dialect, call.call_id) in self._answered
+        return (call.dialect, call.call_id, call.index) in self._answered_at
 
     def repair(self, text: str = INTERRUPTED_TEXT, *, only: Iterable[str] | None = None) -> Repair:
         """The interrupted results that answer every unanswered call (see :func:`plan_repair`), or only

@@ -30,6 +30,7 @@ BOARD_SIZE = 12  # tasks shown per column of the board; the column links to the 
 AUDIT_PAGE = 100
 APPROVALS_SHOWN = 500
 WORKFLOWS_SHOWN = 200
+THREADS_SHOWN = 500
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -289,6 +290,10 @@ def routes(ui: Ui) -> list[BaseRoute]:
             request, "trace.html", title=f"Trace {trace_id}", trace_id=trace_id, chart=waterfall(spans)
         )
 
+    async def threads(request: Request) -> Response:
+        found = await ui.store.backend.list_checkpoint_threads(limit=THREADS_SHOWN)
+        return ui.render(request, "threads.html", title="Threads", threads=found, limit=THREADS_SHOWN)
+
     async def recovery(request: Request) -> Response:
         report = await ui.store.recover(repair=False)
         return ui.render(request, "recovery.html", title="Recovery report", report=report)
@@ -308,6 +313,7 @@ def routes(ui: Ui) -> list[BaseRoute]:
         ("/workflow", workflow),
         ("/traces", traces),
         ("/trace", trace),
+        ("/threads", threads),
         ("/approvals", approvals),
         ("/audit", audit),
         ("/recovery", recovery),

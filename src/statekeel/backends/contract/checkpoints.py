@@ -13,6 +13,7 @@ __all__ = [
     "CheckpointBackend",
     "CheckpointLineage",
     "CheckpointRecord",
+    "CheckpointThread",
     "CheckpointWrite",
     "NewCheckpoint",
     "TypedBlob",
@@ -87,6 +88,18 @@ class CheckpointRecord:
     channel_values: dict[str, TypedBlob]
     pending_writes: tuple[CheckpointWrite, ...]
     created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointThread:
+    """A thread as a listing shows it: how many checkpoints it holds in how many namespaces, and its newest
+    checkpoint's id and time."""
+
+    thread_id: str
+    checkpoints: int
+    namespaces: int
+    latest_checkpoint_id: str
+    latest_at: dt.datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +179,11 @@ class CheckpointBackend(abc.ABC):
         its ancestors by parent id, nearest first, at most ``limit`` in all, read on one snapshot; each
         with the values and pending writes of ``channels`` only. Empty when the checkpoint is not stored;
         the chain ends at a parent id that names no stored checkpoint."""
+
+    @abc.abstractmethod
+    async def list_checkpoint_threads(self, *, limit: int = 100) -> list[CheckpointThread]:
+        """The threads with a checkpoint, the most recently checkpointed first (then by thread id), at
+        most ``limit``, read on one snapshot."""
 
     @abc.abstractmethod
     async def delete_checkpoint_thread(self, thread_id: str) -> int:

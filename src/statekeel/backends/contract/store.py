@@ -88,7 +88,8 @@ class StateCounts:
     ``approvals_pending`` counts undecided, unexpired approvals (what ``approvals.pending()`` lists);
     ``audit_entries`` is the audit head's sequence number: entries are numbered from 1 and never deleted.
     ``memories`` counts live memories (neither forgotten nor superseded), ``contradictions_open`` the
-    unresolved contradictions, ``file_changes`` the records of the file ledger.
+    unresolved contradictions, ``file_changes`` the records of the file ledger; ``checkpoint_threads`` and
+    ``checkpoints`` the LangGraph threads (``StatekeelSaver``) and their checkpoints, every namespace.
     """
 
     sessions: dict[str, int] = field(default_factory=dict)
@@ -99,6 +100,8 @@ class StateCounts:
     memories: int = 0  # live: neither forgotten nor superseded
     contradictions_open: int = 0
     file_changes: int = 0
+    checkpoint_threads: int = 0
+    checkpoints: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,3 +26,10 @@ SELECT count(*) AS n FROM memory_contradictions WHERE resolved_at IS NULL;
 
 -- name: info_file_changes
 SELECT count(*) AS n FROM file_changes;
+
+-- name: info_checkpoint_threads
+-- LangGraph threads with a checkpoint: read from the primary key, which thread_id leads.
+SELECT count(DISTINCT thread_id) AS n FROM checkpoints;
+
+-- name: info_checkpoints
+SELECT count(*) AS n FROM checkpoints;

@@ -14,10 +14,12 @@ from typing import Any
 
 import orjson
 
+from ...errors import InvalidArgument
 from ..base import (
     CheckpointBackend,
     CheckpointLineage,
     CheckpointRecord,
+    CheckpointThread,
     CheckpointWrite,
     NewCheckpoint,
     TypedBlob,
@@ -214,6 +216,19 @@ async def _drop_unused_blobs(tx: Tx, thread_ids: Sequence[str]) -> None:
         await tx.execute("checkpoint_blobs_unused_delete", thread_id)
 
 
+async def op_list_checkpoint_threads(tx: Tx, limit: int) -> list[CheckpointThread]:
+    return [
+        CheckpointThread(
+            thread_id=row["thread_id"],
+            checkpoints=int(row["checkpoints"]),
+            namespaces=int(row["namespaces"]),
+            latest_checkpoint_id=row["latest_checkpoint_id"],
+            latest_at=tx.ts_out(row["latest_at"]),
+        )
+        for row in await tx.fetchall("checkpoint_threads", limit)
+    ]
+
+
 async def op_delete_checkpoint_thread(tx: Tx, thread_id: str) -> int:
     await tx.execute("checkpoint_thread_writes_delete", thread_id)
     await tx.execute("checkpoint_thread_blobs_delete", thread_id)
@@ -300,6 +315,11 @@ class SqlCheckpoints(SqlBackend, CheckpointBackend):
         return await self._read(
             op_checkpoint_lineage, thread_id, checkpoint_ns, checkpoint_id, tuple(channels), limit
         )
+
+    async def list_checkpoint_threads(self, *, limit: int = 100) -> list[CheckpointThread]:
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}", value=limit)
+        return await self._read(op_list_checkpoint_threads, limit)
 
     async def delete_checkpoint_thread(self, thread_id: str) -> int:
         return await self._write(op_delete_checkpoint_thread, thread_id)

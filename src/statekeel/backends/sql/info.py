@@ -31,9 +31,12 @@ async def op_count_state(tx: Tx, now: dt.datetime) -> StateCounts:
     memories = await tx.fetchone("info_memories_live")
     contradictions = await tx.fetchone("info_contradictions_open")
     files = await tx.fetchone("info_file_changes")
+    threads = await tx.fetchone("info_checkpoint_threads")
+    checkpoints = await tx.fetchone("info_checkpoints")
     # An aggregate always returns one row.
     assert pending is not None and audit is not None
     assert memories is not None and contradictions is not None and files is not None
+    assert threads is not None and checkpoints is not None
     return StateCounts(
         sessions=await _by_status(tx, "info_sessions_by_status", SESSION_STATUSES),
         tasks=await _by_status(tx, "info_tasks_by_status", TASK_STATUSES),
@@ -43,6 +46,8 @@ async def op_count_state(tx: Tx, now: dt.datetime) -> StateCounts:
         memories=int(memories["n"]),
         contradictions_open=int(contradictions["n"]),
         file_changes=int(files["n"]),
+        checkpoint_threads=int(threads["n"]),
+        checkpoints=int(checkpoints["n"]),
     )
 
 

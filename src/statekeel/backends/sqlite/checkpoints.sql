@@ -192,3 +192,9 @@ SELECT checkpoint_id, task_id, idx, channel, type, blob, task_path FROM checkpoi
 WHERE thread_id = ?1 AND checkpoint_ns = ?2 AND checkpoint_id IN (SELECT value FROM json_each(?3))
   AND channel IN (SELECT value FROM json_each(?4))
 ORDER BY checkpoint_id, task_path, task_id, idx;
+
+-- name: checkpoint_threads
+-- One row a thread, from the primary key (thread_id leads it); the most recently checkpointed first.
+SELECT thread_id, count(*) AS checkpoints, count(DISTINCT checkpoint_ns) AS namespaces,
+       max(checkpoint_id) AS latest_checkpoint_id, max(created_at) AS latest_at
+FROM checkpoints GROUP BY thread_id ORDER BY max(created_at) DESC, thread_id LIMIT ?1;

@@ -1,0 +1,102 @@
+"""``statekeel import``: bring existing state into a store.
+
+``statekeel import --from openai-agents-sqlite PATH [--session ID]`` and ``--from langgraph-sqlite PATH``
+copy the database another framework's own store wrote (``statekeel.integrations.importers``); a plain
+``statekeel import FILE`` loads a statekeel export (``statekeel.import_store``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import statekeel
+
+from ..store import open_store, redact_url
+from . import main
+from .common import console, run, store_keys, store_options, store_url
+
+SOURCES = ("openai-agents-sqlite", "langgraph-sqlite")
+
+
+async def _from_source(
+    url: str, keys: Any, source: str, path: str, session_id: str | None, show: bool
+) -> Any:
+    from ..integrations.importers import import_from
+
+    async with open_store(url, encryption_key=keys) as store:
+        if not show:
+            return await import_from(store, source, path, session_id=session_id)
+        with Progress(
+            TextColumn("{task.description:<24}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console(),
+        ) as bar:
+            task = bar.add_task("sessions" if source.startswith("openai") else "checkpoints", total=None)
+
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            return await import_from(store, source, path, session_id=session_id, progress=tick)
+
+
+async def _from_export(url: str, keys: Any, path: str) -> Any:
+    async with open_store(url, encryption_key=keys) as store:
+        return await statekeel.import_store(store, path)  # type: ignore[attr-defined]
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(SOURCES),
+    default=None,
+    help="The store that wrote PATH: the Agents SDK's SQLiteSession or LangGraph's SqliteSaver database.",
+)
+@click.option("--session", "session_id", default=None, metavar="ID", help="Import this SDK session only.")
+@store_options
+def import_(
+    path: str, source: str | None, session_id: str | None, db: str | None, key_file: str | None
+) -> None:
+    """Import PATH into the store: with --from, the database an OpenAI Agents SDK SQLiteSession or a
+    LangGraph SqliteSaver wrote (its sessions or checkpoints, counts checked; run it again to pick up what
+    was added since); without, a statekeel export file.
+
+    The source is checked whole first: a database of the wrong shape writes nothing.
+    """
+    url, keys = store_url(db), store_keys(key_file)
+    if source is None:
+        if session_id is not None:
+            raise click.UsageError("--session applies to --from openai-agents-sqlite")
+        if not hasattr(statekeel, "import_store"):
+            raise click.UsageError(
+                "importing a statekeel export file is not available in this version; to import another "
+                f"framework's database, pass --from ({' or '.join(SOURCES)})"
+            )
+        report = run(_from_export(url, keys, path), f"cannot import {path} into {redact_url(url)}")
+        console().print(f"imported {path} into {redact_url(url)}: {report}", markup=False)
+        return
+    if session_id is not None and source != "openai-agents-sqlite":
+        raise click.UsageError("--session applies to --from openai-agents-sqlite")
+    show = sys.stdout.isatty()
+    report = run(
+        _from_source(url, keys, source, path, session_id, show),
+        f"cannot import {path} into {redact_url(url)}",
+    )
+    what = ("sessions", "items") if source == "openai-agents-sqlite" else ("threads", "checkpoints")
+    line = (
+        f"imported {report.units} {what[0]}, {report.records} {what[1]} from {path} into {redact_url(url)}: "
+        f"{report.added} added, {report.skipped} already there"
+    )
+    if source == "langgraph-sqlite":
+        line += f", {report.writes} pending writes"
+    console().print(line, markup=False)
+
+
+__all__ = ["import_"]
