@@ -62,6 +62,7 @@ async def test_rewind_moves_the_tail_to_the_archive_and_the_next_append_takes_it
         (5, "m5"),
     ]
     assert (await fresh(store, "s")).summaries == []
+    assert await store.sessions.rewinds("s") == [rw]
 
 
 async def test_the_cached_session_follows_its_rewind(store: statekeel.Store) -> None:

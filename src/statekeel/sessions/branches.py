@@ -100,6 +100,15 @@ class SessionBranches:
             raise NotFound(f"session {key!r} does not exist", key=key)
         return total_usage(key, usages)
 
+    async def rewinds(self, key: str) -> list[Rewind]:
+        """The rewinds of session ``key``, oldest first (``archived(key, r.compression_id)`` reads the
+        messages each took out)."""
+        check_key(key)
+        return [
+            Rewind(r.key, r.compression_id, r.to_seq, r.upto_seq, r.reason, r.created_at)
+            for r in await self.backend.session_rewinds(key)
+        ]
+
     async def branches(self, key: str) -> list[Branch]:
         """Every fork made directly from ``key`` (a fork's own forks: ``branches`` of it), by fork point
         then key, each with its ``at_seq``."""

@@ -268,6 +268,10 @@ class SessionBackend(abc.ABC):
         (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head."""
 
     @abc.abstractmethod
+    async def session_rewinds(self, key: str) -> list[RewindRecord]:
+        """The session's rewind records, oldest first."""
+
+    @abc.abstractmethod
     async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
         """The usages recorded with the messages of ``key``'s history (a fork's inherited part once,
         rewound messages not at all), or None when the session does not exist."""

@@ -241,3 +241,7 @@ WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL;
 SELECT coalesce(json_agg(payload ORDER BY seq), '[]'::json)::text AS arr, count(*) AS n, min(seq) AS lo,
        max(seq) AS hi
 FROM messages WHERE session_key = $1 AND seq >= $2 AND seq < $3;
+
+-- name: rewind_list
+SELECT compression_id, first_seq, upto_seq, summary, created_at FROM compressions
+WHERE session_key = $1 AND kind = 'rewind' ORDER BY created_at, compression_id;

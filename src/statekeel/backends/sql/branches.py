@@ -58,6 +58,15 @@ async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
     return usages
 
 
+async def op_session_rewinds(tx: Tx, key: str) -> list[RewindRecord]:
+    return [
+        RewindRecord(
+            key, r["compression_id"], r["first_seq"], r["upto_seq"], r["summary"], tx.ts_out(r["created_at"])
+        )
+        for r in await tx.fetchall("rewind_list", key)
+    ]
+
+
 async def op_session_branches(tx: Tx, key: str) -> list[Branch]:
     return [
         Branch(r["key"], r["parent_seq"], r["head_seq"], tx.ts_out(r["created_at"]))
@@ -194,6 +203,9 @@ class SqlBranches(SqlBackend):
 
     async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
         return await self._read(op_session_usage, key)
+
+    async def session_rewinds(self, key: str) -> list[RewindRecord]:
+        return await self._read(op_session_rewinds, key)
 
     async def session_branches(self, key: str) -> list[Branch]:
         return await self._read(op_session_branches, key)

@@ -243,3 +243,7 @@ SELECT usage FROM message_archive WHERE session_key = ?1 AND seq >= ?2 AND seq <
 SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) AS n, min(seq) AS lo,
        max(seq) AS hi
 FROM (SELECT seq, payload FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 ORDER BY seq);
+
+-- name: rewind_list
+SELECT compression_id, first_seq, upto_seq, summary, created_at FROM compressions
+WHERE session_key = ?1 AND kind = 'rewind' ORDER BY created_at, compression_id;
