@@ -176,3 +176,25 @@ async def test_deleting_a_rewound_session_removes_its_rewind_records(store: stat
     assert await store.sessions.delete("s")
     await make(store, "s", 1, "new")
     assert await rows(store, "s") == [(0, "new0")]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+
+
+async def test_a_call_a_rewind_leaves_waiting_is_the_rewinders_until_it_is_gone(
+    store_url: str, tmp_path: Any
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a:
+        s = await a.sessions.get_or_create("s")
+        s.add_message("user", "run it")
+        s.add_message("assistant", None, tool_calls=[CALL])
+        s.add_message("tool", "3", tool_call_id="c1")
+        await a.sessions.save(s)
+        await a.sessions.rewind("s", 2, reason="drop the result")  # the call waits again
+        again = await fresh(a, "s")
+        assert again.repaired == () and [c.call_id for c in again.pending_calls()] == ["c1"]
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
+        later = await fresh(b, "s")  # its rewinder is gone: answered once, as any left call
+        assert [c.call_id for c in later.repaired] == ["c1"] and later.pending_calls() == []

@@ -74,6 +74,8 @@ class SessionBranches:
         before = await self.backend.load_session(key)
         if before is None:
             raise NotFound(f"session {key!r} does not exist: nothing to rewind", key=key)
+        # Calls the rewind leaves waiting (an output rewound) are this process's until it is gone.
+        await self._tools.ensure_heartbeat()
         found, record = await self.backend.rewind_session(
             key,
             to_seq,
@@ -82,6 +84,7 @@ class SessionBranches:
             expected_head=before.head_seq,
             lease=self._lease_for(key),
             expected_created_at=before.created_at,
+            calls_owner=self._tools.owner,
         )
         cached = self._cache.get(key)
         if cached is not None and not cached._rewound(before, record):

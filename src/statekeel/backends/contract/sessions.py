@@ -259,13 +259,15 @@ class SessionBackend(abc.ABC):
         expected_head: int,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        calls_owner: str | None = None,
     ) -> tuple[RewindRecord, SessionRecord]:
         """Move the live messages ``[to_seq, head)`` to the archive under a rewind record and set the
         head back to ``to_seq``, in one transaction with the row locked and the lease fenced. A fork that
         read past ``to_seq`` first gets its own copy of that part. ``ConflictError`` when the head is not
         ``expected_head`` (another writer appended) or the row is another incarnation;
         ``InvalidArgument`` unless ``last_consolidated <= to_seq < head``. A save made before the rewind
-        (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head."""
+        (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head. The count of
+        waiting tool calls becomes unknown (-1), owned by ``calls_owner`` (the process rewinding)."""
 
     @abc.abstractmethod
     async def session_rewinds(self, key: str) -> list[RewindRecord]:

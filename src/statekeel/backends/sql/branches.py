@@ -83,6 +83,7 @@ async def op_rewind_session(
     expected_head: int,
     lease: SessionLease | None,
     expected_created_at: dt.datetime | None,
+    calls_owner: str | None = None,
 ) -> tuple[RewindRecord, SessionRecord]:
     await check_fence(tx, key, lease)
     # Locked until the commit: no append, fork or delete of this session runs in between.
@@ -155,7 +156,7 @@ async def op_rewind_session(
         )
     await tx.execute("rewound_copy", compression_id, key, max(to_seq, own_lo), head)
     await tx.execute("message_delete_range", key, max(to_seq, own_lo), head)
-    row = await tx.fetchone("session_rewind", to_seq, now, key, head)
+    row = await tx.fetchone("session_rewind", to_seq, now, key, head, calls_owner)
     assert row is not None  # the row is locked by this transaction
     return RewindRecord(key, compression_id, to_seq, head, reason, now_dt), session_from_row(tx, row)
 
@@ -189,6 +190,7 @@ class SqlBranches(SqlBackend):
         expected_head: int,
         lease: SessionLease | None = None,
         expected_created_at: dt.datetime | None = None,
+        calls_owner: str | None = None,
     ) -> tuple[RewindRecord, SessionRecord]:
         check_key(key, "session key")
         check_int(to_seq, "to_seq")
@@ -197,8 +199,18 @@ class SqlBranches(SqlBackend):
         check_str(compression_id, "compression_id")
         if expected_created_at is not None:
             check_aware(expected_created_at, "expected_created_at")
+        if calls_owner is not None:
+            check_str(calls_owner, "calls_owner")
         return await self._write(
-            op_rewind_session, key, to_seq, reason, compression_id, expected_head, lease, expected_created_at
+            op_rewind_session,
+            key,
+            to_seq,
+            reason,
+            compression_id,
+            expected_head,
+            lease,
+            expected_created_at,
+            calls_owner,
         )
 
     async def session_usage(self, key: str) -> list[dict[str, Any]] | None:

@@ -198,10 +198,11 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);
 
 -- name: session_rewind
 -- The live transcript ends at ?1 again; a fork's own part starts there at the latest. A save made before
--- the rewind conflicts (rewinds + 1); the waiting calls are counted again (-1: unknown).
+-- the rewind conflicts (rewinds + 1); the waiting calls are counted again (-1: unknown), owned by the
+-- process that rewound (?5) until it is gone.
 UPDATE sessions
 SET head_seq = ?1, parent_seq = CASE WHEN parent_key IS NULL THEN NULL ELSE min(parent_seq, ?1) END,
-    rewinds = rewinds + 1, version = version + 1, updated_at = ?2, open_calls = -1, calls_owner = NULL,
+    rewinds = rewinds + 1, version = version + 1, updated_at = ?2, open_calls = -1, calls_owner = ?5,
     write_id = NULL
 WHERE key = ?3 AND head_seq = ?4
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
