@@ -15,6 +15,7 @@ from .audit import AuditEntry, AuditLog, AuditVerification
 from .backends.base import Branch
 from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
+from .erasure import ErasureReport
 from .errors import (
     AuditTampered,
     BackendUnavailable,
@@ -22,6 +23,8 @@ from .errors import (
     DecryptionError,
     DimensionMismatch,
     EncryptionError,
+    ExportCorrupt,
+    ExportTooNew,
     InvalidArgument,
     InvalidConfig,
     InvalidEmbedding,
@@ -46,8 +49,10 @@ from .errors import (
     UnknownToolCall,
     UnserializableValue,
 )
+from .export import ExportReport, export_store
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
+from .imports import ImportReport, import_store
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager
@@ -77,10 +82,15 @@ __all__ = [
     "Drift",
     "EncryptionError",
     "Episode",
+    "ErasureReport",
     "ExactSearch",
+    "ExportCorrupt",
+    "ExportReport",
+    "ExportTooNew",
     "FileLedger",
     "FileRecord",
     "Hit",
+    "ImportReport",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",
@@ -136,6 +146,8 @@ __all__ = [
     "WorkflowStep",
     "checksum_file",
     "copy_store",
+    "export_store",
+    "import_store",
     "key_id",
     "open_store",
 ]

@@ -176,6 +176,19 @@ class StorageCorrupt(StatekeelError):
     hint = "Restore the database from a backup, or point statekeel at another path."
 
 
+class ExportCorrupt(StorageCorrupt):
+    """An export file is not one, or is damaged, truncated or edited: its header, its counts or the hash
+    of its body do not match. ``import_store`` raises it before writing anything."""
+
+    hint = "Nothing was imported; export the store again, or restore the file from a good copy."
+
+
+class ExportTooNew(SchemaTooNew):
+    """An export file was written in a newer format, or from a newer schema, than this statekeel reads."""
+
+    hint = "Nothing was imported; upgrade statekeel to a version that reads it."
+
+
 class AuditTampered(StatekeelError):
     """The audit hash chain does not verify."""
 
@@ -254,6 +267,8 @@ __all__ = [
     "BackendUnavailable",
     "ConflictError",
     "DimensionMismatch",
+    "ExportCorrupt",
+    "ExportTooNew",
     "InvalidArgument",
     "InvalidConfig",
     "InvalidEmbedding",

@@ -25,6 +25,7 @@ from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
+from .erasure import ErasureReport, erase
 from .errors import InvalidArgument, NotFound, StorageCorrupt
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
@@ -329,6 +330,23 @@ class Store:
         print(report.counts, report.longest_batch_seconds)
         """
         return await purge(self, self.options.retention, now, dry_run, on_batch)
+
+    async def erase(
+        self, subject: str, *, dry_run: bool = False, actor: str, reason: str, batch_size: int = 100
+    ) -> ErasureReport:
+        """Delete everything about ``subject`` — its sessions (key or ``metadata["subject"]``) with their
+        messages, archive, fallback files, episodes, file ledger records, traces and vectors; memories of
+        scope ``subject`` with their history; graph relations and episodes naming it — in short batches,
+        and append one ``erasure`` audit entry (``actor``, ``reason``, the counts). Audit entries and
+        approvals stay.
+        With ``dry_run`` nothing is written and the counts are what an erasure would delete. Interrupted, it
+        is run again and finishes. A subject that matches nothing gives a report of zeros. See
+        :mod:`statekeel.erasure`.
+
+        report = await store.erase("user:alice", actor="dpo", reason="GDPR art. 17 request #113")
+        print(report.counts)
+        """
+        return await erase(self, subject, dry_run=dry_run, actor=actor, reason=reason, batch_size=batch_size)
 
     async def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the whole store to the new SQLite file ``dest`` (0600; never

@@ -67,6 +67,8 @@ from statekeel.backends.contract.store import (
     CopyTableInfo,
     Damage,
     DatabaseFiles,
+    ErasureBackend,
+    ErasureBatch,
     FreeSpace,
     Incident,
     IncidentBackend,
@@ -137,6 +139,8 @@ __all__ = [
     "Drift",
     "EncryptionBackend",
     "Episode",
+    "ErasureBackend",
+    "ErasureBatch",
     "FileBackend",
     "FileRecord",
     "FreeSpace",
@@ -208,6 +212,7 @@ class StorageBackend(
     CheckpointBackend,
     CopyBackend,
     EncryptionBackend,
+    ErasureBackend,
     abc.ABC,
 ):
     """Everything a store needs from storage. Other state kinds add their ABCs here as they land."""

@@ -77,6 +77,8 @@ def main(ctx: click.Context, url: str | None, key_file: str | None) -> None:
 
 from . import admin as _admin  # noqa: E402  (commands register themselves on ``main``)
 from . import demo as _demo  # noqa: E402
+from . import erase as _erase  # noqa: E402
+from . import export as _export  # noqa: E402
 from . import importing as _importing  # noqa: E402
 from . import info as _info  # noqa: E402
 from . import sessions as _sessions  # noqa: E402
@@ -84,4 +86,4 @@ from . import tasks as _tasks  # noqa: E402
 from . import ui as _ui  # noqa: E402  (imports statekeel.ui only when the command runs)
 
 __all__ = ["main", "redact_url"]
-del _admin, _demo, _importing, _info, _sessions, _tasks, _ui
+del _admin, _demo, _erase, _export, _importing, _info, _sessions, _tasks, _ui

@@ -7,17 +7,17 @@ copy the database another framework's own store wrote (``statekeel.integrations.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import statekeel
-
 from ..store import open_store, redact_url
 from . import main
-from .common import console, run, store_keys, store_options, store_url
+from .common import console, echo_json, json_option, run, store_keys, store_options, store_url
+from .export import import_export_file
 
 SOURCES = ("openai-agents-sqlite", "langgraph-sqlite")
 
@@ -45,13 +45,8 @@ async def _from_source(
             return await import_from(store, source, path, session_id=session_id, progress=tick)
 
 
-async def _from_export(url: str, keys: Any, path: str) -> Any:
-    async with open_store(url, encryption_key=keys) as store:
-        return await statekeel.import_store(store, path)  # type: ignore[attr-defined]
-
-
 @main.command("import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=click.Path(dir_okay=False))
 @click.option(
     "--from",
     "source",
@@ -61,27 +56,32 @@ async def _from_export(url: str, keys: Any, path: str) -> Any:
 )
 @click.option("--session", "session_id", default=None, metavar="ID", help="Import this SDK session only.")
 @store_options
+@json_option
 def import_(
-    path: str, source: str | None, session_id: str | None, db: str | None, key_file: str | None
+    path: str,
+    source: str | None,
+    session_id: str | None,
+    db: str | None,
+    key_file: str | None,
+    as_json: bool,
 ) -> None:
-    """Import PATH into the store: with --from, the database an OpenAI Agents SDK SQLiteSession or a
-    LangGraph SqliteSaver wrote (its sessions or checkpoints, counts checked; run it again to pick up what
-    was added since); without, a statekeel export file.
+    """Import PATH into the store: without --from, a statekeel export file (import_store); with --from,
+    the database an OpenAI Agents SDK SQLiteSession or a LangGraph SqliteSaver wrote (its sessions or
+    checkpoints, counts checked; run it again to pick up what was added since).
 
-    The source is checked whole first: a database of the wrong shape writes nothing.
+    The source is checked whole first: a truncated, edited or newer export file, or a database of the
+    wrong shape, writes nothing. An export's records then go in one transaction: all of it or none (a
+    record whose key the store holds already refuses the import). Audit entries keep their hashes, so
+    they go only into a store whose audit log is empty.
     """
     url, keys = store_url(db), store_keys(key_file)
     if source is None:
         if session_id is not None:
             raise click.UsageError("--session applies to --from openai-agents-sqlite")
-        if not hasattr(statekeel, "import_store"):
-            raise click.UsageError(
-                "importing a statekeel export file is not available in this version; to import another "
-                f"framework's database, pass --from ({' or '.join(SOURCES)})"
-            )
-        report = run(_from_export(url, keys, path), f"cannot import {path} into {redact_url(url)}")
-        console().print(f"imported {path} into {redact_url(url)}: {report}", markup=False)
+        import_export_file(url, keys, as_json, path)
         return
+    if not os.path.isfile(path):
+        raise click.BadParameter(f"{path} is not a file", param_hint="PATH")
     if session_id is not None and source != "openai-agents-sqlite":
         raise click.UsageError("--session applies to --from openai-agents-sqlite")
     show = sys.stdout.isatty()
@@ -89,6 +89,9 @@ def import_(
         _from_source(url, keys, source, path, session_id, show),
         f"cannot import {path} into {redact_url(url)}",
     )
+    if as_json:
+        echo_json(report)
+        return
     what = ("sessions", "items") if source == "openai-agents-sqlite" else ("threads", "checkpoints")
     line = (
         f"imported {report.units} {what[0]}, {report.records} {what[1]} from {path} into {redact_url(url)}: "

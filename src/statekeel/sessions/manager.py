@@ -318,6 +318,12 @@ class SessionManager(SessionListing, SessionBranches):
         if self._cache.get(key) is session:
             del self._cache[key]
 
+    def evict(self, key: str) -> None:
+        """Drop ``key``'s session from this manager's cache and replay list (it was erased from the store:
+        ``store.erase``); the next load reads the backend."""
+        self._cache.pop(key, None)
+        self._fallback.pending.discard(key)
+
     def cached(self, key: str) -> Session | None:
         """The cached session of ``key`` without touching the backend or the LRU order (for inspection)."""
         return self._cache.get(key)

@@ -71,13 +71,16 @@ class RowPage:
 class CopyTableInfo:
     """A table ``copy_store`` moves: its primary key, the self-references set in a second pass
     (``links``), whether its rows can never be deleted (``append_only``), and the positions in an
-    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend)."""
+    exported row of its JSON columns (``json_columns``: equal by value, their text differs by backend);
+    ``columns`` names every column of an exported row, in order, with its portable kind (text, int,
+    float, json, ts, bool, bytes)."""
 
     name: str
     key: tuple[str, ...]
     links: tuple[str, ...] = ()
     append_only: bool = False
     json_columns: tuple[int, ...] = ()
+    columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,3 +401,72 @@ class RetentionBackend(abc.ABC):
         """Rewrite the database file without its free pages (SQLite ``VACUUM``; it holds the write lock
         throughout) and let later purges give space back by themselves. None where there is no file."""
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureBatch:
+    """What one erasure transaction deleted (or, in a dry run, would delete), by kind; ``after`` is where
+    the next batch of a paged kind starts (None when this one was the last); ``seconds`` is how long it
+    held the transaction."""
+
+    counts: dict[str, int]
+    after: Any = None
+    seconds: float = 0.0
+
+
+class ErasureBackend(abc.ABC):
+    """Deleting everything about one subject (``store.erase``), in short transactions.
+
+    A session is the subject's when its key is the subject or its metadata's ``"subject"`` is; a memory
+    when its scope is; a graph relation when the subject is one of its two entities. Every delete checks
+    again, in its own statement, what made its row the subject's. With ``dry_run`` nothing is deleted and
+    the counts are what a real batch would delete.
+    """
+
+    @abc.abstractmethod
+    async def erasure_sessions(self, subject: str, *, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` keys of the subject's sessions after ``after``, in key order (reads only)."""
+
+    @abc.abstractmethod
+    async def erase_sessions(
+        self, subject: str, keys: Sequence[str], *, now: dt.datetime, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete the sessions ``keys`` that still are the subject's, in one transaction, with their
+        messages, summaries, archive, tool-call journal, episodes (and their vectors), file ledger
+        records, the spans of the trace named after them, the LangGraph checkpoints of the thread named
+        after them, the vectors of a source named after them, and their lease rows nobody holds
+        (``leases_held`` counts those kept because a live process holds them)."""
+
+    @abc.abstractmethod
+    async def erasure_spans(
+        self, subject: str, keys: Sequence[str], *, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to ``limit`` (trace_id, span_id) of spans whose attributes' ``subject`` is the subject or
+        whose ``session_key`` / ``session.id`` is one of ``keys``, after ``after`` (reads only)."""
+
+    @abc.abstractmethod
+    async def erase_spans(
+        self, subject: str, keys: Sequence[str], spans: Sequence[tuple[str, str]], *, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete those spans that still name the subject or one of ``keys``, in one transaction."""
+
+    @abc.abstractmethod
+    async def erase_memories(
+        self, subject: str, *, after: str | None, limit: int, now: dt.datetime, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete up to ``limit`` memories of scope ``subject`` (ids after ``after``) with their history,
+        access log, contradictions (open ones are resolved as ``"erased"`` first), the relations they
+        produced and their vectors, in one transaction."""
+
+    @abc.abstractmethod
+    async def erase_relations(
+        self, subject: str, *, after: str | None, limit: int, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete up to ``limit`` graph relations whose subject or object is ``subject``."""
+
+    @abc.abstractmethod
+    async def erase_episodes(
+        self, subject: str, keys: Sequence[str], *, after: str | None, limit: int, dry_run: bool
+    ) -> ErasureBatch:
+        """Delete up to ``limit`` episodes that name ``subject`` among their entities (not those of the
+        sessions ``keys``: they go with their session), with their vectors."""

@@ -34,6 +34,7 @@ from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
+from ..sql.erasure import SqlErasure
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents
 from ..sql.info import SqlInfo
@@ -159,6 +160,7 @@ class PostgresBackend(
     SqlRetention,
     SqlCheckpoints,
     SqlEncryption,
+    SqlErasure,
 ):
     """PostgreSQL storage over an asyncpg pool.
 

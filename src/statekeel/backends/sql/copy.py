@@ -33,7 +33,7 @@ class CopyTable:
 
     def info(self) -> CopyTableInfo:
         json = tuple(i for i, (_, kind) in enumerate(self.columns) if kind == "json")
-        return CopyTableInfo(self.name, self.key, self.links, self.append_only, json)
+        return CopyTableInfo(self.name, self.key, self.links, self.append_only, json, self.columns)
 
 
 def _table(name: str, columns: str, key: str, *, links: str = "", append_only: bool = False) -> CopyTable:

@@ -35,6 +35,7 @@ from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
+from ..sql.erasure import SqlErasure
 from ..sql.files import SqlFiles
 from ..sql.incidents import SqlIncidents, op_record_incident
 from ..sql.info import SqlInfo
@@ -146,6 +147,7 @@ class SqliteBackend(
     SqlRetention,
     SqlCheckpoints,
     SqlEncryption,
+    SqlErasure,
 ):
     """SQLite storage. ``path=None`` is an in-memory database (``memory://``)."""
 
@@ -204,6 +206,10 @@ class SqliteBackend(
                     raise BackendUnavailable(f"{self._where}: could not enable WAL (journal_mode={mode})")
             conn.execute("PRAGMA synchronous = " + ("FULL" if self.durability == "full" else "NORMAL"))
             conn.execute("PRAGMA foreign_keys = ON")
+            if not read_only:
+                # Deleted rows are overwritten with zeros, not left in free space: what store.erase (or a
+                # purge) deletes is gone from the file once the WAL is checkpointed.
+                conn.execute("PRAGMA secure_delete = ON")
             if read_only:
                 conn.execute("PRAGMA query_only = ON")
             elif self.inline_writes:

@@ -1,0 +1,89 @@
+"""``statekeel erase SUBJECT``: delete everything about one subject (``Store.erase``)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+from rich.table import Table
+
+from ..erasure import ErasureReport
+from ..store import redact_url
+from . import main
+from .common import (
+    Failure,
+    Keys,
+    console,
+    echo_json,
+    json_option,
+    open_for_reading,
+    run,
+    store_keys,
+    store_options,
+    store_url,
+)
+
+
+async def _erase(
+    url: str, keys: Keys | None, subject: str, dry_run: bool, actor: str, reason: str
+) -> ErasureReport:
+    async with open_for_reading(url, keys) as store:
+        return await store.erase(subject, dry_run=dry_run, actor=actor, reason=reason)
+
+
+@main.command()
+@store_options
+@json_option
+@click.argument("subject")
+@click.option("--actor", default=None, metavar="NAME", help="Who erases (default: $USER).")
+@click.option("--reason", required=True, metavar="TEXT", help="Why (e.g. the request's reference).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+def erase(
+    db: str | None,
+    key_file: str | None,
+    as_json: bool,
+    subject: str,
+    actor: str | None,
+    reason: str,
+    dry_run: bool,
+) -> None:
+    """Delete everything about SUBJECT (Store.erase): sessions whose key or metadata "subject" is SUBJECT,
+    with their messages, archive, fallback files, episodes, file ledger records, traces and vectors;
+    memories of scope SUBJECT with their history; graph relations and episodes naming it.
+
+    Audit entries and approvals stay; one "erasure" audit entry records --actor, --reason and the counts
+    (naming the subject by its SHA-256). Short batches: agents keep working. Interrupted, run it again to
+    finish. A subject that matches nothing reports zeros.
+    """
+    who = actor if actor is not None else os.environ.get("USER")
+    if not who:
+        raise Failure("--actor is needed (and $USER is not set): say who erases")
+    url, keys = store_url(db), store_keys(key_file)
+    report = run(_erase(url, keys, subject, dry_run, who, reason), f"cannot erase in {redact_url(url)}")
+    if as_json:
+        echo_json(
+            {
+                **report.counts,
+                "leases_held": report.leases_held,
+                "dry_run": report.dry_run,
+                "audit_seq": report.audit_seq,
+                "subject_sha256": report.subject_sha256,
+            }
+        )
+        return
+    out = console()
+    table = Table(show_edge=False)
+    table.add_column("kind")
+    table.add_column("would delete" if dry_run else "deleted", justify="right")
+    for kind, n in report.counts.items():
+        table.add_row(kind, str(n))
+    out.print(table)
+    verb = "would delete" if dry_run else "deleted"
+    tail = "" if dry_run else f"; audit entry {report.audit_seq} records it"
+    out.print(f"{verb} {report.total} records and files in {report.seconds:.2f} s{tail}", markup=False)
+    if report.leases_held:
+        out.print(
+            f"{report.leases_held} session lease(s) held by a live agent were kept: run the erasure again "
+            "once it has stopped",
+            markup=False,
+        )

@@ -1,0 +1,102 @@
+"""``statekeel export``, ``import`` and ``erase`` as a user runs them: the file they write, what they
+refuse, and the store they leave."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from pathlib import Path
+
+import statekeel
+from helpers import one_line_error, run_statekeel
+
+SUBJECT = "user:alice"
+
+
+async def _fill(url: str) -> None:
+    async with statekeel.open_store(url) as store:
+        for key, meta in ((SUBJECT, {}), ("chat-1", {"subject": SUBJECT}), ("chat-2", {"subject": "bob"})):
+            session = await store.sessions.get_or_create(key)
+            session.metadata.update(meta)
+            for i in range(3):
+                session.add_message("user", f"{key} {i}")
+            await store.sessions.save(session)
+        await store.memory.put("user", "name", "Alice", scope=SUBJECT)
+        await store.audit.append("note", "tester", "case", {"n": 1})
+
+
+def _status(url: str, cwd: Path) -> dict[str, object]:
+    result = run_statekeel("status", "--json", "--db", url, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout)["counts"])
+
+
+def test_export_then_import_gives_a_store_with_the_same_state(tmp_path: Path) -> None:
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    asyncio.run(_fill(src))
+    out = tmp_path / "state.jsonl"
+    result = run_statekeel("export", str(out), "--db", src, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "exported 15 records" in " ".join(result.stdout.split())
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    again = run_statekeel("export", str(out), "--db", src, cwd=tmp_path)
+    assert "exists" in one_line_error(again) and "--force" in one_line_error(again)
+    assert run_statekeel("export", str(out), "--db", src, "--force", cwd=tmp_path).returncode == 0
+    result = run_statekeel("import", str(out), "--db", dst, "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["records"] == 15
+    assert _status(dst, tmp_path) == _status(src, tmp_path)
+    assert run_statekeel("audit", "verify", "--db", dst, cwd=tmp_path).returncode == 0
+    twice = run_statekeel("import", str(out), "--db", dst, cwd=tmp_path)
+    assert "audit log has 1 already" in one_line_error(twice)
+
+
+def test_export_of_one_session_and_one_kind(tmp_path: Path) -> None:
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    asyncio.run(_fill(src))
+    out = tmp_path / "one.jsonl"
+    result = run_statekeel(
+        "export", str(out), "--db", src, "--session", "chat-2", "--kind", "sessions", "--json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["counts"]["sessions"] == 1 and report["counts"]["messages"] == 3
+    bad = run_statekeel("export", str(tmp_path / "x.jsonl"), "--db", src, "--kind", "nope", cwd=tmp_path)
+    assert "unknown kind" in one_line_error(bad)
+
+
+def test_a_truncated_file_is_refused_and_no_store_is_created(tmp_path: Path) -> None:
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    asyncio.run(_fill(src))
+    out = tmp_path / "state.jsonl"
+    assert run_statekeel("export", str(out), "--db", src, cwd=tmp_path).returncode == 0
+    out.write_bytes(out.read_bytes()[:-30])
+    result = run_statekeel("import", str(out), "--db", f"sqlite:///{tmp_path / 'new.db'}", cwd=tmp_path)
+    assert "ExportCorrupt" in one_line_error(result)
+    assert not any(p.name.startswith("new.db") for p in tmp_path.iterdir())
+
+
+def test_erase_counts_deletes_and_records_the_erasure(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'src.db'}"
+    asyncio.run(_fill(url))
+    dry = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", "--reason", "r1", "--dry-run",
+                        "--json", cwd=tmp_path)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    preview = json.loads(dry.stdout)
+    assert preview["sessions"] == 2 and preview["messages"] == 6 and preview["memories"] == 1
+    assert preview["audit_seq"] is None
+    assert _status(url, tmp_path)["sessions"] == {"active": 3, "expired": 0, "archived": 0}
+    done = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", "--reason", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 10 records and files" in " ".join(done.stdout.split())
+    assert _status(url, tmp_path)["sessions"] == {"active": 1, "expired": 0, "archived": 0}
+    assert run_statekeel("audit", "verify", "--db", url, cwd=tmp_path).returncode == 0
+    empty = run_statekeel("erase", "", "--db", url, "--actor", "dpo", "--reason", "r", cwd=tmp_path)
+    assert "subject is empty" in one_line_error(empty)
+    nothing = run_statekeel("erase", "nobody", "--db", url, "--actor", "dpo", "--reason", "r", "--json",
+                            cwd=tmp_path)  # fmt: skip
+    assert nothing.returncode == 0 and json.loads(nothing.stdout)["sessions"] == 0
+    no_reason = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", cwd=tmp_path)
+    assert "--reason" in one_line_error(no_reason)

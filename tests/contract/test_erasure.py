@@ -1,0 +1,359 @@
+"""store.erase: everything about one subject goes, in batches that re-check the subject; everything else
+stays; one erasure audit entry records who, why and the counts."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import statekeel
+from statekeel.erasure import subject_digest
+
+SUBJECT = "user:alice"
+
+
+async def fill(store: statekeel.Store) -> dict[str, Any]:
+    """The subject's state of every erasable kind, and someone else's next to it."""
+    ids: dict[str, Any] = {}
+    for key, meta, n in (
+        (SUBJECT, {}, 6),
+        ("chat-7", {"subject": SUBJECT}, 4),
+        ("chat-8", {"subject": "bob"}, 3),
+    ):
+        session = await store.sessions.get_or_create(key)
+        session.metadata.update(meta)
+        for i in range(n):
+            session.add_message("user", f"{key} {i}")
+        await store.sessions.save(session)
+    await store.sessions.compress("chat-7", 2, "summary")
+    mine = await store.memory.put("user", "name", "Alice", scope=SUBJECT)
+    mine2 = await store.memory.put("user", "city", "Lyon", scope=SUBJECT)
+    await store.memory.put("user", "city", "Paris", scope=SUBJECT)  # an UPDATE: two events
+    theirs = await store.memory.put("user", "name", "Bob", scope="bob")
+    ids["theirs"] = theirs.id
+    await store.memory.record_contradiction(mine.id, theirs.id, "both named")  # open, across subjects
+    await store.memory.record_contradiction(mine.id, mine2.id, "within")
+    await store.memory.relate(SUBJECT, "knows", "bob")
+    await store.memory.relate("bob", "knows", SUBJECT)
+    await store.memory.relate("bob", "likes", "tea")
+    await store.memory.relate("x", "from", "y", source_memory_id=mine.id)
+    await store.memory.add_episode("chat-7", "talked")
+    await store.memory.add_episode("chat-8", "bob talked")
+    await store.memory.add_episode("chat-8", "bob met alice", entities=["bob", SUBJECT])
+    await store.memory.add_episode("chat-7", "again", entities=[SUBJECT])  # counted with its session
+    await store.files.record("notes/a.txt", "ab" * 32, 3, session_key="chat-7")
+    await store.files.record("notes/b.txt", "cd" * 32, 3, session_key="chat-8")
+    now = dt.datetime.now(dt.UTC)
+    span = {"name": "llm", "kind": "llm", "status": "ok", "started_at": now}
+    store.traces.record("chat-7", {**span, "span_id": "s1", "attributes": {}})
+    store.traces.record("t-1", {**span, "span_id": "s1", "attributes": {"session_key": SUBJECT}})
+    store.traces.record("t-2", {**span, "span_id": "s1", "attributes": {"subject": SUBJECT}})
+    store.traces.record("t-3", {**span, "span_id": "s1", "attributes": {"session_key": "chat-8"}})
+    await store.traces.flush()
+    await store.vectors.upsert("v-mine", mine.id, [1.0, 0.0], model="tiny")
+    await store.vectors.upsert("v-theirs", theirs.id, [0.0, 1.0], model="tiny")
+    await store.vectors.upsert("v-chat", "chat-7", [0.5, 0.5], model="tiny")
+    return ids
+
+
+EXPECTED = {
+    "sessions": 2,
+    "messages": 8,
+    "archived_messages": 2,
+    "compressions": 1,
+    "tool_calls": 0,
+    "fallback_files": 0,
+    "episodes": 3,
+    "memories": 2,
+    "memory_events": 3,
+    "memory_accesses": 0,
+    "contradictions": 2,
+    "relations": 3,
+    "vectors": 2,
+    "traces": 3,
+    "checkpoints": 0,
+    "file_changes": 1,
+}
+
+
+async def test_erase_removes_everything_of_the_subject_and_nothing_else(store: statekeel.Store) -> None:
+    ids = await fill(store)
+    before = await store.audit.verify()
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.counts == EXPECTED
+    assert not report.dry_run and report.leases_held == 0
+    for key in (SUBJECT, "chat-7"):
+        assert await store.sessions.load(key) is None
+    bob = await store.sessions.load("chat-8")
+    assert bob is not None and len(bob.messages) == 3
+    assert [m.content for m in (await store.memory.query(scope=SUBJECT, include_superseded=True)).items] == []
+    theirs = await store.memory.get(ids["theirs"])
+    assert theirs is not None and theirs.content == "Bob"
+    assert await store.memory.open_contradictions() == []
+    assert [(r.subject, r.object) for r in await store.memory.relations("bob")] == [("bob", "tea")]
+    assert [e.summary for e in await store.memory.episodes()] == ["bob talked"]
+    assert [f.path for f in await store.files.list()] == ["notes/b.txt"]
+    assert [s.trace_id for s in (await store.traces.query()).items] == ["t-3"]
+    assert [v.vec_id for v in await store.vectors.by_source(ids["theirs"])] == ["v-theirs"]
+    assert await store.vectors.by_source("chat-7") == []
+    # The audit chain stays whole; one erasure entry names the subject by its hash only.
+    verification = await store.audit.verify()
+    assert verification.ok and verification.count == before.count + 1
+    entry = (await store.audit.query(kind="erasure"))[-1]
+    assert entry.seq == report.audit_seq and entry.actor == "dpo"
+    assert entry.subject == f"sha256:{subject_digest(SUBJECT)}"
+    assert entry.data["reason"] == "request 113" and entry.data["counts"] == EXPECTED
+    assert SUBJECT not in str(entry.data)
+
+
+async def test_a_dry_run_counts_what_erase_deletes_and_writes_nothing(store: statekeel.Store) -> None:
+    await fill(store)
+    tables = await store.backend.copy_tables()
+    before = {t.name: await store.backend.count_rows(t.name) for t in tables}
+    dry = await store.erase(SUBJECT, dry_run=True, actor="dpo", reason="preview")
+    assert dry.dry_run and dry.audit_seq is None
+    assert {t.name: await store.backend.count_rows(t.name) for t in tables} == before
+    assert dry.counts == EXPECTED
+    assert (await store.erase(SUBJECT, actor="dpo", reason="now")).counts == dry.counts
+
+
+async def test_a_subject_that_matches_nothing_gives_zeros(store: statekeel.Store) -> None:
+    await fill(store)
+    report = await store.erase("nobody", actor="dpo", reason="request 114")
+    assert report.total == 0 and set(report.counts.values()) == {0}
+    assert (await store.sessions.load("chat-8")) is not None
+    again = await store.erase(SUBJECT, actor="dpo", reason="x")
+    assert again.counts == EXPECTED
+    assert (await store.erase(SUBJECT, actor="dpo", reason="x")).total == 0  # idempotent
+
+
+@pytest.mark.parametrize("subject", ["", 7, None, b"alice", "a\x00b"])
+async def test_a_bad_subject_raises_a_typed_error_before_anything_is_written(
+    store: statekeel.Store, subject: Any
+) -> None:
+    await fill(store)
+    with pytest.raises(statekeel.InvalidKey):
+        await store.erase(subject, actor="dpo", reason="x")
+    assert (await store.sessions.load(SUBJECT)) is not None
+    assert (await store.audit.query(kind="erasure")) == []
+
+
+@pytest.mark.parametrize(
+    ("actor", "reason", "error"),
+    [
+        ("", "x", statekeel.InvalidKey),
+        ("dpo", "", statekeel.InvalidArgument),
+        (None, "x", statekeel.InvalidKey),
+    ],
+)
+async def test_erase_needs_an_actor_and_a_reason(
+    store: statekeel.Store, actor: Any, reason: Any, error: type[Exception]
+) -> None:
+    await fill(store)
+    with pytest.raises(error):
+        await store.erase(SUBJECT, actor=actor, reason=reason)
+    assert (await store.sessions.load(SUBJECT)) is not None
+
+
+async def test_a_session_that_no_longer_names_the_subject_is_not_deleted(store: statekeel.Store) -> None:
+    # The session was listed as the subject's, then its metadata changed before the batch deleted it.
+    await fill(store)
+    keys = await store.backend.erasure_sessions(SUBJECT, after=None, limit=100)
+    assert keys == ["chat-7", SUBJECT]
+    session = await store.sessions.load("chat-7")
+    assert session is not None
+    session.metadata["subject"] = "carol"
+    await store.sessions.save(session)
+    batch = await store.backend.erase_sessions(SUBJECT, keys, now=dt.datetime.now(dt.UTC), dry_run=False)
+    assert batch.counts["sessions"] == 1
+    kept = await store.sessions.load("chat-7")
+    assert kept is not None and kept.metadata["subject"] == "carol" and kept.head_seq == 4
+    # What belongs to it stays with it: its episodes, file records and the trace named after it.
+    assert [e.session_key for e in await store.memory.episodes(session_key="chat-7")] == ["chat-7", "chat-7"]
+    assert [f.path for f in await store.files.list(session_key="chat-7")] == ["notes/a.txt"]
+    assert [s.trace_id for s in await store.traces.get("chat-7")] == ["chat-7"]
+    assert await store.sessions.load(SUBJECT) is None
+
+
+async def test_a_lease_held_by_a_live_holder_is_kept(store: statekeel.Store) -> None:
+    await fill(store)
+    async with store.sessions.lock("chat-7"):
+        report = await store.erase(SUBJECT, actor="dpo", reason="x")
+    assert report.sessions == 2 and report.leases_held == 1
+    assert await store.sessions.load("chat-7") is None
+
+
+async def test_erase_works_in_small_batches(store: statekeel.Store) -> None:
+    await fill(store)
+    for i in range(5):
+        session = await store.sessions.get_or_create(f"extra-{i}")
+        session.metadata["subject"] = SUBJECT
+        session.add_message("user", "more")
+        await store.sessions.save(session)
+    report = await store.erase(SUBJECT, actor="dpo", reason="x", batch_size=1)
+    assert report.sessions == 7 and report.memories == 2
+    assert report.batches >= 7 + 2
+
+
+async def test_what_is_named_after_the_subject_goes_without_a_session_of_that_key(
+    store: statekeel.Store,
+) -> None:
+    # A LangGraph thread and a trace named after the subject, and an episode of that key: no session.
+    info = {t.name: t for t in await store.backend.copy_tables()}
+    for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+        plain = {"text": "x", "int": 1, "json": "{}", "ts": dt.datetime.now(dt.UTC), "bytes": b"x"}
+        row = tuple(SUBJECT if c == "thread_id" else plain[k] for c, k in info[table].columns)
+        await store.backend.import_rows(table, [row])
+    span = {"span_id": "s", "name": "n", "kind": "llm", "status": "ok", "attributes": {}}
+    store.traces.record(SUBJECT, {**span, "started_at": dt.datetime.now(dt.UTC)})
+    store.traces.record("other", {**span, "started_at": dt.datetime.now(dt.UTC)})
+    await store.traces.flush()
+    await store.memory.add_episode(SUBJECT, "no session")
+    report = await store.erase(SUBJECT, actor="dpo", reason="x")
+    assert (report.sessions, report.checkpoints, report.traces, report.episodes) == (0, 3, 1, 1)
+    for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+        assert await store.backend.count_rows(table) == 0
+    assert [s.trace_id for s in (await store.traces.query()).items] == ["other"]
+
+
+KEYS = (SUBJECT, "chat-1", "chat-2", "chat-3")
+erasure_mix = st.fixed_dictionaries(
+    {
+        "sessions": st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from([SUBJECT, "bob", None])),
+                             max_size=4, unique_by=lambda t: t[0]),
+        "memories": st.lists(st.tuples(st.sampled_from([SUBJECT, "bob"]), st.booleans()), max_size=5),
+        "contradictions": st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.booleans()),
+                                   max_size=3),
+        "relations": st.lists(st.tuples(st.sampled_from([SUBJECT, "bob", "tea"]),
+                                        st.sampled_from([SUBJECT, "bob", "tea"]), st.integers(-1, 4)),
+                              max_size=4),
+        "episodes": st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=3),
+        "spans": st.lists(st.tuples(st.sampled_from((*KEYS, "t-x")),
+                                    st.sampled_from(["subject", "session_key", None]),
+                                    st.sampled_from(KEYS)), max_size=4),
+        "files": st.lists(st.sampled_from(KEYS), max_size=3),
+        "batch_size": st.integers(1, 3),
+    }
+)  # fmt: skip
+
+
+async def _build_mix(store: statekeel.Store, spec: dict[str, Any]) -> None:
+    for key, owner in spec["sessions"]:
+        session = await store.sessions.get_or_create(key)
+        if owner is not None:
+            session.metadata["subject"] = owner
+        session.add_message("user", f"{key} hello")
+        await store.sessions.save(session)
+    memories = []
+    for i, (scope, vector) in enumerate(spec["memories"]):
+        memory = await store.memory.put("user", f"k{i}", f"v{i}", scope=scope)
+        memories.append(memory)
+        store.memory.record_access(memory.id)
+        if vector:
+            await store.vectors.upsert(f"v{i}", memory.id, [1.0, float(i)], model="m")
+    for a, b, resolved in spec["contradictions"]:
+        if a < len(memories) and b < len(memories) and a != b:
+            c = await store.memory.record_contradiction(memories[a].id, memories[b].id, "x")
+            if resolved:
+                await store.memory.resolve_contradiction(c.id, "settled")
+    for subject, obj, source in spec["relations"]:
+        source_id = memories[source].id if 0 <= source < len(memories) else None
+        await store.memory.relate(subject, "r", obj, source_memory_id=source_id)
+    for key, names in spec["episodes"]:
+        await store.memory.add_episode(key, "e", entities=[SUBJECT] if names else ["bob"])
+    for n, (trace, attribute, value) in enumerate(spec["spans"]):
+        attributes = {} if attribute is None else {attribute: value}
+        span = {"span_id": f"s{n}", "name": "n", "kind": "llm", "status": "ok", "attributes": attributes}
+        store.traces.record(trace, {**span, "started_at": dt.datetime.now(dt.UTC)})
+    for n, key in enumerate(spec["files"]):
+        await store.files.record(f"f{n}.txt", "ab" * 32, 1, session_key=key)
+    await store.memory.flush()
+    await store.traces.flush()
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().split(b"\n")[1:] if line]
+
+
+def _expected_survivors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spec of erasure, written independently of the code: the records that must remain."""
+    rows = [(r["kind"], r["row"]) for r in records]
+    keys = {SUBJECT} | {
+        row["key"] for kind, row in rows if kind == "sessions" and row["metadata"].get("subject") == SUBJECT
+    }
+    memories = {row["id"] for kind, row in rows if kind == "memories" and row["scope"] == SUBJECT}
+    episodes = {
+        row["id"]
+        for kind, row in rows
+        if kind == "memory_episodes" and (row["session_key"] in keys or SUBJECT in row["entities"])
+    }
+    sources = memories | keys | episodes
+
+    def gone(kind: str, row: dict[str, Any]) -> bool:
+        if kind in ("sessions",):
+            return row["key"] in keys
+        if kind in ("messages", "compressions", "message_archive", "session_steps", "file_changes"):
+            return row["session_key"] in keys
+        if kind == "memory_episodes":
+            return row["id"] in episodes
+        if kind == "traces":
+            attrs = row["attributes"]
+            return (
+                row["trace_id"] in keys or attrs.get("subject") == SUBJECT or attrs.get("session_key") in keys
+            )
+        if kind == "memories":
+            return row["id"] in memories
+        if kind in ("memory_events", "memory_accesses"):
+            return row["memory_id"] in memories
+        if kind == "memory_contradictions":
+            return row["memory_a"] in memories or row["memory_b"] in memories
+        if kind == "memory_relations":
+            return SUBJECT in (row["subject"], row["object"]) or row["source_memory_id"] in memories
+        if kind in ("vectors", "vector_sources"):
+            return row["source_id"] in sources
+        return False
+
+    return [
+        {"kind": k, "row": r} for k, r in rows if not gone(k, r) and k not in ("vector_models", "audit_log")
+    ]
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(spec=erasure_mix)
+def test_erase_removes_exactly_the_subjects_records_whatever_the_mix(
+    spec: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("mix")
+
+    async def run() -> None:
+        async with statekeel.open_store("memory://") as store:
+            await _build_mix(store, spec)
+            await statekeel.export_store(store, folder / "before.jsonl")
+            dry = await store.erase(
+                SUBJECT, dry_run=True, actor="dpo", reason="r", batch_size=spec["batch_size"]
+            )
+            real = await store.erase(SUBJECT, actor="dpo", reason="r", batch_size=spec["batch_size"])
+            assert dry.counts == real.counts
+            await statekeel.export_store(store, folder / "after.jsonl")
+            assert (await store.audit.verify()).ok
+        before, after = _records(folder / "before.jsonl"), _records(folder / "after.jsonl")
+        survivors = [r for r in after if r["kind"] not in ("vector_models", "audit_log")]
+        expected = _expected_survivors(before)
+
+        def key(r: dict[str, Any]) -> bytes:
+            return orjson.dumps(r, option=orjson.OPT_SORT_KEYS)
+
+        assert sorted(map(key, survivors)) == sorted(map(key, expected))
+        removed = sum(1 for r in before if r["kind"] == "sessions") - sum(
+            1 for r in after if r["kind"] == "sessions"
+        )
+        assert real.sessions == removed
+
+    asyncio.run(run())
