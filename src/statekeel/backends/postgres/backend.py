@@ -278,6 +278,7 @@ class PostgresBackend(
                     "messages",
                     "compressions",
                     "message_archive",
+                    "rewound_messages",
                     "workflows",
                     "tasks",
                     "workflow_steps",
