@@ -162,8 +162,42 @@ def kill9_when(args: Sequence[str], reached: Callable[[], bool], what: str) -> N
             proc.stderr.close()
 
 
+def _mariadb_connect_kwargs(url: str) -> dict[str, Any]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": parts.username or "root",
+        "password": parts.password or "",
+        "db": parts.path.lstrip("/"),
+        "autocommit": True,
+        "connect_timeout": 5,
+    }
+
+
+async def mariadb_raw(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (``?1``/``$1`` parameters) on a MariaDB store's database, behind statekeel's back."""
+    import asyncmy
+
+    from statekeel.backends.mysql.queries import compile_statement
+
+    conn = await asyncmy.connect(**_mariadb_connect_kwargs(url))
+    try:
+        async with conn.cursor() as cur:
+            if args:
+                statement = compile_statement(re.sub(r"\?(\d+)", r"$\1", sql))
+                await cur.execute(statement.text, [args[i] for i in statement.order])
+            else:  # sent as written (a trigger's body holds ';')
+                await cur.execute(sql)
+            return [tuple(r) for r in await cur.fetchall()] if cur.description else []
+    finally:
+        conn.close()
+
+
 class RawDb:
-    """A raw connection to a store's database (SQLite or PostgreSQL) that bypasses statekeel.
+    """A raw connection to a store's database (SQLite, PostgreSQL or MariaDB) that bypasses statekeel.
 
     ``unguarded`` names a table whose triggers are switched off around the statement (and restored in the
     same transaction): a change made behind statekeel's guards.
@@ -174,6 +208,24 @@ class RawDb:
         self.pg = url.startswith("postgresql")
 
     async def execute(self, sql: str, *args: Any, unguarded: str | None = None) -> None:
+        if self.url.startswith("mariadb"):
+            triggers: list[str] = []
+            if unguarded:
+                names = await mariadb_raw(
+                    self.url,
+                    "SELECT trigger_name FROM information_schema.triggers "
+                    "WHERE trigger_schema = DATABASE() AND event_object_table = ?1",
+                    unguarded,
+                )
+                for (name,) in names:
+                    triggers.append((await mariadb_raw(self.url, f"SHOW CREATE TRIGGER `{name}`"))[0][2])
+                    await mariadb_raw(self.url, f"DROP TRIGGER `{name}`")
+            try:
+                await mariadb_raw(self.url, sql.replace("?", "?1") if args else sql, *args)
+            finally:
+                for trigger_sql in triggers:
+                    await mariadb_raw(self.url, trigger_sql)
+            return
         if self.pg:
             import asyncpg
 
@@ -210,6 +262,12 @@ class RawDb:
 
     async def refused(self, sql: str, *args: Any) -> str:
         """Run ``sql`` with the triggers in place; return the database's refusal message."""
+        if self.url.startswith("mariadb"):
+            import asyncmy
+
+            with pytest.raises(asyncmy.errors.OperationalError) as my_info:
+                await self.execute(sql, *args)
+            return str(my_info.value)
         if self.pg:
             import asyncpg
 

@@ -17,6 +17,7 @@ from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
+    AuditKeyRequired,
     AuditTampered,
     BackendUnavailable,
     ConflictError,
@@ -48,6 +49,7 @@ from .errors import (
     TranscriptError,
     UnknownToolCall,
     UnserializableValue,
+    Unsupported,
 )
 from .export import ExportReport, export_store
 from .fallback import ReplayReport
@@ -69,6 +71,7 @@ __all__ = [
     "Approval",
     "ApprovalLog",
     "AuditEntry",
+    "AuditKeyRequired",
     "AuditLog",
     "AuditTampered",
     "AuditVerification",
@@ -139,6 +142,7 @@ __all__ = [
     "UnknownToolCall",
     "UnserializableValue",
     "Usage",
+    "Unsupported",
     "Vector",
     "VectorIndex",
     "Workflow",

@@ -170,6 +170,16 @@ class BackendUnavailable(StatekeelError):
     hint = "Check that the database is reachable and writable, then retry."
 
 
+class Unsupported(StatekeelError):
+    """The store's backend does not hold this kind of state (or cannot do this), e.g. tasks on a plain
+    ``nats://`` store. Fields: ``kind``, ``url``. Raised before anything is written."""
+
+    hint = (
+        "Pair the backend with a SQL backend that holds the other kinds (for NATS: "
+        "nats://host:4222?rest=sqlite:///state.db), or use a SQL store"
+    )
+
+
 class StorageCorrupt(StatekeelError):
     """The storage is not a statekeel database, or it is damaged."""
 
@@ -193,6 +203,17 @@ class AuditTampered(StatekeelError):
     """The audit hash chain does not verify."""
 
     hint = "Audit entries were changed or removed outside statekeel; investigate before trusting them."
+
+
+class AuditKeyRequired(StatekeelError):
+    """An audited write on a store whose audit chain carries MACs, by a store opened without the audit
+    key: the entry would have no MAC and the chain would stop verifying under the key for good. Refused
+    before anything is written. Fields: ``head_seq`` (the keyed entry at the head of the chain)."""
+
+    hint = (
+        "Nothing was written; open the store with its audit key (open_store(url, audit_key=...); the "
+        "statekeel command: --audit-key-file PATH or $STATEKEEL_AUDIT_KEY_FILE)"
+    )
 
 
 class EncryptionError(StatekeelError):
@@ -263,6 +284,7 @@ class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
 
 
 __all__ = [
+    "AuditKeyRequired",
     "AuditTampered",
     "BackendUnavailable",
     "ConflictError",
@@ -291,4 +313,5 @@ __all__ = [
     "TranscriptError",
     "UnknownToolCall",
     "UnserializableValue",
+    "Unsupported",
 ]

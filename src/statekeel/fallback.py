@@ -77,6 +77,11 @@ def default_dir(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme == "memory":
         return None
+    if parts.scheme == "nats":
+        from .backends.nats.url import paired_url
+
+        rest = paired_url(url)  # sessions live in the SQL store paired with NATS; a plain one has none
+        return None if rest is None else default_dir(rest)
     if parts.scheme == "sqlite":
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return path + ".fallback"

@@ -148,6 +148,14 @@ def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
             "treat the audit entries and approvals as untrusted; find out who changed the database "
             "(restore it from a backup taken before the change)",
         )
+    if rec.audit_key_needed:
+        add(
+            "audit",
+            PROBLEM,
+            "the audit chain is keyed and a repair ran without the audit key: the store refused "
+            + ", ".join(sorted(rec.audit_key_needed)),
+            "open the store with its audit key (audit_key=..., or --audit-key-file) and run it again",
+        )
     calls = sum(len(v) for v in rec.orphaned_tool_calls.values())
     if calls:
         add(

@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import InvalidArgument, StorageCorrupt
+from .errors import AuditKeyRequired, InvalidArgument, StorageCorrupt
 from .transcripts import INTERRUPTED_TEXT
 from .validation import check_aware, check_bool
 
@@ -111,8 +111,127 @@ class RecoveryReport:
     incidents: list[Incident] = field(default_factory=list)
     # Recovery steps that met a damaged page, with the error; the others ran on what reads.
     skipped: dict[str, str] = field(default_factory=dict)
+    # Recovery steps whose writes the store refused because its audit chain is keyed and recover() ran
+    # without the audit key (step -> the error): nothing of theirs was written.
+    audit_key_needed: dict[str, str] = field(default_factory=dict)
     # What to do about what was found, one sentence per problem.
     advice: list[str] = field(default_factory=list)
+
+    @property
+    def repaired_sessions(self) -> list[str]:
+        """The keys of the sessions whose tool calls were (``repaired``) or would be answered."""
+        return sorted(self.orphaned_tool_calls)
+
+    @property
+    def repaired_calls(self) -> list[tuple[str, str]]:
+        """Every ``(session key, call id)`` answered with an interrupted result (or that would be)."""
+        return [
+            (key, call) for key in sorted(self.orphaned_tool_calls) for call in self.orphaned_tool_calls[key]
+        ]
+
+    @property
+    def interrupted_task_ids(self) -> list[str]:
+        """The ids of the tasks moved to interrupted (or that would be)."""
+        return [t.id for t in self.interrupted_tasks]
+
+    @property
+    def steps_in_doubt_ids(self) -> list[tuple[str, str]]:
+        """Every ``(task id, step key)`` started and never finished."""
+        return [(s.task_id, s.step_key) for s in self.steps_in_doubt]
+
+    @property
+    def pending_approval_ids(self) -> list[str]:
+        """The ids of the approvals waiting for a decision."""
+        return [a.id for a in self.pending_approvals]
+
+    @property
+    def needs_attention(self) -> bool:
+        """Something needs a person once recover() has repaired what it can: the store is not whole
+        (``ok``), or a step or tool call is in doubt, a recorded file drifted, or a repair needed the audit
+        key. ``statekeel recover`` (and ``--dry-run``) exits 1 exactly then."""
+        return (
+            not self.ok
+            or bool(self.steps_in_doubt)
+            or bool(self.tool_calls_in_doubt)
+            or bool(self.drifted_files)
+            or bool(self.audit_key_needed)
+        )
+
+    def details(self) -> dict[str, Any]:
+        """What was found and done, by name (plain JSON values), for ``recover --json`` and the viewer:
+        every repaired session and call id, interrupted task, step and tool call in doubt, pending
+        approval, unfinished workflow, replayed or left fallback file, incident, drifted file, damaged
+        table and skipped step."""
+        fallback = self.fallback
+        return {
+            "orphaned_tool_calls": {key: list(ids) for key, ids in sorted(self.orphaned_tool_calls.items())},
+            "sessions_busy": list(self.sessions_busy),
+            "sessions_failed": dict(self.sessions_failed),
+            "interrupted_tasks": [
+                {
+                    "id": t.id,
+                    "title": t.title,
+                    "lease_owner": t.lease_owner,
+                    "lease_epoch": t.lease_epoch,
+                    "lease_expires_at": _when(t.lease_expires_at),
+                }
+                for t in self.interrupted_tasks
+            ],
+            "steps_in_doubt": [
+                {
+                    "task_id": s.task_id,
+                    "step_key": s.step_key,
+                    "attempt": s.attempt,
+                    "started_at": _when(s.started_at),
+                }
+                for s in self.steps_in_doubt
+            ],
+            "tool_calls_in_doubt": [
+                {
+                    "session_key": c.session_key,
+                    "call_id": c.call_id,
+                    "attempt": c.attempt,
+                    "owner": c.owner,
+                    "started_at": _when(c.started_at),
+                }
+                for c in self.tool_calls_in_doubt
+            ],
+            "pending_approvals": [
+                {
+                    "id": a.id,
+                    "subject": a.subject,
+                    "action": a.action,
+                    "requested_by": a.requested_by,
+                    "requested_at": _when(a.requested_at),
+                    "expires_at": _when(a.expires_at),
+                }
+                for a in self.pending_approvals
+            ],
+            "unfinished_workflows": [
+                {"id": w.id, "name": w.name, "status": w.status} for w in self.unfinished_workflows
+            ],
+            "open_contradictions": [c.id for c in self.open_contradictions],
+            "fallback_replayed": {} if fallback is None else dict(fallback.replayed),
+            "fallback_left": {}
+            if fallback is None
+            else {
+                **dict(fallback.failed),
+                **dict(fallback.quarantined),
+                **{key: "held by this process" for key in fallback.skipped},
+            },
+            "drifted_files": [{"path": d.path, "kind": d.kind} for d in self.drifted_files],
+            "incidents": [
+                {"id": i.id, "kind": i.kind, "detected_at": _when(i.detected_at)} for i in self.incidents
+            ],
+            "damaged_tables": [
+                {"table": d.table, "index_only": d.index_only, "unreadable": len(d.unreadable)}
+                for d in self.damage
+            ],
+            "indexes_rebuilt": list(self.indexes_rebuilt),
+            "integrity_problems": list(self.integrity_problems),
+            "skipped": dict(self.skipped),
+            "audit_key_needed": dict(self.audit_key_needed),
+        }
 
     @property
     def ok(self) -> bool:
@@ -155,7 +274,12 @@ class RecoveryReport:
             "incidents": len(self.incidents),
             "skipped": len(self.skipped),
             "lagging_vectors": self.lagging_vectors,
+            "audit_key_needed": len(self.audit_key_needed),
         }
+
+
+def _when(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool, now: dt.datetime) -> None:
@@ -179,6 +303,11 @@ async def _guarded(report: RecoveryReport, step: str, run: Callable[[], Awaitabl
     except StorageCorrupt as exc:
         log.warning("recovery step %s met damaged storage: %s", step, exc)
         report.skipped[step] = exc.message
+        return default
+    except AuditKeyRequired as exc:
+        # Its write (and the audit entry it needs) was refused and rolled back: nothing of it was written.
+        log.warning("recovery step %s needs the audit key: %s", step, exc)
+        report.audit_key_needed[step] = exc.message
         return default
 
 
@@ -235,6 +364,12 @@ def _advice(store: Store, report: RecoveryReport) -> list[str]:
             f"the audit log does not verify ({report.audit.reason}): treat its entries and approvals as "
             "untrusted and investigate who changed the database"
         )
+    if report.audit_key_needed:
+        advice.append(
+            f"the audit chain is keyed and recover() ran without the audit key, so the store refused the "
+            f"repairs of {', '.join(sorted(report.audit_key_needed))} (nothing of them was written): run it "
+            "again with the key (open_store(url, audit_key=...); statekeel recover --audit-key-file PATH)"
+        )
     advice.extend(_decisions(report))
     return advice
 
@@ -252,24 +387,27 @@ def _decisions(report: RecoveryReport) -> list[str]:
     if report.interrupted_tasks:
         advice.append(
             f"{len(report.interrupted_tasks)} task(s) whose lease expired {done} moved to interrupted: "
-            "requeue them (tasks.transition(task_id, 'queued')) or end them"
+            "requeue them (statekeel tasks requeue ID; tasks.requeue(task_id, actor=...)) or cancel them "
+            "(statekeel tasks cancel ID --reason TEXT)"
         )
     if report.steps_in_doubt:
         advice.append(
             f"{len(report.steps_in_doubt)} step(s) started and never finished (report.steps_in_doubt): check "
-            "whether each side effect happened, then tasks.resolve_step(task_id, step_key, 'succeeded' or "
-            "'failed')"
+            "whether each side effect happened, then settle it: statekeel steps resolve TASK STEP "
+            "--succeeded [--result JSON] or --failed "
+            "(tasks.resolve_step(task_id, step_key, succeeded=..., actor=...))"
         )
     if report.tool_calls_in_doubt:
         advice.append(
             f"{len(report.tool_calls_in_doubt)} tool call(s) started through run_tool by a process that is "
             "gone have no result (report.tool_calls_in_doubt): check each side effect, then "
-            "sessions.resolve_tool(session, call_id, result=... or interrupted=True)"
+            "statekeel calls resolve SESSION CALL_ID --result TEXT or --interrupted "
+            "(sessions.resolve_tool(key, call_id, result=... or interrupted=True, actor=...))"
         )
     if report.pending_approvals:
         advice.append(
-            f"{len(report.pending_approvals)} approval(s) wait for a decision: approvals.decide(approval_id, "
-            "granted, decided_by)"
+            f"{len(report.pending_approvals)} approval(s) wait for a decision: statekeel approvals decide ID "
+            "--grant or --deny (approvals.decide(approval_id, granted, decided_by))"
         )
     if report.unfinished_workflows:
         advice.append(

@@ -21,12 +21,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .approvals import ApprovalLog
 from .audit import AuditLog
 from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .backends.nats.url import paired_url
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
 from .erasure import ErasureReport, erase
-from .errors import InvalidArgument, NotFound, StorageCorrupt
+from .errors import InvalidArgument, NotFound, StorageCorrupt, Unsupported
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
 from .health import HealthReport, health
@@ -87,7 +88,8 @@ class StoreOptions:
 class StoreInfo:
     """Schema and health facts of a store, as :meth:`Store.info` reads them.
 
-    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"`` or ``"postgresql"``.
+    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"``, ``"postgresql"`` or
+    ``"nats"``.
     ``pending_migrations`` lists ``(version, name)`` of migrations this code ships that the database has
     not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
     ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
@@ -193,7 +195,8 @@ def sqlite_file(url: str) -> str | None:
 
 
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
-    """The backend for ``url``: ``sqlite:///…``, ``memory://`` or ``postgresql://…``."""
+    """The backend for ``url``: ``sqlite:///…``, ``memory://``, ``postgresql://…``, ``mysql://…``
+    (``mariadb://…``) or ``nats://…`` (with ``rest=``, paired with a SQL store: see ``docs/nats.md``)."""
     backend = _backend_for(url, options, codec)
     backend.audit_key = options.audit_key
     return backend
@@ -222,10 +225,74 @@ def _backend_for(url: str, options: StoreOptions, codec: Codec) -> StorageBacken
                 f"PostgreSQL support needs asyncpg: pip install 'statekeel[postgres]' ({exc})"
             ) from exc
         return PostgresBackend(url, codec=codec, migrate=options.migrate)
+    if scheme in ("mysql", "mariadb"):
+        try:
+            from .backends.mysql.backend import MySqlBackend
+        except ImportError as exc:  # asyncmy is an optional extra
+            raise InvalidArgument(
+                f"MySQL/MariaDB support needs asyncmy: pip install 'statekeel[mysql]' ({exc})"
+            ) from exc
+        return MySqlBackend(url, codec=codec, migrate=options.migrate)
+    if scheme == "nats":
+        return _nats_backend(url, options, codec)
     raise InvalidArgument(
-        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory:// or postgresql://",
+        f"unknown store URL scheme {scheme!r} in {url!r}; use sqlite:///file.db, memory://, postgresql://, "
+        "mysql:// or nats://",
         url=url,
     )
+
+
+# The kinds a NATS backend holds when paired with a SQL backend: the audit chain stays with the SQL
+# backend, whose approvals, task changes and erasures append their entries in their own transaction.
+NATS_PAIRED_KINDS = frozenset({"traces"})
+
+
+def _nats_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
+    try:
+        from .backends.nats.backend import new_nats_backend
+    except ImportError as exc:  # nats-py is an optional extra
+        raise InvalidArgument(f"NATS support needs nats-py: pip install 'statekeel[nats]' ({exc})") from exc
+    rest = paired_url(url)
+    if rest is None:
+        return new_nats_backend(url, codec=codec, migrate=options.migrate)
+    if urlsplit(rest).scheme == "nats":
+        raise InvalidArgument(f"rest= in {url!r} must name a SQL store, not another NATS one", url=url)
+    from .backends.composite import pair_backends
+
+    front_url = url[: len(url) - len(rest) - len("rest=") - 1]
+    front = new_nats_backend(front_url, codec=codec, migrate=options.migrate)
+    return pair_backends(url, front, _backend_for(resolve_url(rest), options, codec), NATS_PAIRED_KINDS)
+
+
+class _Unheld:
+    """A manager of a kind the store's backend does not hold: every use raises ``Unsupported``."""
+
+    def __init__(self, name: str, kinds: frozenset[str], url: str) -> None:
+        self._name, self._kinds, self._url = name, kinds, url
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise Unsupported(
+            f"the store at {redact_url(self._url)} does not hold {', '.join(sorted(self._kinds))}: "
+            f"store.{self._name}.{attr} is not available on it",
+            kind=sorted(self._kinds)[0],
+            url=redact_url(self._url),
+        )
+
+
+# The kinds each manager needs from the backend.
+MANAGER_KINDS: dict[str, frozenset[str]] = {
+    "sessions": frozenset({"sessions", "tool_calls"}),
+    "tasks": frozenset({"tasks"}),
+    "workflows": frozenset({"workflows", "tasks"}),
+    "audit": frozenset({"audit"}),
+    "approvals": frozenset({"approvals", "audit"}),
+    "memory": frozenset({"memory"}),
+    "files": frozenset({"files"}),
+    "traces": frozenset({"traces"}),
+    "vectors": frozenset({"vectors"}),
+}
 
 
 class Store:
@@ -251,7 +318,16 @@ class Store:
         self.files = FileLedger(self.backend)
         self.traces = TraceLog(self.backend, self.codec)
         self.vectors = VectorIndex(self.backend, self.codec)
+        held = self.backend.kinds
+        for name, needs in MANAGER_KINDS.items():
+            if not needs <= held:
+                setattr(self, name, _Unheld(name, needs - held, url))
         self._closed = False
+
+    def holds(self, manager: str) -> bool:
+        """Whether this store's backend holds what ``store.<manager>`` needs (``"sessions"``, ``"tasks"``
+        …): False for the kinds a plain ``nats://`` store does not hold, whose use raises ``Unsupported``."""
+        return not isinstance(getattr(self, manager), _Unheld)
 
     async def _open(self) -> Store:
         await self.backend.initialize()
@@ -415,7 +491,7 @@ class Store:
             if not problems:
                 raise
             counts = None  # the problems found by the integrity check say why
-        fallback = self.sessions.fallback
+        fallback = self.sessions.fallback if self.holds("sessions") else None
         waiting = 0 if fallback is None else await asyncio.to_thread(lambda: sum(1 for _ in fallback.files()))
         scheme = urlsplit(self.url).scheme
         return StoreInfo(
@@ -437,13 +513,16 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        await self.sessions.close()
+        if self.holds("sessions"):
+            await self.sessions.close()
         try:
             # Buffered tiers: what they hold is written before the backend closes.
             try:
-                await self.memory.close()
+                if self.holds("memory"):
+                    await self.memory.close()
             finally:
-                await self.traces.close()
+                if self.holds("traces"):
+                    await self.traces.close()
         finally:
             await self.backend.close()
 
@@ -493,7 +572,9 @@ def open_store(
 
     ``await open_store(url)`` returns a :class:`Store`; ``async with open_store(url) as store:`` closes it
     at the end of the block. URLs: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``memory://``,
-    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too).
+    ``postgresql://user@host:5432/db`` (``postgresql+asyncpg://`` is accepted too), ``nats://host:4222``
+    (NATS JetStream: sessions, audit and traces; ``nats://host:4222?rest=sqlite:///state.db`` pairs it
+    with a SQL store for the other kinds).
 
     ``migrate=False`` never changes the schema: a store with pending migrations raises ``MigrationError``
     and is left as it was (for tools that inspect a store shared with agents of another version).

@@ -38,6 +38,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from . import task_operations as _ops
 from .backends.base import (
     TASK_STATUSES,
     AuditNote,
@@ -60,7 +61,7 @@ from .errors import (
 )
 from .journal import StepFn, check_outside_transaction, discard, run_step
 from .task_steps import TaskStep, check_step_args
-from .validation import check_aware, check_bool, check_int, check_key, check_text
+from .validation import check_aware, check_int, check_key, check_text
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
@@ -105,9 +106,12 @@ def task_note(kind: str, actor: str, task_id: str, data: dict[str, Any]) -> Audi
     return kind, actor, f"task:{task_id}", canonical({"task_id": task_id, **data}).decode("utf-8")
 
 
-def transition_note(actor: str, before: str, task: TaskRecord, via: str) -> AuditNote:
+def transition_note(
+    actor: str, before: str, task: TaskRecord, via: str, extra: dict[str, Any] | None = None
+) -> AuditNote:
     """The ``task.transitioned`` entry of ``task`` (as the change left it), from status ``before``."""
     data: dict[str, Any] = {"from": before, "to": task.status, "version": task.version, "via": via}
+    data.update(extra or {})
     if task.status == "running":
         data["lease_epoch"] = task.lease_epoch
         data["lease_owner"] = task.lease_owner
@@ -122,9 +126,11 @@ def created_note(task: TaskRecord, via: str) -> AuditNote:
     return task_note("task.created", UNSPECIFIED_ACTOR, task.id, data)
 
 
-def _transition_notes(actor: str, before: str, via: str) -> Callable[[TaskRecord | None], list[AuditNote]]:
+def _transition_notes(
+    actor: str, before: str, via: str, extra: dict[str, Any] | None = None
+) -> Callable[[TaskRecord | None], list[AuditNote]]:
     """The entry of the transition a task write returned (none when its condition did not hold)."""
-    return lambda task: [] if task is None else [transition_note(actor, before, task, via)]
+    return lambda task: [] if task is None else [transition_note(actor, before, task, via, extra)]
 
 
 def _step_notes(kind: str, actor: str, **extra: Any) -> Callable[[StepRecord | None], list[AuditNote]]:
@@ -505,119 +511,59 @@ class TaskManager:
         self,
         task_id: str,
         step_key: str,
-        outcome: str,
+        outcome: str | None = None,
         *,
+        succeeded: bool | None = None,
         result: Any = None,
         error: Any = None,
         actor: str | None = None,
         lease_epoch: int | None = None,
         force: bool = False,
     ) -> StepRecord:
-        """Settle a step in doubt: ``outcome`` "succeeded" (later calls return ``result``) or "failed"
-        (the next call runs ``fn`` again). Only a *started* step can be resolved; the change commits with
-        its ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified").
+        """Settle a step in doubt: ``succeeded=True`` (later calls return ``result``) or ``succeeded=False``
+        (the next call runs ``fn`` again; ``error`` is recorded). ``outcome`` "succeeded" or "failed" says
+        the same positionally; give one of the two. Only a *started* step can be resolved
+        (``InvalidTransition`` otherwise, ``NotFound`` for an unknown one); the change commits with its
+        ``task.step.resolved`` audit entry (actor: ``actor``, else "unspecified").
 
         While the task runs under a live lease its worker may still be running the step and record its
         own result: ``ConflictError`` (nothing written), unless the caller is that lease's holder (it
         passes the ``lease_epoch`` it claimed the task at) or passes ``force=True``, which the audit entry
         records (``forced``, with the lease owner and epoch it overrode). The worker's own finish after a
-        resolution raises ``ConflictError``; it never replaces the resolved outcome."""
-        check_key(task_id, "task_id")
-        check_key(step_key, "step_key")
-        if actor is not None:
-            check_key(actor, "actor")
-        if lease_epoch is not None:
-            check_int(lease_epoch, "lease_epoch", minimum=1)
-        check_bool(force, "force")
-        if outcome not in ("succeeded", "failed"):
-            raise InvalidArgument(
-                f"outcome must be 'succeeded' or 'failed', got {outcome!r}", outcome=outcome
-            )
-        if outcome == "failed" and error is None:
-            error = {"type": "resolved", "message": "resolved as failed by resolve_step()"}
-        result_raw = self.codec.encode(result, where="result") if outcome == "succeeded" else None
-        error_raw = self.codec.encode(error, where="error") if outcome == "failed" else None
-        seen = await self.backend.get_step(task_id, step_key)
-        if seen is None:
-            raise NotFound(f"task {task_id!r} has no step {step_key!r}", task_id=task_id, step_key=step_key)
-        if seen.status != "started":
-            raise InvalidTransition(
-                f"step {step_key!r} of task {task_id!r} is {seen.status}; only a started step can be "
-                "resolved",
-                task_id=task_id,
-                step_key=step_key,
-                current=seen.status,
-            )
-        overridden = await self._live_lease(task_id, step_key, lease_epoch, force)
-        extra: dict[str, Any] = {}
-        if overridden is not None:
-            extra = {
-                "forced": True,
-                "lease_owner": overridden.lease_owner,
-                "lease_epoch": overridden.lease_epoch,
-            }
-        notes = _step_notes(
-            "task.step.resolved",
-            actor or UNSPECIFIED_ACTOR,
-            result_sha256=_digest(result_raw),
-            error_sha256=_digest(error_raw),
-            **extra,
-        )
-        # Conditional on the attempt judged above: a run started again meanwhile is not settled blindly.
-        done = await self.backend.finish_step(
-            task_id,
-            step_key,
-            status=outcome,
-            attempt=seen.attempt,
-            result=result_raw,
-            error=error_raw,
-            audit=notes,
-        )
-        if done is not None:
-            return done
-        current = await self.backend.get_step(task_id, step_key)
-        if current is not None and current.status == "started":
-            raise ConflictError(
-                f"step {step_key!r} of task {task_id!r} was started again (attempt {current.attempt}) while "
-                "it was being resolved; nothing was written: its new run records its own outcome",
-                task_id=task_id,
-                step_key=step_key,
-                attempt=current.attempt,
-            )
-        raise InvalidTransition(
-            f"step {step_key!r} of task {task_id!r} is {'gone' if current is None else current.status}; only "
-            "a started step can be resolved",
-            task_id=task_id,
-            step_key=step_key,
-            current=None if current is None else current.status,
+        resolution raises ``ConflictError``; it never replaces the resolved outcome.
+
+            await store.tasks.resolve_step(task.id, "charge-card", succeeded=True, result={"ok": 1},
+                                           actor="alice")
+        """
+        return await _ops.resolve_step(
+            self, task_id, step_key, outcome, succeeded, result, error, actor, lease_epoch, force
         )
 
     async def _live_lease(
         self, task_id: str, step_key: str, lease_epoch: int | None, force: bool
     ) -> TaskRecord | None:
-        """For :meth:`resolve_step`: refuse while another worker's live lease may still finish the step;
-        the task whose lease ``force`` overrides (None when no live lease of another was in the way)."""
-        task = await self.backend.get_task(task_id)
-        if task is None:
-            raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
-        expires = task.lease_expires_at
-        if task.status != "running" or (expires is not None and expires <= _utcnow()):
-            return None  # no live worker: the step's runner is gone
-        if lease_epoch is not None and lease_epoch == task.lease_epoch:
-            return None  # the lease's own holder: it knows its function is not running
-        if force:
-            return task
-        until = "" if expires is None else f" until {expires.isoformat()}"
-        raise ConflictError(
-            f"step {step_key!r} of task {task_id!r} may still be running: the task holds a live lease of "
-            f"{task.lease_owner!r} (epoch {task.lease_epoch}){until}, whose worker would record its own "
-            "outcome. Resolve it once the lease has ended (the worker stopped, expire_leases() or cancel), "
-            "as the lease's holder (lease_epoch=...), or with force=True (recorded in the audit log)",
-            task_id=task_id,
-            step_key=step_key,
-            lease_owner=task.lease_owner,
-            lease_epoch=task.lease_epoch,
-        )
+        # resolve_step()'s judgement of the task's lease: a method, so a test can act right after it.
+        return await _ops.live_lease(self, task_id, step_key, lease_epoch, force)
+
+    async def requeue(self, task_id: str, *, actor: str) -> Task:
+        """Put a task back in the queue for a worker to claim: a pending, suspended, interrupted or failed
+        one (a failed task uses one of its retries; ``InvalidTransition`` when none is left, or for a
+        running, succeeded or cancelled task; ``NotFound`` for an unknown one). The change commits with its
+        ``task.transitioned`` audit entry (``via`` "requeue", actor ``actor``).
+
+            await store.tasks.requeue(task.id, actor="alice")
+        """
+        return await _ops.requeue(self, task_id, actor)
+
+    async def cancel(self, task_id: str, *, actor: str, reason: str) -> Task:
+        """Cancel a task that has not finished (``InvalidTransition`` for a succeeded, failed or cancelled
+        one). A running task's worker is fenced out: its next heartbeat, step or transition with its lease
+        raises ``LeaseLost``. The change commits with its ``task.transitioned`` audit entry (``via``
+        "cancel", actor ``actor``, the ``reason``); the task's error holds the reason too.
+
+            await store.tasks.cancel(task.id, actor="alice", reason="duplicate of #12")
+        """
+        return await _ops.cancel(self, task_id, actor, reason)
 
     async def get_step(self, task_id: str, step_key: str) -> StepRecord | None:
         """One journal entry, or None."""

@@ -97,7 +97,9 @@ class SearchEngine(Protocol):
     """The seam behind ``search``: anything that answers a :class:`SearchRequest` with up to ``k`` hits,
     best first, each meeting the filter (every key of ``filter`` equal in the hit's metadata)."""
 
-    async def search(self, request: SearchRequest) -> list[Hit]: ...
+    async def search(self, request: SearchRequest) -> list[Hit]:
+        """The ``request.k`` best hits of ``request`` (see :class:`SearchRequest`), best first."""
+        ...
 
 
 # --- the score, defined once ------------------------------------------------------------------------------
@@ -353,6 +355,8 @@ class ExactSearch:
         self._caches: dict[str, _ModelCache] = {}
 
     async def search(self, request: SearchRequest) -> list[Hit]:
+        """The ``request.k`` best hits by exact cosine similarity over the stored vectors of
+        ``request.model`` (none without a model), best first."""
         if request.model is None:
             return []
         cache = self._caches.get(request.model)

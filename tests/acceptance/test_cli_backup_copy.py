@@ -101,6 +101,22 @@ def test_copy_from_sqlite_to_postgresql_and_back(
     assert counts(back, tmp_path) == counts(prepared.url, tmp_path) == counts(pg_migrated, tmp_path)
 
 
+@pytest.mark.postgres
+def test_copy_between_all_three_dialects_keeps_every_count(
+    prepared: Prepared, my_migrated: str, pg_migrated: str, tmp_path: Path
+) -> None:
+    to_maria = run_statekeel("copy", prepared.url, my_migrated, cwd=tmp_path)
+    assert to_maria.returncode == 0, to_maria.stderr
+    to_pg = run_statekeel("copy", my_migrated, pg_migrated, cwd=tmp_path)
+    assert to_pg.returncode == 0, to_pg.stderr
+    back = f"sqlite:///{tmp_path / 'back.db'}"
+    assert run_statekeel("copy", pg_migrated, back, cwd=tmp_path).returncode == 0
+    expected = counts(prepared.url, tmp_path)
+    assert counts(my_migrated, tmp_path) == expected
+    assert counts(pg_migrated, tmp_path) == expected
+    assert counts(back, tmp_path) == expected
+
+
 def test_a_copy_that_fails_into_a_new_sqlite_file_leaves_no_file_behind(tmp_path: Path) -> None:
     src = tmp_path / "src.db"
 

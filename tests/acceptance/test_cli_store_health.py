@@ -227,3 +227,161 @@ def test_fallback_files_are_reported_then_replayed_by_recover(tmp_path: Path) ->
     assert "#1 user during the outage" in flat(run_statekeel("show", "s", "--db", url, cwd=tmp_path).stdout)
     assert "nothing to repair" in run_statekeel("recover", "--db", url, cwd=tmp_path).stdout
     assert run_statekeel("doctor", "--db", url, cwd=tmp_path).returncode == 0
+
+
+def store_needing_recovery(path: Path, *, audit_key: bytes | None = None) -> dict[str, str]:
+    """A store holding one of each thing recover() repairs or lists: two tool calls left without a result
+    by a process that is gone, a running task whose lease expired, a step in doubt and a pending
+    approval. Returns their names."""
+
+    async def fill() -> dict[str, str]:
+        async with statekeel.open_store(f"sqlite:///{path}", audit_key=audit_key) as store:
+            session = await store.sessions.get_or_create("chat-lost")
+            session.add_message("user", "deploy and notify")
+            session.add_message(
+                "assistant",
+                None,
+                tool_calls=[
+                    {
+                        "id": "call_deploy",
+                        "type": "function",
+                        "function": {"name": "deploy", "arguments": "{}"},
+                    },
+                    {
+                        "id": "call_notify",
+                        "type": "function",
+                        "function": {"name": "notify", "arguments": "{}"},
+                    },
+                ],
+            )
+            await store.sessions.save(session)
+            doubtful = await store.tasks.create("push the branch", status="queued")
+            claimed = await store.tasks.claim("worker-7", lease_seconds=3600)
+            assert claimed is not None and claimed.id == doubtful.id
+            try:
+                # The step ran but its value cannot be stored: it stays started, in doubt once nobody runs it.
+                await store.tasks.step(claimed.id, "push", lambda: {1, 2}, lease_epoch=claimed.lease_epoch)
+            except statekeel.SerializationError:
+                pass
+            await store.tasks.transition(
+                claimed.id, "interrupted", worker_id="worker-7", lease_epoch=claimed.lease_epoch
+            )
+            lapsed = await store.tasks.create("long build", status="queued")
+            assert await store.tasks.claim("worker-dead", lease_seconds=0.001) is not None
+            approval = await store.approvals.request("repo", "deploy", {"env": "prod"}, requested_by="agent")
+            return {"task": doubtful.id, "lapsed": lapsed.id, "approval": approval.id}
+
+    return asyncio.run(fill())
+
+
+def test_recover_names_every_call_task_step_and_approval_it_found(tmp_path: Path) -> None:
+    names = store_needing_recovery(tmp_path / "s.db")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    dry = run_statekeel("recover", "--dry-run", "--json", "--db", url, cwd=tmp_path)
+    assert dry.returncode == 1, dry.stdout + dry.stderr  # a step in doubt needs a person
+    report = json.loads(dry.stdout)
+    assert report["needs_attention"] is True and report["dry_run"] is True
+    details = report["details"]
+    assert details["orphaned_tool_calls"] == {"chat-lost": ["call_deploy", "call_notify"]}
+    assert [t["id"] for t in details["interrupted_tasks"]] == [names["lapsed"]]
+    assert details["interrupted_tasks"][0]["lease_owner"] == "worker-dead"
+    assert [(s["task_id"], s["step_key"]) for s in details["steps_in_doubt"]] == [(names["task"], "push")]
+    assert [a["id"] for a in details["pending_approvals"]] == [names["approval"]]
+    text = run_statekeel("recover", "--dry-run", "--db", url, cwd=tmp_path)
+    assert text.returncode == 1
+    out = flat(text.stdout)
+    assert "would repair 2 tool calls answered with an 'interrupted' result session chat-lost: " in out
+    assert "call_deploy, call_notify" in out
+    assert f"task {names['lapsed']} (long build): held by worker-dead" in out
+    assert f"needs attention 1 task steps in doubt task {names['task']} step push (attempt 1" in out
+    assert f"approval {names['approval']}: deploy on repo, requested by agent" in out
+    # The repair names what it did, the same; the step in doubt still needs a person afterwards.
+    done = run_statekeel("recover", "--json", "--db", url, cwd=tmp_path)
+    assert done.returncode == 1
+    repaired = json.loads(done.stdout)["details"]
+    assert repaired["orphaned_tool_calls"] == details["orphaned_tool_calls"]
+    assert repaired["interrupted_tasks"][0]["id"] == names["lapsed"]
+    again = json.loads(run_statekeel("recover", "--json", "--db", url, cwd=tmp_path).stdout)["details"]
+    assert again["orphaned_tool_calls"] == {} and again["interrupted_tasks"] == []
+    assert [s["step_key"] for s in again["steps_in_doubt"]] == ["push"]
+
+
+def test_recover_dry_run_exits_0_when_only_repairs_are_waiting(tmp_path: Path) -> None:
+    url = healthy_store(tmp_path / "h.db")
+    assert run_statekeel("recover", "--dry-run", "--db", url, cwd=tmp_path).returncode == 0
+
+    async def leave_a_call() -> None:
+        async with statekeel.open_store(url) as store:
+            session = await store.sessions.get_or_create("lost")
+            session.add_message(
+                "assistant",
+                None,
+                tool_calls=[{"id": "c1", "type": "function", "function": {"name": "x", "arguments": "{}"}}],
+            )
+            await store.sessions.save(session)
+
+    asyncio.run(leave_a_call())
+    dry = run_statekeel("recover", "--dry-run", "--db", url, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout  # recover repairs it: nobody is needed
+    assert "session lost: c1" in flat(dry.stdout)
+
+
+AUDIT_KEY = bytes(range(32))
+
+
+def audit_key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "audit.key"
+    path.write_text("# the store's audit key\n" + AUDIT_KEY.hex() + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_recover_on_a_keyed_audit_chain_needs_the_audit_key_and_keeps_the_chain_keyed(tmp_path: Path) -> None:
+    names = store_needing_recovery(tmp_path / "k.db", audit_key=AUDIT_KEY)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    key_file = audit_key_file(tmp_path)
+
+    async def verify() -> statekeel.AuditVerification:
+        async with statekeel.open_store(url, audit_key=AUDIT_KEY) as store:
+            return await store.audit.verify()
+
+    before = asyncio.run(verify())
+    assert before.ok and before.authenticated == before.count
+    # Without the key: the lease expiry (an audited write) is refused, nothing of it written; the rest
+    # of recovery ran, and the command says what to pass.
+    without = run_statekeel("recover", "--json", "--db", url, cwd=tmp_path)
+    assert without.returncode == 1, without.stderr
+    report = json.loads(without.stdout)
+    assert set(report["details"]["audit_key_needed"]) == {"tasks"}
+    assert report["details"]["interrupted_tasks"] == []
+    assert any("--audit-key-file" in line for line in report["advice"])
+    after = asyncio.run(verify())
+    assert after.ok and after.count == before.count and after.authenticated == after.count
+    text = run_statekeel("recover", "--db", url, cwd=tmp_path)
+    assert "needs attention 1 repairs refused: the audit chain is keyed" in flat(text.stdout)
+    # With the key (the option, or the environment variable): the repair is made and the chain verifies.
+    with_key = run_statekeel(
+        "recover", "--json", "--audit-key-file", str(key_file), "--db", url, cwd=tmp_path
+    )
+    report = json.loads(with_key.stdout)
+    assert report["details"]["audit_key_needed"] == {}
+    assert [t["id"] for t in report["details"]["interrupted_tasks"]] == [names["lapsed"]]
+    final = asyncio.run(verify())
+    assert final.ok and final.count > before.count and final.authenticated == final.count
+    audit = run_statekeel(
+        "audit", "verify", "--db", url, cwd=tmp_path, env={"STATEKEEL_AUDIT_KEY_FILE": str(key_file)}
+    )
+    assert audit.returncode == 0 and f"{final.count} authenticated" in audit.stdout
+    # The group's option works too, and a bad audit key file is refused in one line before anything opens.
+    group = run_statekeel("--audit-key-file", str(key_file), "audit", "verify", "--db", url, cwd=tmp_path)
+    assert group.returncode == 0 and "authenticated" in group.stdout
+    key_file.chmod(0o644)
+    assert "readable by others" in one_line_error(
+        run_statekeel("recover", "--audit-key-file", str(key_file), "--db", url, cwd=tmp_path)
+    )
+    short = tmp_path / "short.key"
+    short.write_text("abcd\n")
+    short.chmod(0o600)
+    assert "at least 32" in one_line_error(
+        run_statekeel("doctor", "--db", url, cwd=tmp_path, env={"STATEKEEL_AUDIT_KEY_FILE": str(short)})
+    )

@@ -3,13 +3,16 @@ PostgreSQL: what they print, their ``--json``, and that reading changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import statekeel
 from helpers import Prepared, one_line_error, run_statekeel
 
 SESSIONS = {
@@ -138,10 +141,6 @@ def test_read_commands_leave_the_database_file_unchanged(prepared: Prepared, tmp
 
 
 def test_show_marks_the_fork_point_and_sessions_tree_nests_forks(tmp_path: Path) -> None:
-    import asyncio
-
-    import statekeel
-
     url = f"sqlite:///{tmp_path / 'forks.db'}"
 
     async def fill() -> None:
@@ -180,3 +179,76 @@ def as_json_url(url: str, cwd: Path, *args: str) -> Any:
     result = run_statekeel(*args, "--json", "--db", url, cwd=cwd)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+# What a terminal would act on: C0 controls but tab and newline, DEL, C1 controls.
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+EVIL_KEY = "evil\x1b[2Jkey\x07"
+OSC_TITLE = "\x1b]0;pwned\x07"
+EVIL_TEXT = f"hello {OSC_TITLE} \x1b[31mred\x1b[0m \x9b2J back\x08\x08 cr\rDEL\x7f end"
+EVIL_RESULT = "out\x1b]8;;http://attacker.example/\x07link\x1b]8;;\x07 \x9b31m"
+EVIL_TITLE = "build\x1b]0;title\x07\x1b[8m"
+EVIL_WORKER = "worker\x1b[1m"
+EVIL_SPAN = "span\x1b[5m\x07"
+
+
+async def _store_with_control_characters(path: Path) -> None:
+    async with statekeel.open_store(f"sqlite:///{path}") as store:
+        session = await store.sessions.get_or_create(EVIL_KEY)
+        session.add_message("user", EVIL_TEXT)
+        call = {"id": "call\x1b[2K1", "type": "function"}
+        call["function"] = {"name": "run\x1b[8m", "arguments": json.dumps({"cmd": "\x1b]0;x\x07"})}
+        session.add_message("assistant", None, tool_calls=[call])
+        session.add_message("tool", EVIL_RESULT, tool_call_id="call\x1b[2K1")
+        open_call = {"id": "open\x1b[2Kcall", "type": "function"}
+        open_call["function"] = {"name": "wait", "arguments": "{}"}
+        session.add_message("assistant", None, tool_calls=[open_call])
+        await store.sessions.save(session)
+        await store.tasks.create(EVIL_TITLE, status="queued")
+        assert await store.tasks.claim(EVIL_WORKER, lease_seconds=600) is not None
+        store.traces.record(
+            "trace\x1b[1m", {"span_id": "s1", "name": EVIL_SPAN, "attributes": {"k\x1b[1m": "v\x07\x9b"}}
+        )
+        await store.traces.flush()
+
+
+def test_no_command_sends_control_characters_from_the_store_to_the_terminal(tmp_path: Path) -> None:
+    path = tmp_path / "evil.db"
+    asyncio.run(_store_with_control_characters(path))
+    url = f"sqlite:///{path}"
+    outputs: dict[str, str] = {}
+    for args in (
+        ("sessions",),
+        ("show", EVIL_KEY),
+        ("tasks",),
+        ("trace", "trace\x1b[1m"),
+        ("recover", "--dry-run"),
+        ("doctor",),
+        ("info",),
+        ("status",),
+        ("show", "nobody\x1b]0;x\x07"),  # an error that quotes what it was given
+    ):
+        result = run_statekeel(*args, "--db", url, cwd=tmp_path)
+        assert "Traceback" not in result.stderr, result.stderr
+        for stream in (result.stdout, result.stderr):
+            found = CONTROL.findall(stream)
+            assert not found, (args, found, stream)
+        outputs[args[0] + ("" if args[0] != "show" or args[1] == EVIL_KEY else " missing")] = result.stdout
+    show = outputs["show"]
+    # Shown as cat -v shows them: ESC as ^[, BEL as ^G, backspace ^H, DEL ^?, C1 CSI as M-^[.
+    assert "hello ^[]0;pwned^G ^[[31mred^[[0m M-^[2J back^H^H cr^MDEL^? end" in show
+    assert "evil^[[2Jkey^G" in show and "run^[[8m" in show
+    assert "out^[]8;;http://attacker.example/^Glink^[]8;;^G M-^[31m" in show
+    assert "evil^[[2Jkey^G" in outputs["sessions"]
+    tasks = " ".join(outputs["tasks"].split())
+    assert "build^[]0;title^G^[[8m" in tasks and "worker^[[1m" in tasks
+    assert "span^[[5m^G" in outputs["trace"]
+    # --json is unchanged: the values as stored, control characters in JSON's own escapes.
+    shown = json.loads(run_statekeel("show", EVIL_KEY, "--json", "--db", url, cwd=tmp_path).stdout)
+    assert shown["session"]["key"] == EVIL_KEY
+    assert shown["messages"][0]["message"]["content"] == EVIL_TEXT
+    assert shown["messages"][2]["message"]["content"] == EVIL_RESULT
+    listed = json.loads(run_statekeel("tasks", "--json", "--db", url, cwd=tmp_path).stdout)
+    assert [(t["title"], t["lease_owner"]) for t in listed] == [(EVIL_TITLE, EVIL_WORKER)]
+    spans = json.loads(run_statekeel("trace", "trace\x1b[1m", "--json", "--db", url, cwd=tmp_path).stdout)
+    assert spans[0]["name"] == EVIL_SPAN and spans[0]["attributes"] == {"k\x1b[1m": "v\x07\x9b"}

@@ -60,6 +60,27 @@ def test_stress_demo_with_db_and_several_cycles_resumes_the_same_sessions(tmp_pa
     conn.close()
 
 
+def test_stress_demo_on_a_store_the_story_demo_used_verifies_only_its_own_sessions(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    story = run_statekeel("demo", "--db", url, "--seed", "5", cwd=tmp_path)
+    assert story.returncode == 0, story.stdout + story.stderr
+    conn = sqlite3.connect(tmp_path / "shared.db")
+    before = dict(conn.execute("SELECT key, head_seq FROM sessions").fetchall())
+    conn.close()
+    assert before and not any(key.startswith("demo-agent-") for key in before)
+    result = run_statekeel("demo", "--stress", "--db", url, "--sessions", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())
+    assert "verified: all" in out and "FAILED" not in out
+    for key in before:
+        assert key not in out  # not the demo's: not verified, not listed
+    conn = sqlite3.connect(tmp_path / "shared.db")
+    after = dict(conn.execute("SELECT key, head_seq FROM sessions").fetchall())
+    conn.close()
+    assert {k: v for k, v in after.items() if k in before} == before  # the story's sessions untouched
+    assert set(after) - set(before) == {session_key(0), session_key(1)}
+
+
 def test_stress_demo_keep_leaves_an_owner_only_directory(tmp_path: Path) -> None:
     result = run_statekeel("demo", "--stress", "--keep", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -15,6 +15,7 @@ from statekeel.backends.sql import Tx
 from statekeel.codec import canonical
 
 Store = statekeel.Store
+pytestmark = pytest.mark.kinds("audit")
 
 
 async def test_appends_form_a_dense_hash_chain(store: Store) -> None:
@@ -65,7 +66,15 @@ async def test_bad_entries_raise_typed_errors_and_append_nothing(store: Store) -
     assert (await store.audit.append("k", "a", "s")).seq == 1
 
 
-def _dialect_queries(store: Store) -> dict[str, str]:
+def _dialect_queries(store: Store) -> dict[str, Any]:
+    if store.backend.__class__.__name__ == "MySqlBackend":
+        from statekeel.backends.mysql.queries import compile_query
+
+        class Compiling(dict[str, Any]):
+            def __setitem__(self, name: str, sql: Any) -> None:
+                store.backend._scripts[name] = compile_query(name, sql)  # type: ignore[attr-defined]
+
+        return Compiling()
     if store.backend.__class__.__name__ == "PostgresBackend":
         from statekeel.backends.postgres import backend as pg
 
@@ -75,6 +84,7 @@ def _dialect_queries(store: Store) -> dict[str, str]:
     return lite.queries()
 
 
+@pytest.mark.kinds("audit", "transactions")  # through the SQL backends' own writer
 @pytest.mark.parametrize(
     ("name", "sql"),
     [
@@ -114,6 +124,60 @@ def test_an_entry_hash_is_the_sha256_of_the_canonical_encoding_of_its_fields(sub
     assert (
         chain_hash(7, "task.transitioned", "worker-1", subject, '{"to":"running"}', at, "a" * 64) == expected
     )
+
+
+AUDIT_KEY = b"k" * 32
+
+
+async def test_a_keyed_chain_refuses_an_audited_write_without_the_key(shared_url: str) -> None:
+    """A store opened without the audit key cannot append an entry without a MAC after a keyed one (the
+    chain would stop verifying under the key for good): the write is refused with AuditKeyRequired and
+    nothing is written — neither the entry nor the change it audits."""
+    async with statekeel.open_store(shared_url, audit_key=AUDIT_KEY) as keyed:
+        queued = await keyed.tasks.create("deploy", status="queued")
+        approval = await keyed.approvals.request("task:1", "deploy", {"env": "prod"}, "agent")
+        before = await keyed.audit.verify()
+        assert before.ok and before.authenticated == before.count > 0
+    async with statekeel.open_store(shared_url) as plain:
+        writes = {
+            "audit.append": lambda: plain.audit.append("note", "ops", "s", {"x": 1}),
+            "tasks.create": lambda: plain.tasks.create("another"),
+            "tasks.claim": lambda: plain.tasks.claim("w1"),
+            "tasks.transition": lambda: plain.tasks.transition(queued.id, "cancelled"),
+            "approvals.request": lambda: plain.approvals.request("s", "a", {}, "agent"),
+            "approvals.decide": lambda: plain.approvals.decide(approval.id, True, "ann"),
+        }
+        for name, write in writes.items():
+            with pytest.raises(statekeel.AuditKeyRequired) as info:
+                await write()
+            assert "audit key" in str(info.value), name
+            assert info.value.head_seq == before.count  # type: ignore[attr-defined]
+        # Nothing was written: the same entries, the task and the approval as they were.
+        assert [t.id for t in (await plain.tasks.list(limit=10)).items] == [queued.id]
+        assert await plain.tasks.get(queued.id) == queued
+        assert [a.id for a in await plain.approvals.pending()] == [approval.id]
+        assert (await plain.audit.verify()).count == before.count
+        # Writes without an audit entry go on as before.
+        session = await plain.sessions.get_or_create("chat")
+        session.add_message("user", "hi")
+        await plain.sessions.save(session)
+    async with statekeel.open_store(shared_url, audit_key=AUDIT_KEY) as keyed:
+        after = await keyed.audit.verify()
+        assert after.ok and after.count == before.count and after.authenticated == after.count
+        await keyed.tasks.transition(queued.id, "cancelled")  # with the key, the chain goes on
+        assert (await keyed.audit.verify()).ok
+
+
+async def test_an_unkeyed_chain_takes_writes_without_a_key_and_a_key_added_later(shared_url: str) -> None:
+    async with statekeel.open_store(shared_url) as plain:
+        await plain.audit.append("note", "ops", "s", {"n": 1})
+    async with statekeel.open_store(shared_url, audit_key=AUDIT_KEY) as keyed:
+        await keyed.audit.append("note", "ops", "s", {"n": 2})  # the first keyed entry vouches for the first
+        report = await keyed.audit.verify()
+        assert report.ok and report.count == 2
+    async with statekeel.open_store(shared_url) as plain:
+        with pytest.raises(statekeel.AuditKeyRequired):
+            await plain.audit.append("note", "ops", "s", {"n": 3})
 
 
 def _in_another_process_meanwhile(url: str, change: Any) -> None:
@@ -163,6 +227,8 @@ async def test_an_approval_changed_while_verify_reads_is_never_reported_as_tampe
     its entry, or not at all."""
     if shared_url.startswith("sqlite"):
         from statekeel.backends.sqlite.backend import SqliteTx as DialectTx
+    elif shared_url.startswith("mariadb"):
+        from statekeel.backends.mysql.tx import MyTx as DialectTx  # type: ignore[assignment]
     else:
         from statekeel.backends.postgres.backend import PgTx as DialectTx  # type: ignore[assignment]
 

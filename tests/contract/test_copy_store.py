@@ -151,6 +151,58 @@ async def test_copy_postgres_to_sqlite_copies_every_kind_verbatim(tmp_path: Any,
         await _assert_same(src, dst)
 
 
+async def test_copy_sqlite_to_mariadb_copies_every_kind_verbatim(tmp_path: Any, my_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await _populate(src)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), my_migrated, batch_size=4)
+    assert report.verified
+    assert report.copied == sum(t.destination_rows for t in report.tables)
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(my_migrated) as dst:
+        await _assert_same(src, dst)
+        rec = await dst.backend.append_messages("sess-001-é", 10, [message(dst, "after copy")])
+        assert rec.head_seq == 11
+
+
+@pytest.mark.postgres
+async def test_copy_mariadb_to_postgres_and_back_to_sqlite_copies_every_kind_verbatim(
+    tmp_path: Any, my_migrated: str, pg_migrated: str
+) -> None:
+    async with statekeel.open_store(my_migrated) as src:
+        await _populate(src)
+    report = await statekeel.copy_store(my_migrated, pg_migrated, batch_size=5)
+    assert report.verified and not report.resumed
+    dst_url = _sqlite_url(tmp_path, "dst.db")
+    assert (await statekeel.copy_store(pg_migrated, dst_url, batch_size=3)).verified
+    async with statekeel.open_store(my_migrated) as src:
+        async with statekeel.open_store(pg_migrated) as pg:
+            await _assert_same(src, pg)
+        async with statekeel.open_store(dst_url) as lite:
+            await _assert_same(src, lite)
+
+
+async def test_interrupted_copy_to_mariadb_resumes_where_it_stopped(tmp_path: Any, my_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        await _populate(src)
+
+    def crash_in_messages(table: str, copied: int) -> None:
+        if table == "messages" and copied >= 12:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        await statekeel.copy_store(
+            _sqlite_url(tmp_path), my_migrated, batch_size=4, on_batch=crash_in_messages
+        )
+    async with statekeel.open_store(my_migrated) as dst:
+        assert await dst.backend.count_rows("messages") == 12
+    with pytest.raises(statekeel.ConflictError, match="resume=True"):
+        await statekeel.copy_store(_sqlite_url(tmp_path), my_migrated)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), my_migrated, batch_size=4, resume=True)
+    assert report.verified and report.resumed
+    assert {t.table: t for t in report.tables}["messages"].copied == 7 * 10 - 3 * 4 - 12
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(my_migrated) as dst:
+        await _assert_same(src, dst)
+
+
 class _Interrupted(Exception):
     pass
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import statekeel
-from helpers import database_write_locked, kill9_when
+from helpers import database_write_locked, kill9_when, mariadb_raw
 from statekeel.codec import Codec
 from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
 from statekeel.fallback import FallbackDir, file_stem
@@ -68,6 +68,8 @@ class Opener:
                 return [tuple(r) for r in await conn.fetch(re.sub(r"\?(\d)", r"$\1", sql), *args)]
             finally:
                 await conn.close()
+        if self.url.startswith("mariadb"):
+            return await mariadb_raw(self.url, sql.replace(" AS TEXT)", " AS CHAR)"), *args)
         if self.url == "memory://":
             assert self.store is not None
 

@@ -14,6 +14,8 @@ import statekeel
 from helpers import contents, message
 from statekeel.sessions import SessionManager
 
+pytestmark = pytest.mark.kinds("sessions", "tool_calls")
+
 
 async def test_same_lock_object_for_the_same_key_and_different_for_different_keys(
     store: statekeel.Store,
@@ -271,6 +273,7 @@ async def test_a_nan_lock_timeout_is_refused_and_the_lock_stays_free(store: stat
         s.add_message("user", "x")
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "transactions")
 async def test_a_lock_taken_inside_an_atomic_block_keeps_renewing_its_lease_after_the_block(
     store: statekeel.Store,
 ) -> None:

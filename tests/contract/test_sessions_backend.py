@@ -12,6 +12,8 @@ import pytest
 import statekeel
 from helpers import message
 
+pytestmark = pytest.mark.kinds("sessions")
+
 
 async def test_append_assigns_dense_sequence_numbers(store: statekeel.Store) -> None:
     b = store.backend
@@ -299,6 +301,7 @@ async def test_archive_of_a_missing_session_is_not_found(store: statekeel.Store)
         )
 
 
+@pytest.mark.kinds("sessions", "transactions")
 async def test_failed_append_inside_atomic_leaves_earlier_state_intact(store: statekeel.Store) -> None:
     b = store.backend
     await _fill(store, "s", 2)
@@ -313,6 +316,7 @@ async def test_failed_append_inside_atomic_leaves_earlier_state_intact(store: st
 
 # Child tasks started inside ``atomic()`` inherit the block: their operations join its transaction (on
 # PostgreSQL one connection, which asyncpg lets run one operation at a time).
+@pytest.mark.kinds("sessions", "transactions")
 async def test_concurrent_operations_inside_one_atomic_block_all_commit_together(
     store: statekeel.Store,
 ) -> None:
@@ -325,6 +329,7 @@ async def test_concurrent_operations_inside_one_atomic_block_all_commit_together
         assert [r.payload["content"] for r in await b.read_messages(f"s{i}")] == [f"m{i}"]
 
 
+@pytest.mark.kinds("sessions", "transactions")
 async def test_concurrent_operations_inside_an_atomic_block_that_fails_all_roll_back(
     store: statekeel.Store,
 ) -> None:

@@ -17,6 +17,8 @@ import statekeel
 from statekeel.backends.base import NewMessage
 from statekeel.sessions import Session, SessionManager
 
+pytestmark = pytest.mark.kinds("sessions", "tool_calls")
+
 
 async def stored(store: statekeel.Store, key: str) -> list[dict[str, Any]]:
     """Every message of a session as the backend holds it (archive included), in seq order."""
@@ -245,6 +247,7 @@ async def test_cleanup_leaves_recent_sessions_alone(store: statekeel.Store) -> N
     assert (await store.backend.load_session("s")).status == "active"  # type: ignore[union-attr]
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "transactions")
 async def test_list_pages_10000_sessions_newest_first_without_gaps(store: statekeel.Store) -> None:
     n = 10_000
     msg = NewMessage("user", store.codec.encode({"role": "user", "content": "x"}))
@@ -273,6 +276,7 @@ async def test_list_pages_10000_sessions_newest_first_without_gaps(store: statek
     assert [r.key for r in expired.items] == ["s00007"] and expired.next_cursor is None
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "transactions")
 async def test_iter_yields_every_session_newest_first_across_pages(store: statekeel.Store) -> None:
     n = 1234
     msg = NewMessage("user", store.codec.encode({"role": "user", "content": "x"}))
@@ -623,6 +627,7 @@ async def test_compress_after_another_writer_appended_never_drops_an_unsaved_mes
     assert await stored_contents(store, "s") == [f"s-{i}" for i in range(5)] + ["t-0", "t-1", "unsaved"]
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "transactions")
 async def test_a_save_inside_a_rolled_back_atomic_block_leaves_its_messages_unsaved(
     store: statekeel.Store,
 ) -> None:

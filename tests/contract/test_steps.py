@@ -407,3 +407,24 @@ async def test_resolve_step_never_settles_a_run_started_again_after_it_judged_th
         await store.tasks.resolve_step(task.id, "read", "succeeded", result="by hand")
     record = await store.tasks.get_step(task.id, "read")
     assert record is not None and (record.status, record.attempt) == ("started", 2)
+
+
+async def test_resolve_step_takes_succeeded_as_a_keyword_with_the_actor(store: Store) -> None:
+    task = await _running(store)
+    await _crash_after_start(store, task.id, "charge")
+    await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.resolve_step(task.id, "charge", "succeeded", succeeded=True)
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.resolve_step(task.id, "charge")
+    settled = await store.tasks.resolve_step(
+        task.id, "charge", succeeded=True, result={"n": 1}, actor="alice"
+    )
+    assert settled.status == "succeeded"
+    assert await store.tasks.step(task.id, "charge", Counter()) == {"n": 1}
+    [entry] = [
+        e
+        for e in await store.audit.query(subject=f"task:{task.id}", limit=100)
+        if e.kind == "task.step.resolved"
+    ]
+    assert entry.actor == "alice"

@@ -13,6 +13,7 @@ import pytest
 
 import statekeel
 from statekeel.backends.base import SESSION_STATUSES, TASK_STATUSES, WORKFLOW_STATUSES
+from statekeel.backends.mysql.backend import migrations_shipped as mysql_migrations
 from statekeel.backends.postgres.backend import migrations_shipped as pg_migrations
 from statekeel.backends.sqlite.backend import migrations_shipped as sqlite_migrations
 
@@ -25,7 +26,9 @@ def _kind(store: Store) -> str:
 
 async def test_a_new_store_reports_its_schema_and_no_state(store: Store) -> None:
     info = await store.info()
-    shipped = pg_migrations() if _kind(store) == "postgresql" else sqlite_migrations()
+    shipped = {"postgresql": pg_migrations, "mariadb": mysql_migrations, "mysql": mysql_migrations}.get(
+        _kind(store), sqlite_migrations
+    )()
     assert info.backend == _kind(store)
     assert info.schema_version == len(shipped)
     assert [(m.version, m.name, m.checksum) for m in info.migrations] == [

@@ -151,3 +151,33 @@ async def test_a_task_run_without_a_lease_is_not_fenced_by_time(
     assert await store.tasks.step(running.id, "s", lambda: 2, lease_epoch=running.lease_epoch) == 2
     done = await store.tasks.transition(running.id, "success", lease_epoch=running.lease_epoch)
     assert done.status == "success"
+
+
+@pytest.mark.parametrize("second_worker", ["w1", "w2"])
+async def test_a_stale_epoch_transition_after_a_re_claim_is_lease_lost(
+    store: Store, monkeypatch: pytest.MonkeyPatch, second_worker: str
+) -> None:
+    """The first holder's lease expired, the task was requeued and claimed again (by the same worker id
+    or another): the first holder's transition, at its old epoch, is refused and changes nothing — the
+    new lease is live, so only the epoch (the fence) tells them apart."""
+    first = await _claimed(store)
+    _clock_ahead(monkeypatch, 31)
+    assert [t.id for t in await store.tasks.expire_leases()] == [first.id]
+    await store.tasks.transition(first.id, "queued")
+    second = await store.tasks.claim(second_worker, lease_seconds=600)
+    assert second is not None and second.id == first.id
+    assert second.lease_epoch > first.lease_epoch
+    fences: list[dict[str, object]] = [
+        {"worker_id": "w1", "lease_epoch": first.lease_epoch},
+        {"lease_epoch": first.lease_epoch},
+    ]
+    for fence in fences:
+        for status in ("success", "failed", "queued"):
+            with pytest.raises(statekeel.LeaseLost):
+                await store.tasks.transition(first.id, status, **fence)  # type: ignore[arg-type]
+    assert await store.tasks.get(first.id) == second  # not a field changed
+    # The new holder, at its own epoch, finishes it.
+    done = await store.tasks.transition(
+        first.id, "success", worker_id=second_worker, lease_epoch=second.lease_epoch
+    )
+    assert done.status == "success"

@@ -482,3 +482,76 @@ async def test_a_transition_whose_audit_entry_fails_is_not_made(
     after = await store.tasks.get(task.id)
     assert after is not None and (after.status, after.version, after.lease_epoch) == ("queued", 1, 0)
     assert [kind for kind, _, _ in await _task_entries(store, task.id)] == ["task.created"]
+
+
+# --- an operator's requeue and cancel -------------------------------------------------------------------
+
+
+async def _transitions(store: Store, task_id: str) -> list[statekeel.AuditEntry]:
+    found = await store.audit.query(subject=f"task:{task_id}", limit=1000)
+    return [e for e in found if e.kind == "task.transitioned"]
+
+
+@pytest.mark.parametrize("status", ["pending", "suspended", "interrupted", "failed"])
+async def test_requeue_queues_the_task_with_an_audit_entry_naming_the_actor(
+    store: Store, status: str
+) -> None:
+    task = await _at(store, status)
+    requeued = await store.tasks.requeue(task.id, actor="alice")
+    assert requeued.status == "queued" and requeued.version == task.version + 1
+    last = (await _transitions(store, task.id))[-1]
+    assert (last.actor, last.data["via"], last.data["from"], last.data["to"]) == (
+        "alice",
+        "requeue",
+        status,
+        "queued",
+    )
+    claimed = await store.tasks.claim("w2")
+    assert claimed is not None and claimed.id == task.id
+
+
+@pytest.mark.parametrize("status", ["queued", "running", "success", "cancelled"])
+async def test_requeue_refuses_a_task_that_cannot_be_queued_and_writes_nothing(
+    store: Store, status: str
+) -> None:
+    task = await _at(store, status)
+    before = await _transitions(store, task.id)
+    with pytest.raises(statekeel.InvalidTransition):
+        await store.tasks.requeue(task.id, actor="alice")
+    after = await store.tasks.get(task.id)
+    assert after is not None and (after.status, after.version) == (status, task.version)
+    assert await _transitions(store, task.id) == before
+
+
+async def test_cancel_records_the_reason_fences_the_worker_and_refuses_a_finished_task(store: Store) -> None:
+    await store.tasks.create("t", status="queued")
+    task = await store.tasks.claim("w", lease_seconds=60)
+    assert task is not None
+    cancelled = await store.tasks.cancel(task.id, actor="bob", reason="duplicate of #12")
+    assert cancelled.status == "cancelled" and cancelled.error == {
+        "type": "cancelled",
+        "reason": "duplicate of #12",
+        "by": "bob",
+    }
+    last = (await _transitions(store, task.id))[-1]
+    assert (last.actor, last.data["via"], last.data["reason"]) == ("bob", "cancel", "duplicate of #12")
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.heartbeat(task.id, "w", task.lease_epoch)
+    with pytest.raises(statekeel.InvalidTransition):
+        await store.tasks.cancel(task.id, actor="bob", reason="again")
+    with pytest.raises(statekeel.NotFound):
+        await store.tasks.cancel("no-such-task", actor="bob", reason="x")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"actor": ""}, {"actor": 7}, {"actor": "bob", "reason": ""}, {"actor": "bob", "reason": None}]
+)
+async def test_cancel_and_requeue_check_their_arguments_before_writing(store: Store, kwargs: dict) -> None:
+    task = await _at(store, "pending")
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.tasks.cancel(task.id, **{"reason": "r", **kwargs})
+    if "reason" not in kwargs:
+        with pytest.raises(statekeel.InvalidArgument):
+            await store.tasks.requeue(task.id, **kwargs)
+    after = await store.tasks.get(task.id)
+    assert after is not None and after.status == "pending" and after.version == task.version

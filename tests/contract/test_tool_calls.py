@@ -30,6 +30,9 @@ from helpers import (
 from statekeel.backends.base import NewMessage
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze
 
+# run_tool commits a save and its step together: it needs transactions.
+pytestmark = pytest.mark.kinds("sessions", "tool_calls", "transactions")
+
 DIALECTS = [CHAT, RESPONSES, ANTHROPIC]
 TABLES = ("sessions", "messages", "session_steps")
 ELSEWHERE = "another-host|1|4242|777|deadbeef"  # an owner id of a process on another machine
@@ -634,3 +637,35 @@ async def test_history_after_an_unanswered_call_and_a_new_user_turn_keeps_the_ea
     assert window[-1] == user("are you there?")
     assert_accepted(provider_types, dialect, window, window=True)
     assert not any(c.call_id == "c1" for c in analyze(window).calls)  # only the unanswered call is out
+
+
+async def test_resolve_tool_by_key_answers_the_stored_session_and_audits_the_actor(
+    store: statekeel.Store,
+) -> None:
+    await left_by_gone_process(store, "by-key", CHAT, "c1")
+    message = await store.sessions.resolve_tool("by-key", "c1", result="done by hand", actor="alice")
+    payloads = await stored(store, "by-key")
+    assert payloads[-1] == message and message["tool_call_id"] == "c1"
+    [entry] = [e for e in await store.audit.query(subject="session:by-key") if e.kind == "tool_call.resolved"]
+    assert entry.actor == "alice"
+    assert entry.data == {
+        "session_key": "by-key",
+        "call_id": "c1",
+        "seq": len(payloads) - 1,
+        "answer": "result",
+    }
+    assert "done by hand" not in str(entry.data)  # ids, never the result
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.sessions.resolve_tool("by-key", "c1", interrupted=True, actor="alice")
+    assert await stored(store, "by-key") == payloads
+
+
+async def test_resolve_tool_by_key_refuses_an_unknown_session_and_creates_nothing(
+    store: statekeel.Store,
+) -> None:
+    before = await counts(store)
+    with pytest.raises(statekeel.NotFound):
+        await store.sessions.resolve_tool("nobody", "c1", interrupted=True, actor="alice")
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.sessions.resolve_tool("nobody", "c1", interrupted=True, actor="")
+    assert await counts(store) == before

@@ -16,6 +16,7 @@ import statekeel
 from statekeel import Span, TraceLog
 
 Store = statekeel.Store
+pytestmark = pytest.mark.kinds("traces")
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
 
 
@@ -256,6 +257,7 @@ async def test_bad_span_is_refused_at_record_and_nothing_is_written(
     assert [s.span_id for s in await store.traces.get("t")] == ["good", "after"]
 
 
+@pytest.mark.kinds("traces", "store")  # recover()
 async def test_a_full_buffer_drops_the_oldest_spans_and_counts_them(store: Store) -> None:
     # At least 10,000 spans are held; the oldest go first. Nothing yields to the event loop in between,
     # so the background writer cannot take any of them yet.
@@ -272,6 +274,7 @@ async def test_a_full_buffer_drops_the_oldest_spans_and_counts_them(store: Store
     assert report.traces_dropped == 3 and report.summary()["traces_dropped"] == 3 and report.ok
 
 
+@pytest.mark.kinds("traces", "store")  # recover()
 async def test_dropped_count_survives_a_reopen(store_url: str, tmp_path: Any) -> None:
     if store_url.startswith("memory:"):
         pytest.skip("an in-memory store does not outlive its process")
@@ -320,6 +323,7 @@ async def test_spans_recorded_only_from_other_threads_reach_storage_without_flus
     await wait_stored(store, "threads", 3)
 
 
+@pytest.mark.kinds("traces", "transactions")
 async def test_flush_inside_atomic_is_refused(store: Store) -> None:
     store.traces.record("t", span("a"))
     async with store.backend.atomic():
@@ -333,6 +337,7 @@ class _Rollback(Exception):
     pass
 
 
+@pytest.mark.kinds("traces", "transactions")
 async def test_background_writer_never_joins_the_atomic_block_of_the_first_caller(store: Store) -> None:
     # The writer task is started by the first record(), made here inside a block that then rolls back.
     log = TraceLog(store.backend, store.codec, batch_size=1)

@@ -13,14 +13,17 @@ from helpers import RawDb, granted_approval
 
 
 def _refused() -> tuple[type[BaseException], ...]:
+    import asyncmy
     import asyncpg
 
-    return (sqlite3.IntegrityError, asyncpg.RestrictViolationError)
+    # MariaDB: a trigger's SIGNAL arrives as error 1644 (OperationalError).
+    return (sqlite3.IntegrityError, asyncpg.RestrictViolationError, asyncmy.errors.OperationalError)
 
 
 @pytest.fixture
 def store_url(shared_url: str) -> str:
-    """``store`` opens a SQLite file or a PostgreSQL database: places a raw connection can reach."""
+    """``store`` opens a SQLite file or a PostgreSQL or MariaDB database: places a raw connection can
+    reach."""
     return shared_url
 
 

@@ -12,8 +12,9 @@ import pytest
 
 import statekeel
 from helpers import RawDb
-from statekeel.backends.sql import to_micros
+from statekeel.backends.sql import Tx, to_micros, utcnow
 from statekeel.chain import GENESIS_HASH, approval_digest, chain_hash
+from statekeel.codec import canonical
 
 
 @contextlib.asynccontextmanager
@@ -147,10 +148,30 @@ async def test_another_key_does_not_verify(shared_url: str) -> None:
     assert (report.ok, report.first_bad_seq) == (False, 1)
 
 
+async def append_without_a_mac(store: statekeel.Store, kind: str, actor: str, subject: str, data: Any) -> int:
+    """Append a consistent chain entry without a MAC, as someone who can write the database can (their
+    own SQL, an older statekeel): statekeel itself refuses to, once the chain is keyed."""
+
+    async def insert(tx: Tx) -> int:
+        head = await tx.fetchone("audit_head")
+        assert head is not None
+        seq, prev = head["seq"] + 1, head["hash"]
+        created, text = utcnow(), canonical(data).decode()
+        digest = chain_hash(seq, kind, actor, subject, text, created, prev)
+        await tx.execute(
+            "audit_insert", seq, kind, actor, subject, text, tx.ts_in(created), prev, digest, None
+        )
+        return int(seq)
+
+    return await store.backend._write(insert)  # type: ignore[attr-defined,no-any-return]
+
+
 async def test_an_entry_appended_without_the_key_after_keyed_ones_is_found(shared_url: str) -> None:
     await keyed_chain(shared_url)
     async with statekeel.open_store(shared_url) as keyless:
-        await keyless.audit.append("tool.call", "intruder", "task:1", {"n": 6})
+        with pytest.raises(statekeel.AuditKeyRequired):  # statekeel keeps a keyed chain keyed
+            await keyless.audit.append("tool.call", "intruder", "task:1", {"n": 6})
+        assert await append_without_a_mac(keyless, "tool.call", "intruder", "task:1", {"n": 6}) == 6
     report = await verify_with(shared_url, KEY)
     assert (report.ok, report.first_bad_seq) == (False, 6)
 
@@ -191,8 +212,11 @@ async def test_a_forged_approval_with_a_consistent_forged_entry_is_refused_under
             }
         ).decode()
         # Appended like statekeel would, but without the key: a consistent chain entry with no MAC
-        # (through the backend: audit.append refuses the approval.* kinds).
-        await store.backend.append_audit("approval.granted", "mallory", forged.subject, data)
+        # (with its own SQL: statekeel refuses approval.* kinds from audit.append, and any entry without
+        # a MAC on a keyed chain).
+        await append_without_a_mac(
+            store, "approval.granted", "mallory", forged.subject, statekeel.codec.decode(data.encode())
+        )
         # Without a key nothing can tell this entry from a real one: the approval is honoured.
         assert await store.approvals.check("task:1", "deploy", {"env": "prod"}) == forged
     async with statekeel.open_store(shared_url, audit_key=KEY) as store:

@@ -308,8 +308,13 @@ import pytest  # noqa: E402  (the child above needs only the standard library an
 
 from helpers import sqlite_url  # noqa: E402
 
+# The long run (STATEKEEL_CRASH_CYCLES=500) takes longer than the default per-test timeout: a few seconds
+# a cycle on a loaded machine.
+LOOP_TIMEOUT = max(300, CYCLES * 6)
+
 
 @pytest.mark.slow
+@pytest.mark.timeout(LOOP_TIMEOUT)
 async def test_every_acknowledged_write_survives_repeated_kills_on_sqlite(tmp_path: Any) -> None:
     promised = await crash_loop(sqlite_url(tmp_path / "agent.db"), CYCLES)
     assert sum(promised.messages.values()) > 0 and promised.tasks and promised.audit
@@ -318,6 +323,7 @@ async def test_every_acknowledged_write_survives_repeated_kills_on_sqlite(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(LOOP_TIMEOUT)
 async def test_every_acknowledged_write_survives_repeated_kills_on_postgres(pg_migrated: str) -> None:
     promised = await crash_loop(pg_migrated, max(2, CYCLES // 5))
     assert sum(promised.messages.values()) > 0 and promised.tasks

@@ -1,8 +1,9 @@
 """``?pgbouncer=true`` behind a real PgBouncer in transaction pooling mode: migrations, every kind of
 operation and many concurrent clients multiplexed over fewer server connections.
 
-Needs the ``pgbouncer`` binary (Debian package ``pgbouncer``); skipped with the reason when it is not
-installed. PgBouncer refuses to run as root, so as root it runs as the ``postgres`` user.
+Needs the ``pgbouncer`` binary (Debian package ``pgbouncer``, which ``.ci/run`` installs); without it
+they fail under ``CI=true`` and are skipped with the reason elsewhere. PgBouncer refuses to run as
+root, so as root it runs as the ``postgres`` user.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncpg
 import pytest
 
 import statekeel
+from conftest import IN_CI
 from helpers import message
 
 pytestmark = pytest.mark.postgres
@@ -37,11 +39,28 @@ def _free_port() -> int:
     return port
 
 
+def _required_binary(binary: str | None, in_ci: bool) -> str:
+    """The pgbouncer binary; without one, a failure under CI=true (.ci/run installs it), else a skip."""
+    if binary is None:
+        reason = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if in_ci:
+            pytest.fail(f"CI=true requires PgBouncer (.ci/run installs it): {reason}")
+        pytest.skip(reason)
+    return binary
+
+
+def test_a_missing_pgbouncer_fails_under_ci_and_skips_elsewhere() -> None:
+    with pytest.raises(pytest.fail.Exception, match="CI=true requires PgBouncer"):
+        _required_binary(None, in_ci=True)
+    with pytest.raises(pytest.skip.Exception, match="pgbouncer is not installed"):
+        _required_binary(None, in_ci=False)
+    assert _required_binary("/usr/sbin/pgbouncer", in_ci=True) == "/usr/sbin/pgbouncer"
+
+
 @pytest.fixture
 def pgbouncer(pg_database: str) -> Iterator[str]:
     """A PgBouncer (transaction pooling, 3 server connections) in front of the test server; its base URL."""
-    if _BINARY is None:
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    binary = _required_binary(_BINARY, IN_CI)
     server = pg_database.rsplit("/", 1)[0].split("@", 1)[1]  # host:port of the test server
     host, _, port = server.partition(":")
     listen = _free_port()
@@ -62,7 +81,7 @@ def pgbouncer(pg_database: str) -> Iterator[str]:
         shutil.chown(workdir, "postgres")
         for f in workdir.iterdir():
             shutil.chown(f, "postgres")
-    cmd = [_BINARY, str(workdir / "pgbouncer.ini")]
+    cmd = [binary, str(workdir / "pgbouncer.ini")]
     if as_postgres:
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

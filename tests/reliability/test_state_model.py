@@ -37,6 +37,8 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+# A long run (STATEKEEL_MODEL_EXAMPLES=500) outlasts the default per-test timeout: scale it.
+pytestmark = pytest.mark.timeout(max(300, int(os.environ.get("STATEKEEL_MODEL_EXAMPLES", "12")) * 10))
 
 KEYS = st.sampled_from(["alpha", "beta", "gamma"])
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)

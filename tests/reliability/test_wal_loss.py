@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 import statekeel
 from helpers import exists, sqlite_url
+from statekeel.backends.sqlite.writer import WalWatch
 
 WRITER = """
 import asyncio, sys
@@ -235,3 +237,32 @@ async def test_a_wal_replaced_under_a_live_writer_is_noticed_and_checkpointed(tm
     async with statekeel.open_store(url) as store:  # everything is in the database file itself
         loaded = await store.sessions.load("a")
         assert loaded is not None and [m["content"] for m in loaded.messages] == ["first", "second"]
+
+
+def test_a_wal_the_store_never_committed_into_may_go_away_without_an_incident(tmp_path: Path) -> None:
+    """Another process closing what it takes for the last connection checkpoints the WAL and deletes it:
+    a store that has not committed since it opened loses nothing then, and must not cry wolf (a viewer or
+    a read-only command beside a finished agent); once it has committed, the same removal is noticed."""
+    path = tmp_path / "agent.db"
+    wal = f"{path}-wal"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA journal_mode = WAL")
+    other.execute("CREATE TABLE t (x)")
+    other.execute("INSERT INTO t VALUES (1)")
+    found: list[dict[str, object]] = []
+    watch = WalWatch(wal, lambda conn, detail: found.append(detail))
+    watch.check(other, committed=False)  # idle: a WAL is there, written by someone else
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    os.unlink(wal)
+    watch.check(other, committed=False)
+    assert watch.removed is None and found == []
+    other.close()
+
+    mine = sqlite3.connect(path, isolation_level=None)
+    mine.execute("INSERT INTO t VALUES (2)")
+    watch = WalWatch(wal, lambda conn, detail: found.append(detail))
+    watch.check(mine, committed=True)  # armed by its own COMMIT
+    os.unlink(wal)
+    watch.check(mine, committed=False)
+    assert watch.removed == "missing" and [d["wal_found"] for d in found] == ["missing"]
+    mine.close()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import html.parser
 import os
+import re
 import shutil
 import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -261,3 +263,99 @@ def test_screenshots_of_the_transcript_and_the_task_board(
             width, height = screenshot(browser, site + path, target / name, tmp_path / "profile")
             assert (width, height) == (1280, 860)
             assert 10_000 < (target / name).stat().st_size < 400_000
+
+
+LONG_WORKER = "worker-" + "9f8e7d6c5b4a" * 10  # an id with no place to break a line
+
+
+def _layout_store(path: Path) -> tuple[str, str]:
+    """A store with a task held by a worker of a very long id, and a task whose step is recorded."""
+    import asyncio
+
+    import statekeel
+
+    async def fill() -> tuple[str, str]:
+        async with statekeel.open_store(f"sqlite:///{path}") as store:
+            await store.tasks.create("held by a long id", status="queued")
+            held = await store.tasks.claim(LONG_WORKER, lease_seconds=3600)
+            assert held is not None
+            done = await store.tasks.create("with a recorded step")
+            await store.tasks.transition(done.id, "running")
+            await store.tasks.step(done.id, "fetch", lambda: {"rows": 3})
+            return held.id, done.id
+
+    return asyncio.run(fill())
+
+
+# Runs in the page once Chromium laid it out: what each check measures, written into the DOM it dumps.
+_MEASURE = """<script>
+const out = {cards: [], rows: [], board: null};
+const board = document.querySelector('.board');
+if (board) out.board = {scroll: board.scrollWidth, client: board.clientWidth};
+for (const card of document.querySelectorAll('.card')) {
+  const box = card.getBoundingClientRect();
+  const text = document.createRange();  // every line of text in the card, where it is drawn
+  text.selectNodeContents(card);
+  const widest = text.getBoundingClientRect().right;
+  out.cards.push({text: card.textContent.trim().slice(0, 40), right: box.right, widest: widest,
+                  column: card.closest('.column').getBoundingClientRect().right});
+}
+for (const tr of document.querySelectorAll('table.steps tbody tr')) {
+  out.rows.push({row: getComputedStyle(tr).backgroundColor,
+                 cell: getComputedStyle(tr.cells[0]).backgroundColor,
+                 badge: getComputedStyle(tr.querySelector('.badge')).backgroundColor});
+}
+const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def measured(browser: str, site: str, path: str, tmp_path: Path, width: int) -> dict[str, Any]:
+    """The page at ``path`` of ``site`` laid out by Chromium at ``width`` pixels, measured by ``_MEASURE``:
+    the page's own markup and stylesheet, saved as a file so that the measuring script may run."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(site + path) as page:
+        markup = page.read().decode("utf-8")
+    with urllib.request.urlopen(site + "static/style.css") as css:
+        (tmp_path / "style.css").write_bytes(css.read())
+    markup = re.sub(r'href="[^"]*style\.css[^"]*"', 'href="style.css"', markup)
+    (tmp_path / "page.html").write_text(markup.replace("</body>", _MEASURE + "</body>"))
+    done = subprocess.run(
+        [browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900",
+         "--dump-dom", (tmp_path / "page.html").as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="measured">(.*?)</pre>', done.stdout, re.S)
+    assert found, "the measuring script did not run"
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+def test_a_long_worker_id_stays_inside_its_task_card(browser: str, tmp_path: Path) -> None:
+    held, _ = _layout_store(tmp_path / "layout.db")
+    with ui_process("--db", f"sqlite:///{tmp_path / 'layout.db'}") as site:
+        for width in (1280, 900):
+            found = measured(browser, site, "tasks", tmp_path, width)
+            cards = found["cards"]
+            if width == 1280:  # the board fits a wide page: no column widened by a line that cannot break
+                assert found["board"]["scroll"] <= found["board"]["client"], found["board"]
+            [card] = [c for c in cards if c["text"].startswith("held by a long id")]
+            assert card["widest"] <= card["right"] + 0.5, (width, card)
+            assert card["right"] <= card["column"] + 0.5, (width, card)
+            width_, height = screenshot(
+                browser, site + "tasks", tmp_path / f"board-{width}.png", tmp_path / "p"
+            )
+            assert (width_, height) == (1280, 860)
+    assert held
+
+
+def test_a_recorded_step_is_a_green_badge_on_an_unpainted_row(browser: str, tmp_path: Path) -> None:
+    _, done = _layout_store(tmp_path / "layout.db")
+    with ui_process("--db", f"sqlite:///{tmp_path / 'layout.db'}") as site:
+        [row] = measured(browser, site, f"task?id={done}", tmp_path, 1280)["rows"]
+        screenshot(browser, site + f"task?id={done}", tmp_path / "task.png", tmp_path / "p")
+    transparent = ("rgba(0, 0, 0, 0)", "transparent")
+    assert row["row"] in transparent and row["cell"] in transparent, row
+    assert row["badge"] not in transparent, row  # the state still shows, on its badge

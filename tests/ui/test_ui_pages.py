@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 import statekeel
-from helpers import Prepared, sqlite_url
+from helpers import Prepared, run_statekeel, sqlite_url
+from statekeel.recovery import RecoveryReport
 from statekeel.ui import LOOPBACK_NAMES, create_app
 
 BASE = "http://127.0.0.1:8765"
@@ -229,6 +232,82 @@ def test_bad_input_gets_an_error_page_not_a_traceback(
     assert phrase in html.unescape(response.text) and "Traceback" not in response.text
 
 
+def _doctor(url: str, cwd: Path) -> dict[str, Any]:
+    result = run_statekeel("doctor", "--json", "--db", url, cwd=cwd)
+    assert result.returncode in (0, 1), result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    assert result.returncode == (0 if report["ok"] else 1)
+    return report
+
+
+def _recovery_page(url: str) -> str:
+    with TestClient(create_app(url), base_url=BASE) as c:
+        response = c.get("/recovery")
+        assert response.status_code == 200
+        return text(response.text)
+
+
+async def _leave_a_tool_call(url: str) -> None:
+    async with statekeel.open_store(url) as store:
+        session = await store.sessions.get_or_create("lost")
+        call = {"id": "call_gone", "type": "function", "function": {"name": "deploy", "arguments": "{}"}}
+        session.add_message("assistant", None, tool_calls=[call])
+        await store.sessions.save(session)
+        await store.approvals.request("repo", "deploy", {"env": "prod"}, requested_by="agent")
+
+
+def test_recovery_banner_and_doctor_come_from_one_health_model(tmp_path: Path, prepared: Prepared) -> None:
+    url = sqlite_url(tmp_path / "h.db")
+
+    async def healthy() -> None:
+        async with statekeel.open_store(url) as store:
+            await store.audit.append("note", "ops", "s", {"n": 1})
+
+    asyncio.run(healthy())
+    page, doctor = _recovery_page(url), _doctor(url, tmp_path)
+    assert doctor["ok"] and "No problems found: the store is whole" in page and "needs attention" not in page
+    # A tool call left by a process that is gone: the store is not damaged (recover() would call it ok),
+    # but doctor reports a problem, so the banner must not say whole above it.
+    asyncio.run(_leave_a_tool_call(url))
+    page, doctor = _recovery_page(url), _doctor(url, tmp_path)
+    problems = [f for f in doctor["findings"] if f["severity"] == "problem"]
+    assert not doctor["ok"] and [f["check"] for f in problems] == ["tool calls"]
+    assert "whole" not in page
+    assert f"The store needs attention: {len(problems)} problem(s)" in page
+    for finding in doctor["findings"]:
+        assert f"{finding['severity']} {finding['check']}: {finding['detail']}" in page
+    assert "lost : call_gone" in page or "lost: call_gone" in page
+    # The prepared store, with every kind of problem: the same count of problems on both. A copy: the
+    # module's client holds the prepared store open, and another process closing its last connection to
+    # the same file would remove the WAL file under it.
+    shutil.copyfile(prepared.path, tmp_path / "prepared.db")
+    copy = sqlite_url(tmp_path / "prepared.db")
+    page, doctor = _recovery_page(copy), _doctor(copy, tmp_path)
+    problems = [f for f in doctor["findings"] if f["severity"] == "problem"]
+    assert problems and f"The store needs attention: {len(problems)} problem(s)" in page
+    for finding in doctor["findings"]:
+        assert text(html.escape(f"{finding['severity']} {finding['check']}: {finding['detail']}")) in page
+
+
+def test_recovery_page_names_each_call_task_step_and_approval(client: TestClient, prepared: Prepared) -> None:
+    page = client.get("/recovery").text
+
+    async def found() -> RecoveryReport:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            return await store.recover(repair=False)
+
+    report = asyncio.run(found())
+    assert report.pending_approvals and report.interrupted_tasks and report.steps_in_doubt
+    for key, call in report.repaired_calls:
+        assert f"<code>{html.escape(call)}</code>" in page and html.escape(key) in page
+    for task_id in report.interrupted_task_ids:
+        assert f"<code>{task_id}</code>" in page
+    for task_id, step_key in report.steps_in_doubt_ids:
+        assert f"<code>{html.escape(step_key)}</code></a> of task <code>{task_id}</code>" in page
+    for approval_id in report.pending_approval_ids:
+        assert f"<code>{approval_id}</code>" in page
+
+
 def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_path: Path) -> None:
     pytest.importorskip("langgraph.checkpoint.base")
     from langgraph.checkpoint.base import empty_checkpoint
@@ -259,3 +338,51 @@ def test_threads_lists_langgraph_threads_most_recently_checkpointed_first(tmp_pa
     asyncio.run(create())
     with TestClient(create_app(empty_url), base_url=BASE) as c:
         assert "No LangGraph threads in this store." in c.get("/threads").text
+
+
+def test_session_list_counts_each_sessions_open_tool_calls(client: TestClient, prepared: Prepared) -> None:
+    async def counted() -> dict[str, int]:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            page = await store.sessions.list(limit=100)
+            return {s.key: s.open_calls for s in page.items}
+
+    expected = asyncio.run(counted())
+    assert any(n > 0 for n in expected.values())  # the prepared store leaves a call without result
+    page = client.get("/sessions").text
+    assert "open calls" in page
+    for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)[1:]:
+        key = html.unescape(re.search(r"<a [^>]*>(.*?)</a>", row, re.S).group(1))  # type: ignore[union-attr]
+        cells = re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+        shown = text(cells[1])
+        assert shown == ("?" if expected[key] < 0 else str(expected[key]) if expected[key] else ""), key
+
+
+def test_sessions_page_searches_by_key_with_a_get_form_to_the_session_page(prepared: Prepared) -> None:
+    with TestClient(create_app(prepared.url), base_url=BASE) as c:
+        page = c.get("/sessions").text
+        assert re.search(r'<form class="search" method="get" action="/session"', page)
+        assert '<input name="key"' in page and 'name="token"' not in page
+        found = c.get("/session", params={"key": "chat-openai"})
+        assert found.status_code == 200 and "chat-openai" in found.text
+        assert c.get("/session", params={"key": "no-such-key"}).status_code == 404
+    with TestClient(create_app(prepared.url, token="s3cret"), base_url=BASE) as c:
+        page = c.get("/sessions", params={"token": "s3cret"}).text
+        # A GET form drops its action's query: the token rides in a hidden field.
+        assert '<input type="hidden" name="token" value="s3cret">' in page
+
+
+def test_transcript_shows_when_each_message_was_stored(client: TestClient, prepared: Prepared) -> None:
+    async def stored_at() -> dict[int, str]:
+        async with statekeel.open_store(prepared.url, migrate=False) as store:
+            found = await store.backend.load_session_with_messages("chat-openai", include_archived=True)
+            assert found is not None
+            return {m.seq: m.created_at.isoformat() for m in found[1]}
+
+    expected = asyncio.run(stored_at())
+    page = client.get("/session", params={"key": "chat-openai"}).text
+    shown = dict(
+        re.findall(
+            r'<article class="msg[^"]*" id="m(\d+)">\s*<header>.*?<time datetime="([^"]+)"', page, re.S
+        )
+    )
+    assert expected and {int(seq): when for seq, when in shown.items()} == expected

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
 
 import statekeel
 from helpers import Prepared
 from statekeel.ui import LOOPBACK_NAMES, create_app
+from statekeel.ui.app import Guard
 from statekeel.ui.server import check_binding, is_loopback
 
 BASE = "http://127.0.0.1:8765"
@@ -125,3 +127,76 @@ def test_binding_beyond_loopback_needs_a_token_long_enough() -> None:
         check_binding("127.0.0.1", "short")
     with pytest.raises(statekeel.InvalidArgument, match="non-empty"):
         create_app("memory://", token="")
+
+
+UNICODE_TOKEN = "jeton-sécret-ünïcødé-令牌-0123"
+
+
+def test_a_correct_non_ascii_token_is_accepted_in_the_query(prepared: Prepared) -> None:
+    app = create_app(prepared.url, token=UNICODE_TOKEN)
+    with TestClient(app, base_url="http://10.1.2.3:8765") as client:
+        page = client.get("/sessions", params={"token": UNICODE_TOKEN})
+        assert page.status_code == 200
+        # The links carry it on, percent-encoded as UTF-8, and following one works.
+        assert (
+            client.get("/session", params={"key": "chat-openai", "token": UNICODE_TOKEN}).status_code == 200
+        )
+        bearer = {"Authorization": b"Bearer " + UNICODE_TOKEN.encode("utf-8")}
+        assert client.get("/", headers=bearer).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "token=" + "jeton-s%C3%A9cret-%C3%BCn%C3%AFc%C3%B8d%C3%A9-%E4%BB%A4%E7%89%8C-0124",  # one char off
+        "token=%E2%98%83",  # non-ASCII, wrong
+        "token=",  # empty
+        "token",  # no value
+        "token=" + "x" * 20_000,  # overlong
+        "token=%FF%FE%00",  # not UTF-8 at all
+        "token=%ZZ",  # a broken escape
+        "token=" + UNICODE_TOKEN[:-1],  # a prefix
+    ],
+)
+def test_any_wrong_token_gets_401_never_500(prepared: Prepared, query: str) -> None:
+    app = create_app(prepared.url, token=UNICODE_TOKEN)
+    with TestClient(app, base_url="http://10.1.2.3:8765", raise_server_exceptions=False) as client:
+        for path in ("/", "/sessions"):
+            response = client.get(path + "?" + query)
+            assert response.status_code == 401, (path, query[:40], response.status_code)
+            assert "chat-openai" not in response.text
+        wrong = {"Authorization": b"Bearer \xe2\x98\x83"}
+        assert client.get("/", headers=wrong).status_code == 401
+
+
+async def test_a_query_of_raw_bytes_that_are_not_utf8_gets_401() -> None:
+    reached: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(True)
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    guard = Guard(app, token=UNICODE_TOKEN, allowed_hosts=None)
+    for query in (b"token=\xff\xfe", b"token=" + UNICODE_TOKEN.encode("utf-8")[:-1], b"token=%"):
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": query}
+        await guard(scope, receive, send)
+        assert sent[0]["status"] == 401, query
+        sent.clear()
+    assert not reached
+    # The same path, with the right token's raw UTF-8 bytes, reaches the application.
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "headers": [],
+        "query_string": b"token=" + UNICODE_TOKEN.encode("utf-8"),
+    }
+    await guard(scope, receive, send)
+    assert reached == [True]

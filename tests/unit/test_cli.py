@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 import statekeel
 from statekeel.cli import main, redact_url
+from statekeel.cli.common import visible
 
 
 def make_store(path: Path, statuses: dict[str, str]) -> None:
@@ -137,3 +139,11 @@ def test_redact_url_blanks_a_query_string_password_and_keeps_other_options() -> 
     assert "s3cret" not in shown
     assert "connect_timeout=2" in shown
     assert shown.startswith("postgresql://ada@127.0.0.1:1/none?")
+
+
+def test_control_characters_are_shown_as_cat_v_shows_them() -> None:
+    controls = bytes(c for c in range(0xA0) if c not in (0x09, 0x0A) and not 0x20 <= c < 0x7F)
+    cat = subprocess.run(["cat", "-v"], input=controls, capture_output=True, check=True).stdout
+    assert visible(controls.decode("latin-1")) == cat.decode("ascii")
+    plain = "tab\tand newline\n, é, 令, emoji 🙂 stay"
+    assert visible(plain) is plain

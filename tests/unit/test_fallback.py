@@ -189,3 +189,68 @@ def test_a_file_without_a_write_id_is_signed_by_its_inode_size_and_time(tmp_path
     found = d.read_signed("a")
     assert found is not None and found[1].startswith("stat:") and found[1] == d.signature("a")
     assert d.delete("a", found[1])
+
+
+def test_a_write_fsyncs_the_file_then_renames_it_then_fsyncs_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order that makes a fallback file survive a power cut: its bytes reach the disk before the
+    rename makes it the key's file, and the directory entry after — without the last fsync, the rename
+    itself can be lost and the session's messages with it."""
+    d = FallbackDir(tmp_path, Codec())
+    d.write(snapshot("s", [{"role": "user", "content": "old"}]))
+    target = d.file_for("s")
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            events.append(("fsync dir", str(tmp_path) if os.path.samestat(st, os.stat(tmp_path)) else "?"))
+        else:
+            # Which file: the one whose inode is this descriptor's (the temporary file, before the rename).
+            named = [p.name for p in tmp_path.iterdir() if os.path.samestat(st, p.stat())]
+            events.append(("fsync file", named[0] if named else "?"))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append(("rename", f"{os.path.basename(src)} -> {os.path.basename(dst)}"))
+        real_replace(src, dst)
+
+    def rename(src: str, dst: str) -> None:
+        events.append(("rename", f"{os.path.basename(src)} -> {os.path.basename(dst)}"))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(fb.os, "fsync", fsync)
+    monkeypatch.setattr(fb.os, "replace", replace)
+    monkeypatch.setattr(fb.os, "rename", rename)
+    d.write(snapshot("s", [{"role": "user", "content": "new"}]))
+    monkeypatch.undo()
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["fsync file", "rename", "fsync dir"], events
+    tmp_name = events[0][1]
+    assert tmp_name != os.path.basename(target) and tmp_name != "?"
+    assert events[1][1] == f"{tmp_name} -> {os.path.basename(target)}"
+    assert events[2][1] == str(tmp_path)
+    snap = d.read("s")
+    assert snap is not None and snap.messages == [{"role": "user", "content": "new"}]
+
+
+def test_a_delete_fsyncs_the_directory_after_removing_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = FallbackDir(tmp_path, Codec())
+    d.write(snapshot("s", [{"role": "user", "content": "old"}]))
+    target = d.file_for("s")
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+        events.append(f"fsync {'dir' if is_dir else 'file'} (file there: {os.path.exists(target)})")
+        real_fsync(fd)
+
+    monkeypatch.setattr(fb.os, "fsync", fsync)
+    assert d.delete("s")
+    monkeypatch.undo()
+    assert events == ["fsync dir (file there: False)"]

@@ -1,4 +1,4 @@
-"""Both SQL dialects define the same named queries, each with the same parameters.
+"""The SQL dialects define the same named queries, each with the same parameters.
 
 Every operation is written once over the ``Tx`` interface and runs a query by name with positional
 arguments, so a query missing from one dialect, or taking another number of parameters there, fails only
@@ -17,6 +17,7 @@ from statekeel.backends.sql.copy import TABLES, table_spec
 
 SQLITE = load_queries("statekeel.backends.sqlite")
 POSTGRES = load_queries("statekeel.backends.postgres")
+MYSQL = load_queries("statekeel.backends.mysql")
 
 # Comments and string literals may hold text that looks like a parameter; they are removed first.
 _COMMENT_OR_STRING = re.compile(r"--[^\n]*|'(?:[^']|'')*'")
@@ -35,6 +36,38 @@ def test_both_dialects_define_the_same_query_names() -> None:
     assert SQLITE, "no SQLite queries were loaded"
     assert sorted(set(SQLITE) - set(POSTGRES)) == [], "defined for SQLite only"
     assert sorted(set(POSTGRES) - set(SQLITE)) == [], "defined for PostgreSQL only"
+
+
+def test_the_mysql_dialect_defines_the_same_query_names() -> None:
+    assert sorted(set(POSTGRES) - set(MYSQL)) == [], "missing from the MySQL/MariaDB dialect"
+    assert sorted(set(MYSQL) - set(POSTGRES)) == [], "defined for MySQL/MariaDB only"
+
+
+def _bound_by_selects(name: str, given: int) -> int:
+    """How many parameters the non-final SELECTs of a MySQL script bind (after the caller's)."""
+    from statekeel.backends.mysql.queries import compile_query
+
+    script = compile_query(name, MYSQL[name])
+    bound = 0
+    for st in script.statements[:-1]:
+        if st.selects:
+            select_list = st.text.split(" FROM ", 1)[0]
+            bound += len(select_list.split(","))
+    assert all(i < given + bound for st in script.statements for i in st.order)
+    return bound
+
+
+@pytest.mark.parametrize("name", sorted(set(POSTGRES) | set(MYSQL)))
+def test_a_query_takes_the_same_parameters_in_the_mysql_dialect(name: str) -> None:
+    assert name in POSTGRES and name in MYSQL, f"{name} is missing from one dialect"
+    pg = parameters(POSTGRES[name], _POSTGRES_PARAM)
+    my = parameters(MYSQL[name], _POSTGRES_PARAM)
+    # The caller's parameters are the same; a script's later statements may also use the columns its
+    # SELECTs found (numbered after the caller's), e.g. the id a claim locked.
+    assert {n for n in my if n <= len(pg)} == pg, f"{name}: another set of parameters than PostgreSQL's"
+    extra = {n for n in my if n > len(pg)}
+    assert extra == set(range(len(pg) + 1, len(pg) + 1 + len(extra)))
+    assert len(extra) <= _bound_by_selects(name, len(pg)), f"{name}: a parameter no caller or SELECT binds"
 
 
 @pytest.mark.parametrize("name", sorted(set(SQLITE) | set(POSTGRES)))
@@ -57,7 +90,7 @@ def test_parameters_are_found_past_comments_and_string_literals() -> None:
 def _insert_columns(sql: str) -> list[str]:
     found = re.search(r"INSERT INTO \w+\s*\(([^)]*)\)", sql)
     assert found, f"no column list in:\n{sql}"
-    return [c.strip() for c in found.group(1).split(",")]
+    return [c.strip().strip("`") for c in found.group(1).split(",")]  # MySQL quotes `key`
 
 
 @pytest.mark.parametrize("table", [t.name for t in TABLES])
@@ -65,7 +98,7 @@ def test_a_copy_insert_binds_one_parameter_per_column_of_its_table(table: str) -
     # copy_store hands import_rows rows as wide as the table's column list: an insert naming other
     # columns, or binding another number of parameters, fails on the first row of that table only.
     columns = [c for c, _ in table_spec(table).columns]
-    for queries, pattern in ((SQLITE, _SQLITE_PARAM), (POSTGRES, _POSTGRES_PARAM)):
+    for queries, pattern in ((SQLITE, _SQLITE_PARAM), (POSTGRES, _POSTGRES_PARAM), (MYSQL, _POSTGRES_PARAM)):
         sql = queries[f"copy_{table}_insert"]
         assert _insert_columns(sql) == columns
         assert parameters(sql, pattern) == set(range(1, len(columns) + 1))

@@ -107,8 +107,10 @@ from statekeel.backends.contract.vectors import (
 )
 
 __all__ = [
+    "ALL_KINDS",
     "APPROVAL_STATUSES",
     "FILE_ACTIONS",
+    "KIND_CONTRACTS",
     "MEMORY_EVENTS",
     "MEMORY_TYPES",
     "SESSION_STATUSES",
@@ -192,7 +194,40 @@ __all__ = [
     "WorkflowRecord",
     "WorkflowStepRecord",
     "every_item",
+    "kind_methods",
 ]
+
+KIND_CONTRACTS: dict[str, type] = {
+    "lifecycle": LifecycleBackend,
+    "incidents": IncidentBackend,
+    "sessions": SessionBackend,
+    "tool_calls": ToolCallBackend,
+    "tasks": TaskBackend,
+    "workflows": WorkflowBackend,
+    "audit": AuditBackend,
+    "approvals": ApprovalBackend,
+    "memory": MemoryBackend,
+    "files": FileBackend,
+    "traces": TraceBackend,
+    "vectors": VectorBackend,
+    "retention": RetentionBackend,
+    "checkpoints": CheckpointBackend,
+    "copy": CopyBackend,
+    "encryption": EncryptionBackend,
+    "erasure": ErasureBackend,
+}
+"""Each state kind's name and the contract ABC that holds its operations (``StorageBackend.kinds`` names
+the kinds a backend holds)."""
+
+ALL_KINDS = frozenset(KIND_CONTRACTS)
+
+
+def kind_methods(kind: str) -> tuple[str, ...]:
+    """The public operations the contract of ``kind`` defines (its ABC's own methods)."""
+    contract = KIND_CONTRACTS[kind]
+    return tuple(
+        name for name, value in vars(contract).items() if not name.startswith("_") and callable(value)
+    )
 
 
 class StorageBackend(
@@ -215,7 +250,15 @@ class StorageBackend(
     ErasureBackend,
     abc.ABC,
 ):
-    """Everything a store needs from storage. Other state kinds add their ABCs here as they land."""
+    """Everything a store needs from storage. Other state kinds add their ABCs here as they land.
+
+    ``kinds`` names the state kinds the backend holds (:data:`KIND_CONTRACTS`): every kind for the SQL
+    backends; an event-log backend holds some, and the operations of the others raise ``Unsupported``.
+    ``transactional`` says whether ``atomic()`` groups writes into one transaction.
+    """
+
+    kinds: frozenset[str] = ALL_KINDS
+    transactional: bool = True
 
     async def __aenter__(self) -> StorageBackend:
         await self.initialize()

@@ -7,8 +7,9 @@ statekeel --db postgresql://me@db-host/agents doctor
 Every command takes ``--db URL`` (also accepted before the command name; the command's own wins), else
 ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db``. Read commands never create, migrate or change a store;
 read commands print JSON with ``--json``. An encrypted store's keys are read from the file named by
-``--key-file PATH`` (else ``$STATEKEEL_KEY_FILE``), never from the command line. Errors are one line on
-stderr and a non-zero exit.
+``--key-file PATH`` (else ``$STATEKEEL_KEY_FILE``), never from the command line; a store whose audit
+chain is keyed, its audit key from ``--audit-key-file PATH`` (else ``$STATEKEEL_AUDIT_KEY_FILE``). Errors
+are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import click
 
 from ..store import redact_url, resolve_url
+from .common import group_audit_key_option
 
 
 class _UsageLine(click.UsageError):
@@ -66,6 +68,7 @@ class _Cli(click.Group):
     show_default="$STATEKEEL_KEY_FILE, else no key",
     help="Encryption keys of the store for commands that open one (a command's own --key-file wins).",
 )
+@group_audit_key_option
 @click.version_option(package_name="statekeel")
 @click.pass_context
 def main(ctx: click.Context, url: str | None, key_file: str | None) -> None:
@@ -81,9 +84,10 @@ from . import erase as _erase  # noqa: E402
 from . import export as _export  # noqa: E402
 from . import importing as _importing  # noqa: E402
 from . import info as _info  # noqa: E402
+from . import operate as _operate  # noqa: E402
 from . import sessions as _sessions  # noqa: E402
 from . import tasks as _tasks  # noqa: E402
 from . import ui as _ui  # noqa: E402  (imports statekeel.ui only when the command runs)
 
 __all__ = ["main", "redact_url"]
-del _admin, _demo, _erase, _export, _importing, _info, _sessions, _tasks, _ui
+del _admin, _demo, _erase, _export, _importing, _info, _operate, _sessions, _tasks, _ui

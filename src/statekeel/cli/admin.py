@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -31,6 +32,7 @@ from .common import (
     F,
     Failure,
     Keys,
+    command_audit_key,
     console,
     echo_json,
     json_option,
@@ -42,6 +44,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .operate import settle_commands
 
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
 # information. The names are RecoveryReport.summary() keys.
@@ -62,6 +65,7 @@ _ATTENTION = (
     ("tool_calls_in_doubt", "tool calls in doubt"),
     ("drifted_files", "files changed on disk since recorded"),
     ("skipped", "recovery steps skipped over damage"),
+    ("audit_key_needed", "repairs refused: the audit chain is keyed and no audit key was given"),
 )
 _INFO = (
     ("sessions_busy", "sessions held by a live agent (left alone)"),
@@ -101,31 +105,57 @@ def recover(
     tool calls left without a result, mark tasks with an expired lease interrupted, rebuild damaged
     indexes; report what needs a person. Running it again finds nothing more to repair.
 
-    Exits 1 if something needs a person (damage, incidents, a failing audit chain).
+    Exits 1 if something needs a person (damage, incidents, a failing audit chain, steps or tool calls
+    in doubt, files changed on disk, a repair the store refused without its audit key), with --dry-run
+    too. Each finding is listed by name: sessions and call ids, tasks, steps, approvals; each that a
+    person decides (a step or tool call in doubt, a pending approval, an interrupted task) with the
+    commands that settle it (--json: "settle").
     """
     url, keys = store_url(db), store_keys(key_file)
     report = run(_recover(url, keys, dry_run, files_root), f"cannot recover {redact_url(url)}")
     summary = report.summary()
+    code = 1 if report.needs_attention else 0
     if as_json:
-        echo_json({"ok": report.ok, "dry_run": dry_run, "summary": summary, "advice": report.advice})
-        ctx.exit(0 if report.ok else 1)
+        echo_json(
+            {
+                "ok": report.ok,
+                "needs_attention": report.needs_attention,
+                "dry_run": dry_run,
+                "summary": summary,
+                "details": report.details(),
+                "settle": settle_commands(report, url),
+                "advice": report.advice,
+            }
+        )
+        ctx.exit(code)
     out = console()
     out.print(f"schema version {report.schema_version}" + (" — dry run: nothing written" if dry_run else ""))
-    repaired = [(n, label) for key, label in _REPAIRED if (n := summary[key])]
+    names = _names(report)
+    repaired = [(key, n, label) for key, label in _REPAIRED if (n := summary[key])]
     if repaired:
         verb = "would repair" if dry_run else "repaired"
-        for n, label in repaired:
+        for key, n, label in repaired:
             out.print(f"[green]{verb}[/green] {n} {label}")
+            _print_names(out, names.get(key, []))
     else:
         out.print("nothing to repair")
     for key, label in _ATTENTION:
         if summary[key]:
             out.print(f"[red]needs attention[/red] {summary[key]} {label}")
+            _print_names(out, names.get(key, []))
     if summary["audit_ok"] is False:
         out.print("[red]needs attention[/red] the audit chain does not verify (statekeel audit verify)")
     for key, label in _INFO:
         if summary[key]:
             out.print(f"[dim]note[/dim] {summary[key]} {label}")
+            _print_names(out, names.get(key, []))
+    settle = settle_commands(report, url)
+    if settle:
+        out.print("to settle what needs a person, one command each (JSON, TEXT: the value you decide):")
+    for item in settle:
+        out.print(f"  {item['item']}:", markup=False)
+        for command in item["commands"]:
+            out.print(f"    {command}", markup=False, soft_wrap=True)  # one line, to copy whole
     for advice in report.advice:
         out.print(f"→ {advice}", markup=False)
     if summary["sessions_failed"] and keys is None:
@@ -134,7 +164,66 @@ def recover(
             "its keys (--key-file PATH)",
             markup=False,
         )
-    ctx.exit(0 if report.ok else 1)
+    ctx.exit(code)
+
+
+def _when(value: dt.datetime | None) -> str:
+    return "never" if value is None else value.isoformat(timespec="seconds")
+
+
+def _names(report: RecoveryReport) -> dict[str, list[str]]:
+    """The lines under each count of the recover command: what it counts, by name."""
+    fallback = report.fallback
+    return {
+        "fallback_replayed": []
+        if fallback is None
+        else [f"session {key}: {n} message(s)" for key, n in sorted(fallback.replayed.items())],
+        "fallback_left": []
+        if fallback is None
+        else [f"{what}: {why}" for what, why in sorted({**fallback.failed, **fallback.quarantined}.items())]
+        + [f"session {key}: held by this process" for key in fallback.skipped],
+        "orphaned_tool_calls": [
+            f"session {key}: {', '.join(ids)}" for key, ids in sorted(report.orphaned_tool_calls.items())
+        ],
+        "interrupted_tasks": [
+            f"task {t.id} ({t.title}): held by {t.lease_owner or 'nobody'} at epoch {t.lease_epoch}, lease "
+            f"expired {_when(t.lease_expires_at)}"
+            for t in report.interrupted_tasks
+        ],
+        "indexes_rebuilt": list(report.indexes_rebuilt),
+        "integrity_problems": list(report.integrity_problems),
+        "damaged_tables": [
+            f"{d.table}: " + ("index only" if d.index_only else f"{len(d.unreadable)} unreadable row(s)")
+            for d in report.damage
+        ],
+        "incidents": [f"incident {i.id} ({i.kind}), {_when(i.detected_at)}" for i in report.incidents],
+        "sessions_failed": [f"session {key}: {why}" for key, why in sorted(report.sessions_failed.items())],
+        "steps_in_doubt": [
+            f"task {s.task_id} step {s.step_key} (attempt {s.attempt}, started {_when(s.started_at)})"
+            for s in report.steps_in_doubt
+        ],
+        "tool_calls_in_doubt": [
+            f"session {c.session_key} call {c.call_id} (attempt {c.attempt}, started {_when(c.started_at)})"
+            for c in report.tool_calls_in_doubt
+        ],
+        "drifted_files": [f"{d.path} ({d.kind})" for d in report.drifted_files],
+        "skipped": [f"{step}: {why}" for step, why in sorted(report.skipped.items())],
+        "audit_key_needed": [f"{step}: {why}" for step, why in sorted(report.audit_key_needed.items())],
+        "sessions_busy": [f"session {key}" for key in report.sessions_busy],
+        "pending_approvals": [
+            f"approval {a.id}: {a.action} on {a.subject}, requested by {a.requested_by} "
+            f"{_when(a.requested_at)}"
+            for a in report.pending_approvals
+        ],
+        "unfinished_workflows": [
+            f"workflow {w.id} ({w.name}): {w.status}" for w in report.unfinished_workflows
+        ],
+    }
+
+
+def _print_names(out: Console, names: list[str]) -> None:
+    for name in names:
+        out.print(f"    {name}", markup=False)
 
 
 @main.group()
@@ -190,7 +279,7 @@ async def _schema_version(url: str, keys: Keys | None) -> tuple[int, list[int]]:
 
 
 async def _migrate(url: str, keys: Keys | None) -> int:
-    async with open_store(url, encryption_key=keys) as store:
+    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
         return (await store.info(check_integrity=False)).schema_version
 
 

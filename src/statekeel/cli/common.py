@@ -8,6 +8,8 @@ import datetime as dt
 import enum
 import json
 import os
+import re
+import stat
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
@@ -15,26 +17,96 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
-from rich.console import Console
+from rich.console import Console, HighlighterType, JustifyMethod, OverflowMethod
+from rich.style import Style
+from rich.text import Text
 
+from ..chain import MIN_AUDIT_KEY_BYTES
 from ..encryption import read_key_file
-from ..errors import DecryptionError, MigrationError, PlaintextRefused, StatekeelError
+from ..errors import (
+    AuditKeyRequired,
+    DecryptionError,
+    InvalidArgument,
+    MigrationError,
+    PlaintextRefused,
+    StatekeelError,
+)
 from ..retention import Retention
 from ..store import Store, open_store, redact_url, resolve_url, sqlite_file, sqlite_path
 
 T = TypeVar("T")
 Keys = tuple[bytes, ...]
 KEY_FILE_ENV = "STATEKEEL_KEY_FILE"
+AUDIT_KEY_FILE_ENV = "STATEKEEL_AUDIT_KEY_FILE"
+_AUDIT_KEY_FILE = "statekeel.audit_key_file"  # ctx.meta (shared by the group and its command)
+_AUDIT_KEY = "statekeel.audit_key"
+_AUDIT_KEY_FILE_MAX_BYTES = 4096
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# C0 controls but tab and newline, DEL, and the C1 controls (U+0080 to U+009F: a terminal may take U+009B
+# for CSI): what a terminal could act on instead of showing.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _caret(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code == 0x7F:
+        return "^?"
+    if code < 0x20:
+        return "^" + chr(code + 0x40)
+    return "M-^" + chr(code - 0x80 + 0x40)
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character a terminal could act on (ESC and so OSC and CSI sequences,
+    BEL, backspace, carriage return, the other C0 and the C1 controls) shown as ``cat -v`` shows it —
+    ``^[``, ``^G``, ``^M``, ``M-^[`` — so that stored data can never move the cursor, retitle the window,
+    clear the screen or hide a line. Tab and newline are kept."""
+    return _CONTROL.sub(_caret, text) if _CONTROL.search(text) else text
+
+
+class SafeConsole(Console):
+    """A rich console that shows control characters as :func:`visible` does in every string it renders
+    (a print's text, a table's cells, with or without markup): no command can send a terminal a control
+    sequence that came from the store. Emoji codes are left as written (``:x:`` stays ``:x:``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(**kwargs)
+
+    def render_str(
+        self,
+        text: str,
+        *,
+        style: str | Style = "",
+        justify: JustifyMethod | None = None,
+        overflow: OverflowMethod | None = None,
+        emoji: bool | None = None,
+        markup: bool | None = None,
+        highlight: bool | None = None,
+        highlighter: HighlighterType | None = None,
+    ) -> Text:
+        return super().render_str(
+            visible(text),
+            style=style,
+            justify=justify,
+            overflow=overflow,
+            emoji=emoji,
+            markup=markup,
+            highlight=highlight,
+            highlighter=highlighter,
+        )
+
+
 class Failure(click.ClickException):
-    """A command that could not do its job: ``Error: <one line>`` on stderr, exit 1."""
+    """A command that could not do its job: ``Error: <one line>`` on stderr, exit 1 (control characters
+    of stored data it quotes shown as :func:`visible` does)."""
 
     exit_code = 1
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(visible(" ".join(message.split())))
 
 
 def failure(exc: BaseException, doing: str = "") -> Failure:
@@ -53,6 +125,12 @@ def failure(exc: BaseException, doing: str = "") -> Failure:
         extra = (
             " — a store written without a key is read without --key-file; to encrypt it: "
             "statekeel rotate-key --encrypt-existing"
+        )
+    if isinstance(exc, AuditKeyRequired):
+        return Failure(
+            f"{prefix}the store's audit chain is keyed and no audit key was given: pass --audit-key-file "
+            f"PATH (a file with the key as hex on one line, owner-only) or set ${AUDIT_KEY_FILE_ENV}; "
+            "nothing was written"
         )
     if isinstance(exc, MigrationError) and getattr(exc, "pending", None):
         if getattr(exc, "version", None) == 0:
@@ -85,9 +163,110 @@ def key_file_option(fn: F) -> F:
     )(fn)
 
 
+def _remember_audit_key_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # The group's option runs first, the command's after it: the command's wins.
+    if value is not None:
+        ctx.meta[_AUDIT_KEY_FILE] = value
+
+
+def audit_key_option(fn: F) -> F:
+    """``--audit-key-file PATH``: the store's audit key (see :func:`command_audit_key`)."""
+    return click.option(
+        "--audit-key-file",
+        default=None,
+        metavar="PATH",
+        expose_value=False,
+        callback=_remember_audit_key_file,
+        help="File of the store's audit key (open_store(audit_key=...)) as hex on one line, at least "
+        f"{2 * MIN_AUDIT_KEY_BYTES} digits; owner-only (chmod 600). A store whose audit chain is keyed "
+        f"refuses audited writes without it. Default: the group's --audit-key-file, else "
+        f"${AUDIT_KEY_FILE_ENV}, else no key.",
+    )(fn)
+
+
+def group_audit_key_option(fn: F) -> F:
+    """The group's ``--audit-key-file PATH`` (a command's own wins)."""
+    return click.option(
+        "--audit-key-file",
+        default=None,
+        metavar="PATH",
+        expose_value=False,
+        callback=_remember_audit_key_file,
+        show_default=f"${AUDIT_KEY_FILE_ENV}, else no key",
+        help="Audit key of the store for commands that open one (a command's own --audit-key-file wins).",
+    )(fn)
+
+
 def store_options(fn: F) -> F:
-    """``--db URL`` and ``--key-file PATH``: what every command that opens a store takes."""
-    return db_option(key_file_option(fn))
+    """``--db URL``, ``--key-file PATH`` and ``--audit-key-file PATH``: what every command that opens a
+    store takes."""
+    return db_option(key_file_option(audit_key_option(fn)))
+
+
+def read_audit_key_file(path: str) -> bytes:
+    """The audit key in the file at ``path``: hex digits on one line (``openssl rand -hex 32``; blank
+    lines and ``#`` comments skipped), at least :data:`MIN_AUDIT_KEY_BYTES` bytes. The file must be a
+    regular file readable by its owner only. ``InvalidArgument`` (never quoting the file) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidArgument(f"audit key file {path} does not exist", hint="") from None
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read audit key file {path}: {exc.strerror}", hint="") from None
+    try:
+        st = os.fstat(fd)  # the file opened, not the path looked at earlier
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"audit key file {path} is not a regular file", hint="")
+        if os.name == "posix" and st.st_mode & 0o077:
+            raise InvalidArgument(
+                f"audit key file {path} is readable by others than its owner (mode "
+                f"{st.st_mode & 0o777:04o}): refused; run chmod 600 {path}",
+                hint="",
+            )
+        data = os.read(fd, _AUDIT_KEY_FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    lines = [
+        line.strip()
+        for line in data.decode("ascii", "replace").splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    key: bytes | None = None
+    if len(data) <= _AUDIT_KEY_FILE_MAX_BYTES and len(lines) == 1:
+        try:
+            key = bytes.fromhex(lines[0])
+        except ValueError:
+            key = None
+    if key is None or len(key) < MIN_AUDIT_KEY_BYTES:
+        raise InvalidArgument(
+            f"audit key file {path} must hold the key as hex digits on one line, at least "
+            f"{2 * MIN_AUDIT_KEY_BYTES} of them (openssl rand -hex 32)",
+            hint="",
+        )
+    return key
+
+
+def command_audit_key() -> bytes | None:
+    """The audit key the running command opens its store with: its ``--audit-key-file``, else the
+    group's, else ``$STATEKEEL_AUDIT_KEY_FILE``, else none (also none outside a command). Read and checked
+    once, before anything is opened: a bad file is a one-line :class:`Failure`."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    if _AUDIT_KEY in ctx.meta:
+        cached: bytes | None = ctx.meta[_AUDIT_KEY]
+        return cached
+    path, what = ctx.meta.get(_AUDIT_KEY_FILE), "--audit-key-file"
+    if path is None and os.environ.get(AUDIT_KEY_FILE_ENV):
+        path, what = os.environ[AUDIT_KEY_FILE_ENV], f"${AUDIT_KEY_FILE_ENV}"
+    key = None
+    if path is not None:
+        try:
+            key = read_audit_key_file(path)
+        except StatekeelError as exc:
+            raise Failure(f"{what}: {exc}") from None
+    ctx.meta[_AUDIT_KEY] = key
+    return key
 
 
 def store_keys(key_file: str | None) -> Keys | None:
@@ -100,6 +279,7 @@ def store_keys(key_file: str | None) -> Keys | None:
         key_file = (root or {}).get("key_file")
     if key_file is None and os.environ.get(KEY_FILE_ENV):
         key_file, what = os.environ[KEY_FILE_ENV], f"${KEY_FILE_ENV}"
+    command_audit_key()  # the audit key file is checked before anything is opened too
     if key_file is None:
         return None
     try:
@@ -137,6 +317,13 @@ def check_url(url: str, what: str = "--db") -> None:
                 raise Failure(
                     f"{what} {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
                 )
+        elif scheme in ("mysql", "mariadb"):
+            _ = parts.port
+            if not parts.hostname or not parts.path.strip("/"):
+                raise Failure(
+                    f"{what} {redact_url(url)}: a MariaDB URL needs a host and a database: "
+                    "mariadb://user@host:3306/db"
+                )
         elif scheme == "memory":
             raise Failure(
                 f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
@@ -145,7 +332,7 @@ def check_url(url: str, what: str = "--db") -> None:
         else:
             raise Failure(
                 f"{what} {redact_url(url)!r} is not a store URL; use sqlite:///file.db, "
-                "sqlite:////abs/path.db or postgresql://user@host:5432/db"
+                "sqlite:////abs/path.db, postgresql://user@host:5432/db or mariadb://user@host:3306/db"
             )
     except StatekeelError as exc:
         raise Failure(f"{what}: {exc}") from None
@@ -172,10 +359,16 @@ def open_for_reading(
 ) -> AbstractAsyncContextManager[Store]:
     """Open an existing store, with its encryption ``keys`` if given, without changing its schema
     (``migrate=False``): a store an agent of another version shares must not be upgraded by looking at it
-    (nor by a command that repairs or purges it)."""
+    (nor by a command that repairs or purges it). The audit key is the command's
+    (:func:`command_audit_key`)."""
     require_existing(url)
     return open_store(
-        url, migrate=False, retention=retention, encryption_key=keys, encrypt_existing=encrypt_existing
+        url,
+        migrate=False,
+        retention=retention,
+        encryption_key=keys,
+        encrypt_existing=encrypt_existing,
+        audit_key=command_audit_key(),
     )
 
 
@@ -202,9 +395,10 @@ def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
 
 
 def console() -> Console:
-    """The console commands print to (no syntax highlighting: values are shown as they are). Into a pipe
-    or a file, lines are not cut at 80 columns."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    """The console commands print to (no syntax highlighting, no emoji codes: values are shown as they
+    are, control characters escaped — see :class:`SafeConsole`). Into a pipe or a file, lines are not cut
+    at 80 columns."""
+    return SafeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _plain(value: Any) -> Any:

@@ -28,11 +28,12 @@ from ..demo.story_report import StoryPrinter, as_json
 from ..errors import StatekeelError
 from ..store import resolve_url
 from . import main, redact_url
+from .common import SafeConsole, visible
 
 
 def _fail(ctx: click.Context, message: str) -> None:
     """Bad input: one line on stderr, exit code 2, nothing run."""
-    click.echo(f"statekeel demo: {message}", err=True)
+    click.echo(f"statekeel demo: {visible(message)}", err=True)
     ctx.exit(2)
 
 
@@ -119,7 +120,7 @@ def demo(
             f"--db {redact_url(url)!r}: the agent is another process, so the store must be a sqlite:/// "
             "file or a postgresql:// database",
         )
-    console = Console(highlight=False)
+    console = SafeConsole(highlight=False)
     started = time.perf_counter()
     # The story's project lives in a temporary directory even on a given store; the stress demo needs
     # one only for its database.

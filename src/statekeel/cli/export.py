@@ -21,6 +21,7 @@ from ..store import open_store, redact_url, sqlite_file
 from . import main
 from .common import (
     Keys,
+    command_audit_key,
     console,
     echo_json,
     json_option,
@@ -130,7 +131,7 @@ def export_command(
 
 
 async def _import(url: str, keys: Keys | None, path: str) -> ImportReport:
-    async with open_store(url, encryption_key=keys) as store:
+    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
         with _progress() as on_batch:
             return await import_store(store, path, on_batch=on_batch)
 

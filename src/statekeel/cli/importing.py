@@ -16,7 +16,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..store import open_store, redact_url
 from . import main
-from .common import console, echo_json, json_option, run, store_keys, store_options, store_url
+from .common import (
+    command_audit_key,
+    console,
+    echo_json,
+    json_option,
+    run,
+    store_keys,
+    store_options,
+    store_url,
+)
 from .export import import_export_file
 
 SOURCES = ("openai-agents-sqlite", "langgraph-sqlite")
@@ -27,7 +36,7 @@ async def _from_source(
 ) -> Any:
     from ..integrations.importers import import_from
 
-    async with open_store(url, encryption_key=keys) as store:
+    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
         if not show:
             return await import_from(store, source, path, session_id=session_id)
         with Progress(

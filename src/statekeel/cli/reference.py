@@ -18,6 +18,12 @@ as `postgresql://`.
 
 - Read commands (`status`, `doctor`, `info`, `sessions`, `show`, `tasks`, `trace`, `audit verify`,
   `migrate --check`) never create, migrate or change a store; they print JSON with `--json`.
+- The commands that settle what `recover` reports (`steps resolve`, `calls resolve`, `approvals
+  decide`, `tasks requeue`, `tasks cancel`) each make one library call whose audit entry names the
+  `--actor` (default `$USER`; without either they refuse) and commits with the change. What the store
+  does not allow (a step not in doubt, an approval already decided, a finished task) is refused in one
+  line, exit 1, nothing written. `recover` prints, under each item that needs a person, the commands
+  that settle it.
 - A store that does not exist is reported, never created (only `migrate --create` and a `copy`
   destination create one).
 - An encrypted store (see encryption.md) is opened with the keys of a key file: `--key-file PATH` on

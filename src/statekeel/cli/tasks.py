@@ -43,13 +43,15 @@ async def _tasks(
         return await collect(store.tasks.iter(workflow_id=workflow, status=status), limit)
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @store_options
 @json_option
 @click.option("--status", type=click.Choice(TASK_STATUSES), default=None, help="Only tasks in this status.")
 @click.option("--workflow", "workflow", default=None, metavar="ID", help="Only the tasks of this workflow.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many. Default: all.")
+@click.pass_context
 def tasks(
+    ctx: click.Context,
     db: str | None,
     key_file: str | None,
     as_json: bool,
@@ -58,7 +60,9 @@ def tasks(
     limit: int | None,
 ) -> None:
     """The tasks of the store, oldest first: id, title, status, retries, workflow, lease holder and when
-    its lease expires."""
+    its lease expires. Its commands act on one task (requeue, cancel)."""
+    if ctx.invoked_subcommand is not None:
+        return
     url, keys = store_url(db), store_keys(key_file)
     found = run(_tasks(url, keys, status, workflow, limit), f"cannot list the tasks of {redact_url(url)}")
     out = listing_console(found, as_json, "no tasks" + (f" with status {status}" if status else ""))

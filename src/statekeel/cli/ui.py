@@ -9,7 +9,7 @@ import click
 
 from ..errors import StatekeelError
 from . import main, redact_url
-from .common import key_file_option, store_keys
+from .common import audit_key_option, command_audit_key, key_file_option, store_keys, visible
 
 
 @main.command()
@@ -26,6 +26,7 @@ from .common import key_file_option, store_keys
     "other than the loopback interface. Also read from $STATEKEEL_UI_TOKEN.",
 )
 @key_file_option
+@audit_key_option
 @click.pass_context
 def ui(
     ctx: click.Context, url: str | None, key_file: str | None, host: str, port: int, token: str | None
@@ -33,7 +34,8 @@ def ui(
     """Serve a read-only page of the store: sessions and transcripts, tasks, workflows, approvals, the
     audit log and the recovery report. The store is opened with migrate=False and never written.
 
-    An encrypted store's transcripts, memories and approval arguments need its keys (--key-file)."""
+    An encrypted store's transcripts, memories and approval arguments need its keys (--key-file); with
+    its audit key (--audit-key-file) the audit page and the recovery report check the chain's MACs too."""
     try:
         from ..ui import serve
     except ImportError as exc:
@@ -49,9 +51,19 @@ def ui(
     # for Ctrl-C, so that the store is closed and the command exits 0.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        asyncio.run(serve(url, host=host, port=port, token=token, on_ready=ready, encryption_key=keys))
+        asyncio.run(
+            serve(
+                url,
+                host=host,
+                port=port,
+                token=token,
+                on_ready=ready,
+                encryption_key=keys,
+                audit_key=command_audit_key(),
+            )
+        )
     except (StatekeelError, OSError) as exc:
-        message = " ".join(str(exc).split())
+        message = visible(" ".join(str(exc).split()))
         click.echo(f"statekeel ui: cannot serve {redact_url(url)}: {type(exc).__name__}: {message}", err=True)
         ctx.exit(1)
     except KeyboardInterrupt:

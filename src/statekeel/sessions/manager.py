@@ -66,6 +66,10 @@ _MAX_LEASE_SECONDS = 86400.0 * 365
 _LOAD_TRIES = 3
 
 
+# How long resolve_tool() by key waits for the session held by another holder.
+_RESOLVE_LOCK_TIMEOUT = 5.0
+
+
 class SessionManager(SessionListing, SessionBranches):
     """Loads, caches, locks and saves sessions through a backend.
 
@@ -485,16 +489,37 @@ class SessionManager(SessionListing, SessionBranches):
         return await self._tools.run(session, call_id, fn, idempotent)
 
     async def resolve_tool(
-        self, session: Session, call_id: str, *, result: Any = MISSING, interrupted: bool = False
+        self,
+        session: Session | str,
+        call_id: str,
+        *,
+        result: Any = MISSING,
+        interrupted: bool = False,
+        actor: str | None = None,
     ) -> dict[str, Any]:
         """Answer a waiting tool call yourself — typically one in doubt after a crash — with ``result``
         (as :meth:`run_tool` would append what ``fn`` returned) or, with ``interrupted=True``, an
         explicit interrupted answer; its journal record is settled in the same transaction. Returns the
-        message appended. ``ConflictError`` while the call's function is running in a live process.
+        message appended. ``ConflictError`` while the call's function is running in a live process;
+        ``InvalidArgument`` for a call that is not waiting for its result.
+
+        ``session`` is an open session or a session's key: by key, the session is opened for the call
+        (its lock taken, no other repair made; ``NotFound`` when it does not exist, ``LockTimeout`` while
+        a live agent holds it). With an ``actor`` a ``tool_call.resolved`` audit entry naming the actor
+        (the call id and how it was answered, never the result) commits with the answer.
 
             await store.sessions.resolve_tool(session, "call_1", interrupted=True)
+            await store.sessions.resolve_tool("chat-42", "call_1", result="done", actor="alice")
         """
-        return await self._tools.resolve(session, call_id, result, interrupted)
+        if actor is not None:
+            check_key(actor, "actor")
+        if isinstance(session, str):
+            check_key(session)
+            if await self.backend.load_session(session) is None:
+                raise NotFound(f"session {session!r} does not exist", key=session)
+            async with self.open(session, repair=False, timeout=_RESOLVE_LOCK_TIMEOUT) as opened:
+                return await self._tools.resolve(opened, call_id, result, interrupted, actor)
+        return await self._tools.resolve(session, call_id, result, interrupted, actor)
 
     async def _recover_tool_calls(self, repair: bool) -> ToolRecovery:
         """For ``store.recover()``: the sessions with waiting tool calls (see :mod:`.tools`)."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..backends.base import OpenCalls, SessionStepRecord
+from ..codec import canonical
 from ..errors import (
     BackendUnavailable,
     ConflictError,
@@ -277,7 +278,9 @@ class ToolCalls:
 
     # --- resolve_tool -----------------------------------------------------------------------------------
 
-    async def resolve(self, session: Session, call_id: str, result: Any, interrupted: bool) -> dict[str, Any]:
+    async def resolve(
+        self, session: Session, call_id: str, result: Any, interrupted: bool, actor: str | None = None
+    ) -> dict[str, Any]:
         """See ``SessionManager.resolve_tool``."""
         manager = self._manager
         session = manager._check_owned(session)
@@ -323,6 +326,13 @@ class ToolCalls:
                     owner=self.owner,
                     result_seq=seq,
                 )
+                if actor is not None:  # in the answer's transaction: both commit or neither
+                    data = {"session_key": session.key, "call_id": call_id, "seq": seq}
+                    data["answer"] = "interrupted" if interrupted else "result"
+                    text = canonical(data).decode("utf-8")
+                    await manager.backend.append_audit(
+                        "tool_call.resolved", actor, f"session:{session.key}", text
+                    )
 
             try:
                 await self.append_result(session, message, settle)

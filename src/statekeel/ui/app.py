@@ -85,10 +85,15 @@ class Guard:
             if auth[:7].lower() == b"bearer ":
                 given = auth[7:].strip()
             else:
-                for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+                # Each byte decoded as one latin-1 character, percent escapes too: encoded back to
+                # latin-1, the value is the bytes the client sent — a UTF-8 token's UTF-8 bytes — and no
+                # byte sequence (non-ASCII, not UTF-8, a broken escape) can fail to decode.
+                query = scope.get("query_string", b"").decode("latin-1")
+                for name, value in parse_qsl(query, encoding="latin-1", errors="strict"):
                     if name == "token":
                         given = value.encode("latin-1")
-            # compare_digest takes the same time wherever the first difference is.
+            # compare_digest takes the same time wherever the first difference is; both sides are bytes
+            # (the token's UTF-8), so any length or content compares without an error.
             if given is None or not hmac.compare_digest(given, self.token):
                 return PlainTextResponse(
                     "401 Unauthorized: this statekeel ui needs its token "
@@ -190,11 +195,13 @@ def create_app(
     token: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
+    audit_key: bytes | None = None,
 ) -> Starlette:
     """The read-only UI over a store.
 
     ``source`` is an open :class:`~statekeel.Store` (used as is, never closed here) or a URL, opened with
-    ``migrate=False`` (and ``encryption_key``, for an encrypted store) when the application starts and
+    ``migrate=False`` (and ``encryption_key``, for an encrypted store; ``audit_key``, for a keyed audit
+    chain) when the application starts and
     closed when it stops. ``token``: every request must carry it. ``allowed_hosts``: without a token, the
     ``Host`` names accepted (None: any).
 
@@ -214,7 +221,7 @@ def create_app(
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # migrate=False: looking at a store never upgrades it under the agents that use it.
-            store = await open_store(url, migrate=False, encryption_key=encryption_key)
+            store = await open_store(url, migrate=False, encryption_key=encryption_key, audit_key=audit_key)
             ui._store = store
             try:
                 yield

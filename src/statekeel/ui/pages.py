@@ -151,12 +151,16 @@ def routes(ui: Ui) -> list[BaseRoute]:
         fallback = store.sessions.fallback
         waiting = fallback is not None and fallback.exists(key)
         transcript = build_transcript(loaded.messages, first_seq=loaded.first_seq, summaries=loaded.summaries)
+        # When each message was stored (a second read: a message appended meanwhile has no time shown).
+        timed = await store.backend.load_session_with_messages(key, include_archived=True)
+        times = {} if timed is None else {m.seq: m.created_at for m in timed[1]}
         return ui.render(
             request,
             "session.html",
             title=f"Session {key}",
             record=loaded.record,
             transcript=transcript,
+            times=times,
             fallback_waiting=waiting,
         )
 
@@ -295,8 +299,10 @@ def routes(ui: Ui) -> list[BaseRoute]:
         return ui.render(request, "threads.html", title="Threads", threads=found, limit=THREADS_SHOWN)
 
     async def recovery(request: Request) -> Response:
-        report = await ui.store.recover(repair=False)
-        return ui.render(request, "recovery.html", title="Recovery report", report=report)
+        # The checks of `statekeel doctor` (store.health(), over recover(repair=False)): the banner says
+        # what doctor says, from the same findings.
+        health = await ui.store.health()
+        return ui.render(request, "recovery.html", title="Recovery report", health=health)
 
     stylesheet = resources.files("statekeel.ui").joinpath("static/style.css").read_bytes()
 

@@ -44,14 +44,17 @@ def check_binding(host: str, token: str | None) -> None:
         )
 
 
-async def open_for_reading(url: str, encryption_key: bytes | Sequence[bytes] | None = None) -> Store:
-    """Open the store at ``url`` (with its ``encryption_key``, if encrypted) without changing it:
+async def open_for_reading(
+    url: str, encryption_key: bytes | Sequence[bytes] | None = None, audit_key: bytes | None = None
+) -> Store:
+    """Open the store at ``url`` (with its ``encryption_key``, if encrypted, and its ``audit_key``, if
+    its audit chain is keyed) without changing it:
     ``migrate=False``, and a SQLite file that does not exist is an error (opening it would create an empty
     database)."""
     path = sqlite_file(url)
     if path is not None and not await asyncio.to_thread(os.path.exists, path):
         raise InvalidArgument(f"no store at {path}; pass --db with the URL of an existing store")
-    return await open_store(url, migrate=False, encryption_key=encryption_key)
+    return await open_store(url, migrate=False, encryption_key=encryption_key, audit_key=audit_key)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -85,9 +88,11 @@ async def serve(
     token: str | None = None,
     on_ready: Callable[[str], None] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
+    audit_key: bytes | None = None,
 ) -> None:
     """Open the store read-only (with its ``encryption_key``, for an encrypted store: without it, pages
-    that show encrypted values say a key is needed), bind, call ``on_ready`` with the address, and serve
+    that show encrypted values say a key is needed; with its ``audit_key``, the audit chain's MACs are
+    checked too), bind, call ``on_ready`` with the address, and serve
     until interrupted.
 
     Raises before serving: ``InvalidArgument`` (binding, token, no such store), the store's errors when it
@@ -96,7 +101,7 @@ async def serve(
     import uvicorn
 
     check_binding(host, token)
-    store = await open_for_reading(url, encryption_key)
+    store = await open_for_reading(url, encryption_key, audit_key)
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.

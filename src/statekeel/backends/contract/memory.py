@@ -144,6 +144,7 @@ class Relation:
         return self.object
 
     def valid_at(self, when: dt.datetime) -> bool:
+        """Whether the relation held at ``when``: from ``valid_from`` up to (not including) ``valid_to``."""
         return self.valid_from <= when and (self.valid_to is None or when < self.valid_to)
 
 

@@ -11,6 +11,14 @@ dead connection is retried once on a fresh one — reads always, writes only if 
 (the server rolled the transaction back). A write whose COMMIT got no answer is never retried: it raises
 ``BackendUnavailable`` with ``outcome="unknown"``, and the caller re-reads (a conditional append then
 tells whether it landed).
+
+With several hosts in the URL (``postgresql://h1,h2/db?target_session_attrs=read-write``) each new
+connection goes to the first host that is the primary, so after a failover the pool follows it: a call
+that meets a dead connection, a host that refuses, or a demoted server (a write refused as read-only) drops
+the pool's idle connections and runs again, at once and then with backoff (0.05 s doubling to 1 s), for up
+to ``failover_timeout`` seconds (10 by default with several hosts, 0 — one retry — with one). Past that it
+raises ``BackendUnavailable`` naming every host, with ``retry_after``. A COMMIT whose answer was lost is
+never run again (see above): a session save settles it by its write id on the next save.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.vectors import SqlVectors
 from ..sql.workflows import SqlWorkflows
-from .errors import CONNECTION_ERRORS, translate, unknown_outcome
+from .errors import CONNECTION_ERRORS, WRONG_NODE_ERRORS, no_primary, translate, unknown_outcome
 from .schema import MIGRATION_LOCK_ID, PgSchema
 from .target import CONNECT_TIMEOUT_S, DEFAULT_MAX_SIZE, DEFAULT_MIN_SIZE, PgTarget
 
@@ -123,6 +131,39 @@ class PgTx(Tx):
             return value.replace(tzinfo=dt.UTC)  # type: ignore[no-any-return]
         result: dt.datetime = value.astimezone(dt.UTC)
         return result
+
+
+_BACKOFF_FIRST_S = 0.05
+_BACKOFF_MAX_S = 1.0
+
+
+class _Retries:
+    """When a call that lost its connection runs again: once at once (as with one host), then after a
+    backoff doubling from 0.05 s to 1 s while ``failover_timeout`` has not passed since the first loss."""
+
+    __slots__ = ("deadline", "delay", "started", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.started: float | None = None
+        self.deadline = 0.0
+        self.delay = _BACKOFF_FIRST_S
+
+    async def again(self) -> bool:
+        now = asyncio.get_running_loop().time()
+        if self.started is None:
+            self.started = now
+            self.deadline = now + self.timeout
+            return True
+        remaining = self.deadline - now
+        if remaining <= 0:
+            return False
+        await asyncio.sleep(min(self.delay, remaining))  # the last try at the deadline
+        self.delay = min(self.delay * 2, _BACKOFF_MAX_S)
+        return True
+
+    def waited(self) -> float:
+        return 0.0 if self.started is None else asyncio.get_running_loop().time() - self.started
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -207,10 +248,26 @@ class PostgresBackend(
     async def initialize(self) -> None:
         if self._pool is not None:
             return
+        retries = _Retries(self.target.failover_timeout)
+        while self._pool is None:
+            try:
+                self._pool = await self._create_pool()
+            except CONNECTION_ERRORS as exc:
+                if self.target.failover_timeout == 0:
+                    raise translate(exc, self.target) from None
+                # A failover may be under way: wait for a usable server as a call would.
+                await self._lost(exc, retries)
+        try:
+            await self._migrate(self._require_pool())
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _create_pool(self) -> asyncpg.Pool:
         try:
             # asyncpg bounds each connection attempt; the outer deadline also bounds a host list or DNS.
-            async with asyncio.timeout(self._connect_timeout * 2 + 1):
-                self._pool = await asyncpg.create_pool(
+            async with asyncio.timeout(self._connect_timeout * (len(self.target.hosts) + 1) + 1):
+                pool: asyncpg.Pool = await asyncpg.create_pool(
                     self.target.dsn,
                     min_size=self._min_size,
                     max_size=self._max_size,
@@ -222,18 +279,16 @@ class PostgresBackend(
                     init=None if self.target.pgbouncer else self._init_connection,
                     reset=_keep_session,
                 )
+                return pool
         except TimeoutError:
             raise BackendUnavailable(
                 f"{self.target} did not answer within the connect timeout ({self._connect_timeout:g} s)",
                 **self.target.fields,
             ) from None
+        except CONNECTION_ERRORS:
+            raise
         except BaseException as exc:
             raise translate(exc, self.target) from None
-        try:
-            await self._migrate(self._require_pool())
-        except BaseException:
-            await self.close()
-            raise
 
     async def close(self) -> None:
         if self._closed:
@@ -322,7 +377,8 @@ class PostgresBackend(
             except BaseException as exc:
                 raise translate(exc, self.target) from None
         pool = self._require_pool()
-        for attempt in (1, 2):
+        retries = _Retries(self.target.failover_timeout)
+        while True:
             committing = False
             try:
                 conn = await pool.acquire()
@@ -351,17 +407,29 @@ class PostgresBackend(
                     raise unknown_outcome(exc, self.target) from None
                 # Before COMMIT the server rolls back a lost connection's transaction, so running the op
                 # again on a fresh connection cannot apply it twice.
-                if attempt == 2:
+                await self._lost(exc, retries)
+            except WRONG_NODE_ERRORS as exc:
+                if self.target.read_only:
                     raise translate(exc, self.target) from None
-                await self._connections_lost(exc)
+                # A demoted primary refused the statement: nothing was committed; find the primary.
+                await self._lost(exc, retries)
             except BaseException as exc:
                 raise translate(exc, self.target) from None
-        raise AssertionError("unreachable")
+
+    async def _lost(self, exc: BaseException, retries: _Retries) -> None:
+        """A call met a dead connection or the wrong node: return to run it again, or raise."""
+        first = retries.started is None
+        if not await retries.again():
+            if len(self.target.hosts) > 1 or self.target.failover_timeout > 0:
+                raise no_primary(exc, self.target, retries.waited()) from None
+            raise translate(exc, self.target) from None
+        if first:
+            await self._connections_lost(exc)
 
     async def _connections_lost(self, exc: BaseException) -> None:
         # One dead connection usually means all of them died (server restart, failover,
         # pg_terminate_backend): reconnect every idle one instead of failing on each in turn.
-        log.warning("%s: a connection failed (%s); retrying once on a new one", self.target, exc)
+        log.warning("%s: a connection failed (%s); retrying on a new one", self.target, exc)
         busy = isinstance(exc, asyncpg.TooManyConnectionsError | asyncpg.CannotConnectNowError)
         if self._pool is not None and not busy:  # a busy server: fresh connections would not help
             await self._pool.expire_connections()
@@ -369,7 +437,7 @@ class PostgresBackend(
     async def _release(
         self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
-        if isinstance(failure, CONNECTION_ERRORS) or (
+        if isinstance(failure, CONNECTION_ERRORS + WRONG_NODE_ERRORS) or (
             isinstance(failure, asyncio.CancelledError) and conn.is_in_transaction()
         ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
@@ -391,7 +459,8 @@ class PostgresBackend(
         if self._current.get() is not None:
             return await self._write(op, *args)
         pool = self._require_pool()
-        for attempt in (1, 2):
+        retries = _Retries(self.target.failover_timeout)
+        while True:
             try:
                 conn = await pool.acquire()
                 failure: BaseException | None = None
@@ -404,13 +473,32 @@ class PostgresBackend(
                 finally:
                     await self._release(pool, conn, failure)
             except CONNECTION_ERRORS as exc:
-                # A read is safe to retry once on a fresh connection.
-                if attempt == 2:
-                    raise translate(exc, self.target) from None
-                await self._connections_lost(exc)
+                # A read is safe to run again on a fresh connection.
+                await self._lost(exc, retries)
             except BaseException as exc:
                 raise translate(exc, self.target) from None
-        raise AssertionError("unreachable")
+
+    async def _begin(self, pool: asyncpg.Pool) -> tuple[asyncpg.Connection, Any]:
+        """A connection with a started read-committed transaction (pinned, as in _write), for atomic():
+        nothing has run in it yet, so a lost connection or a host that refuses is retried as in _write."""
+        retries = _Retries(self.target.failover_timeout)
+        while True:
+            try:
+                conn = await pool.acquire()
+            except CONNECTION_ERRORS as exc:
+                await self._lost(exc, retries)
+                continue
+            except BaseException as exc:
+                raise translate(exc, self.target) from None
+            tx = conn.transaction(isolation="read_committed")
+            try:
+                await tx.start()
+                return conn, tx
+            except BaseException as exc:
+                await self._release(pool, conn, exc)
+                if not isinstance(exc, CONNECTION_ERRORS):
+                    raise translate(exc, self.target) from None
+                await self._lost(exc, retries)
 
     @asynccontextmanager
     async def atomic(self) -> AsyncIterator[None]:
@@ -418,18 +506,9 @@ class PostgresBackend(
             yield
             return
         pool = self._require_pool()
-        try:
-            conn = await pool.acquire()
-        except BaseException as exc:
-            raise translate(exc, self.target) from None
+        conn, tx = await self._begin(pool)
         failure: BaseException | None = None
         try:
-            tx = conn.transaction(isolation="read_committed")  # pinned, as in _write
-            try:
-                await tx.start()
-            except BaseException as exc:
-                failure = exc
-                raise translate(exc, self.target) from None
             with self._outermost_block() as outcome:
                 token = self._current.set(PgTx(conn, self.codec))
                 try:

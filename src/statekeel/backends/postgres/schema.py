@@ -45,6 +45,14 @@ class PgSchema:
                     todo = pending(applied, self._migrations, where=str(self.target))
                     if not todo:
                         return
+                    if self.target.read_only:  # it may be a standby: it cannot be migrated
+                        raise MigrationError(
+                            f"{self.target} needs {len(todo)} migration(s) and was opened with "
+                            f"target_session_attrs={self.target.session_attrs} (read-only); nothing was "
+                            "changed: open it once with target_session_attrs=read-write to upgrade it",
+                            pending=[m.version for m in todo],
+                            hint="",
+                        )
                     if not self.migrate:
                         refuse_upgrade(todo, applied, where=str(self.target))
                 # One transaction per migration, holding the advisory lock until its COMMIT (a session

@@ -2,7 +2,13 @@
 
 URL options (``postgresql://user@host:5432/db?pool_max_size=20``): ``pgbouncer=true`` (no prepared
 statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size`` (1),
-``pool_max_size`` (10), ``connect_timeout`` (10 s). Anything else goes to asyncpg.
+``pool_max_size`` (10), ``connect_timeout`` (10 s), ``failover_timeout`` (how long a call waits for a
+primary: 0 s with one host, 10 s with several). ``target_session_attrs`` is checked here and goes to
+asyncpg with anything else.
+
+Several hosts (``postgresql://h1:5432,h2:5433/db?target_session_attrs=read-write``): each new connection
+tries them in turn and keeps the first one that matches ``target_session_attrs``; that is how the pool
+follows the primary across a failover.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from ...errors import InvalidArgument
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_MIN_SIZE = 1
 DEFAULT_MAX_SIZE = 10
+# How long a call waits (retrying with backoff) for a primary when the URL names several hosts.
+FAILOVER_TIMEOUT_S = 10.0
+
+# libpq's values, which asyncpg follows. The first three may land on a standby: such a store reads only.
+SESSION_ATTRS = ("any", "primary", "read-write", "standby", "prefer-standby", "read-only")
+READ_ONLY_ATTRS = frozenset({"standby", "prefer-standby", "read-only"})
 
 
 class PgTarget:
@@ -22,8 +34,8 @@ class PgTarget:
 
     Options in the query string, removed before the URL reaches asyncpg: ``pgbouncer=true`` (no prepared
     statement cache, no session state: PgBouncer transaction pooling), ``pool_min_size``,
-    ``pool_max_size``, ``connect_timeout`` (seconds). Errors name host, port and database, never the
-    password.
+    ``pool_max_size``, ``connect_timeout`` and ``failover_timeout`` (seconds). ``target_session_attrs`` is
+    validated and passed on. Errors name host(s), port and database, never the password.
     """
 
     def __init__(self, url: str) -> None:
@@ -47,27 +59,29 @@ class PgTarget:
                 pool_min_size=self.min_size,
                 pool_max_size=self.max_size,
             )
-        raw_timeout = params.pop("connect_timeout", None)
-        self.connect_timeout = CONNECT_TIMEOUT_S
-        if raw_timeout is not None:
-            try:
-                self.connect_timeout = float(raw_timeout)
-            except ValueError:
-                self.connect_timeout = -1.0
-            if not 0 < self.connect_timeout <= 3600:
-                raise InvalidArgument(
-                    f"connect_timeout must be a number of seconds in (0, 3600], got {raw_timeout!r}"
-                )
+        self.connect_timeout = _float_param(params, "connect_timeout", CONNECT_TIMEOUT_S, low=None)
+        attrs = params.get("target_session_attrs", "any")
+        if attrs not in SESSION_ATTRS:
+            raise InvalidArgument(
+                f"target_session_attrs must be one of {', '.join(SESSION_ATTRS)} in a postgresql:// URL, "
+                f"got {attrs!r}"
+            )
+        self.session_attrs = attrs
+        self.read_only = attrs in READ_ONLY_ATTRS
         hostspec = parts.netloc.rpartition("@")[2]
-        try:
-            self.host = params.get("host") or parts.hostname or "localhost"
-            self.port: int | None = parts.port or 5432
-        except ValueError:
-            if "," not in hostspec:  # a port that is not a number
-                raise InvalidArgument(
-                    f"the port in postgresql://{hostspec}/… is not a number (1-65535)"
-                ) from None
-            self.host, self.port = hostspec, None  # several hosts: asyncpg tries them in turn
+        socket_dir = params.get("host", "")
+        if socket_dir and "," not in socket_dir:  # ``?host=/run/postgresql``: the URL's port, if any
+            self.hosts = [(socket_dir, _hosts(hostspec)[0][1] if hostspec else 5432)]
+        else:
+            self.hosts = _hosts(socket_dir or hostspec)
+        if len(self.hosts) == 1:
+            self.host = self.hosts[0][0]
+            self.port: int | None = self.hosts[0][1]
+        else:  # several hosts: asyncpg tries them in turn
+            self.host, self.port = ",".join(f"{h}:{p}" for h, p in self.hosts), None
+        self.failover_timeout = _float_param(
+            params, "failover_timeout", FAILOVER_TIMEOUT_S if len(self.hosts) > 1 else 0.0, low=0.0
+        )
         self.database = (parts.path or "/").lstrip("/") or (parts.username or "postgres")
         self.dsn = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(params), ""))
 
@@ -82,9 +96,52 @@ class PgTarget:
             text = text.replace(secret, "***")
         return text
 
+    @property
+    def host_list(self) -> str:
+        """The hosts, ``h1:p1, h2:p2``, for messages."""
+        return ", ".join(f"{h}:{p}" for h, p in self.hosts)
+
     def __str__(self) -> str:
         where = self.host if self.port is None else f"{self.host}:{self.port}"
         return f"postgresql://{where}/{self.database}"
+
+
+def _hosts(spec: str) -> list[tuple[str, int]]:
+    """``h1:p1,h2,[::1]:p3`` → ``[(h1, p1), (h2, 5432), (::1, p3)]``; a bad port is ``InvalidArgument``."""
+    hosts: list[tuple[str, int]] = []
+    for item in spec.split(","):
+        item = item.strip()
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        elif item.count(":") == 1:
+            host, _, port_text = item.partition(":")
+        else:
+            host, port_text = item, ""
+        if not port_text:
+            port = 5432
+        elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
+            port = int(port_text)
+        else:
+            raise InvalidArgument(f"the port in postgresql://{spec}/… is not a number (1-65535)")
+        hosts.append((host or "localhost", port))
+    return hosts
+
+
+def _float_param(params: dict[str, str], name: str, default: float, *, low: float | None) -> float:
+    # ``low`` None: the value must be > 0; else >= low.
+    raw = params.pop(name, None)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    ok = (value > 0 if low is None else value >= low) and value <= 3600
+    if not ok:
+        interval = "(0, 3600]" if low is None else f"[{low:g}, 3600]"
+        raise InvalidArgument(f"{name} must be a number of seconds in {interval}, got {raw!r}")
+    return value
 
 
 def _int_param(params: dict[str, str], name: str, default: int, *, minimum: int) -> int:

@@ -2,7 +2,8 @@
 
 An append takes the dialect's chain lock (``audit_lock``: PostgreSQL's transaction-scoped advisory lock;
 SQLite's single writer already serializes), then reads the head and inserts the next entry in the same
-transaction, so two writers can never give two entries the same predecessor.
+transaction, so two writers can never give two entries the same predecessor. A head that carries a MAC
+refuses an append without the audit key (``AuditKeyRequired``), rolling back the change it audits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ...chain import GENESIS_HASH, chain_hash, entry_mac
+from ...errors import AuditKeyRequired
 from ..base import AuditBackend, AuditNote, AuditNotes, AuditRecord
 from . import Op, Row, SqlBackend, Tx, utcnow
 
@@ -42,6 +44,14 @@ async def op_append_audits(tx: Tx, notes: Sequence[AuditNote], key: bytes | None
     """Append ``notes`` in order: the lock is taken and the head read once, the entries chained in memory."""
     await tx.fetchone("audit_lock")
     head = await tx.fetchone("audit_head")
+    if key is None and head is not None and head["mac"] is not None:
+        # A keyed chain stays keyed: an entry without a MAC after a keyed one fails verify() under the
+        # key for good. Raised inside the write's transaction, so the change it audits rolls back too.
+        raise AuditKeyRequired(
+            f"the audit chain of this store is keyed (entry {head['seq']} carries a MAC) and this store "
+            "was opened without the audit key",
+            head_seq=head["seq"],
+        )
     seq, prev_hash = (0, GENESIS_HASH) if head is None else (head["seq"], head["hash"])
     out: list[AuditRecord] = []
     for kind, actor, subject, data in notes:

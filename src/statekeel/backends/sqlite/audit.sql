@@ -5,7 +5,7 @@
 SELECT 1 AS locked;
 
 -- name: audit_head
-SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1;
+SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1;
 
 -- name: audit_insert
 INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash, mac)

@@ -68,11 +68,16 @@ class WalWatch:
                     self._checkpoint(conn)
                 return
             ident = self._found()
-            if ident is not None and (self._ident is None or ident == self._ident):
-                self._ident = ident
+            if self._ident is None:
+                # Armed by this connection's own COMMIT only. A WAL it merely saw may be removed rightly:
+                # another process closing what it thinks is the last connection checkpoints and deletes it.
+                if not committed:
+                    return
+                if ident is not None:
+                    self._ident = ident
+                    return
+            elif ident == self._ident:
                 return
-            if ident is None and self._ident is None and not committed:
-                return  # nothing committed on this connection yet: no WAL of its own to lose
             self.removed = "missing" if ident is None else "replaced"
             self._removed(conn)
         except Exception:  # never let the check fail a committed write or stop the thread

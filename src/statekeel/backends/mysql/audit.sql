@@ -1,0 +1,28 @@
+-- The audit chain. Parameters ($1, $2 …) are in the same order as the other dialects' ($1 / ?1 …).
+
+-- name: audit_lock
+-- Serializes appends until the transaction ends, so two writers never fork the chain: the row lock of
+-- statekeel_locks' 'audit' row (a transaction lock InnoDB's deadlock detection sees).
+SELECT 1 AS locked FROM statekeel_locks WHERE name = 'audit' FOR UPDATE;
+
+-- name: audit_head
+SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1;
+
+-- name: audit_insert
+INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash, mac)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: audit_read
+SELECT * FROM audit_log
+WHERE seq > $1 AND ($2 IS NULL OR subject = $2) AND ($3 IS NULL OR kind = $3)
+  AND ($4 IS NULL OR created_at >= $4)
+ORDER BY seq LIMIT $5;
+
+-- name: audit_latest_for_approval
+-- Served by the index audit_by_approval on the generated column approval_id (set for approval.* kinds).
+-- Only the kinds statekeel writes count, compared exactly: the same entries on every backend.
+SELECT * FROM audit_log
+WHERE approval_id = $1
+  AND kind IN ('approval.requested', 'approval.granted', 'approval.denied', 'approval.consumed')
+ORDER BY seq DESC LIMIT 1;
+

@@ -1,0 +1,199 @@
+"""The NATS JetStream backend: sessions, the audit chain and trace spans on replicated streams.
+
+``nats://host:4222`` holds the kinds in :data:`NATS_KINDS`; every other kind's operations raise
+``Unsupported`` (see :mod:`statekeel.backends.composite`), and ``atomic()`` does too: JetStream has no
+transaction spanning several writes (so ``sessions.run_tool``, which commits a save and its step
+together, needs a SQL store). Paired with a SQL backend
+(``nats://host:4222?rest=sqlite:///state.db``), the SQL backend holds the rest. Streams are named
+``<prefix>_audit``, ``<prefix>_traces`` and ``<prefix>_meta`` (``prefix=`` in the URL, default
+``statekeel``), created with ``replicas=`` copies (default 1; 3 on a cluster) when missing; a stream that
+exists with other limits is refused, never changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import orjson
+
+import nats.js.errors
+
+from ...backends.contract.sessions import SESSION_STATUSES
+from ...backends.contract.tasks import TASK_STATUSES, WORKFLOW_STATUSES
+from ...codec import Codec
+from ...errors import MigrationError, SchemaTooNew, StorageCorrupt, Unsupported
+from ..base import Incident, MigrationInfo, StateCounts, StorageBackend
+from ..composite import refuse_unheld
+from .audit import NatsAudit, audit_spec
+from .client import WRONG_LAST_SEQUENCE, NatsConnection, StreamSpec, from_micros, micros, parse_nats_url
+from .sessions import index_spec, sessions_spec
+from .tool_calls import NatsToolCalls, heartbeats_spec
+from .traces import NatsTraces, traces_spec
+
+__all__ = ["LAYOUT_VERSION", "NATS_KINDS", "NatsBackend", "new_nats_backend"]
+
+NATS_KINDS = frozenset({"lifecycle", "sessions", "tool_calls", "audit", "traces"})
+"""The state kinds a plain NATS store holds."""
+
+LAYOUT_VERSION = 1
+"""The version of the streams' layout (names, subjects, message format) this code writes."""
+
+
+def meta_spec(prefix: str) -> StreamSpec:
+    return StreamSpec(
+        f"{prefix}_meta", (f"{prefix}.meta", f"{prefix}.traces_dropped"), max_msgs_per_subject=1
+    )
+
+
+def new_nats_backend(url: str, *, codec: Codec, migrate: bool = True) -> StorageBackend:
+    """A :class:`NatsBackend` for ``url`` (not connected yet: ``initialize()`` connects)."""
+    # refuse_unheld filled in the operations of the kinds it does not hold, which mypy cannot see.
+    factory: Any = NatsBackend
+    backend: StorageBackend = factory(url, codec=codec, migrate=migrate)
+    return backend
+
+
+@refuse_unheld
+class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
+    """Sessions, audit and traces on NATS JetStream; see the module docstring."""
+
+    kinds = NATS_KINDS
+    transactional = False
+    tables = frozenset({"traces", "audit_log"})
+
+    def __init__(self, url: str, *, codec: Codec, migrate: bool = True) -> None:
+        self.url = url
+        self.codec = codec
+        self.migrate = migrate
+        parsed = parse_nats_url(url)
+        self.prefix = parsed.prefix
+        self.conn = NatsConnection(parsed)
+        self._audit_lock = asyncio.Lock()
+        self._states = OrderedDict()
+        p = self.prefix
+        self._specs = (
+            meta_spec(p),
+            audit_spec(p),
+            traces_spec(p),
+            sessions_spec(p),
+            index_spec(p),
+            heartbeats_spec(p),
+        )
+        self._created_at: dt.datetime | None = None
+
+    async def initialize(self) -> None:
+        if self.codec.cipher is not None:
+            raise Unsupported(
+                f"a NATS store ({self.url}) does not encrypt at rest: open it without encryption_key, or "
+                "use a SQL store",
+                kind="encryption",
+                url=self.url,
+            )
+        await self.conn.connect()
+        try:
+            if not self.migrate:
+                missing = [p for s in self._specs for p in await self.conn.stream_problems(s)]
+                if missing:
+                    raise MigrationError(
+                        "the NATS store is not set up as this statekeel needs and migrate=False: "
+                        + "; ".join(missing),
+                        hint="Open it once with migrate=True (the default) to create its streams",
+                    )
+            else:
+                for spec in self._specs:
+                    await self.conn.ensure_stream(spec)
+            await self._check_layout()
+        except BaseException:
+            await self.conn.close()
+            raise
+
+    async def _check_layout(self) -> None:
+        stream, subject = f"{self.prefix}_meta", f"{self.prefix}.meta"
+        last = await self.conn.last(stream, subject)
+        if last is None:
+            now = dt.datetime.now(dt.UTC)
+            body = orjson.dumps({"layout": LAYOUT_VERSION, "created_at": micros(now)})
+            try:
+                await self.conn.publish(
+                    subject,
+                    body,
+                    stream=stream,
+                    headers={"Nats-Expected-Last-Subject-Sequence": "0"},
+                    what="recording the NATS store's layout",
+                )
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+            last = await self.conn.last(stream, subject)
+        if last is None or last.data is None:
+            raise StorageCorrupt(f"the NATS stream {stream} has no layout record")
+        try:
+            meta = orjson.loads(last.data)
+            layout, created = int(meta["layout"]), int(meta["created_at"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise StorageCorrupt(
+                f"the NATS stream {stream} holds no statekeel layout record: {exc}"
+            ) from None
+        if layout > LAYOUT_VERSION:
+            raise SchemaTooNew(
+                f"the NATS store {self.prefix!r} has layout {layout}; this statekeel knows up to "
+                f"{LAYOUT_VERSION}",
+                found=layout,
+                supported=LAYOUT_VERSION,
+            )
+        self._created_at = from_micros(created)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    def atomic(self) -> AbstractAsyncContextManager[None]:
+        raise Unsupported(
+            f"a NATS store ({self.url}) has no transactions: atomic() cannot group its writes",
+            kind="transactions",
+            url=self.url,
+        )
+
+    def in_atomic(self) -> bool:
+        return False
+
+    def on_block_end(self, callback: Callable[[bool], None]) -> bool:
+        return False
+
+    async def schema_version(self) -> int:
+        return LAYOUT_VERSION
+
+    async def migrations(self) -> list[MigrationInfo]:
+        checksum = hashlib.sha256(repr(self._specs).encode()).hexdigest()
+        at = self._created_at or dt.datetime.now(dt.UTC)
+        return [MigrationInfo(LAYOUT_VERSION, "jetstream_streams", checksum, at)]
+
+    async def integrity_check(self) -> list[str]:
+        return [p for spec in self._specs for p in await self.conn.stream_problems(spec)]
+
+    async def pending_migrations(self) -> list[tuple[int, str]]:
+        return []
+
+    async def count_state(self) -> StateCounts:
+        return StateCounts(
+            sessions=dict.fromkeys(SESSION_STATUSES, 0),
+            tasks=dict.fromkeys(TASK_STATUSES, 0),
+            workflows=dict.fromkeys(WORKFLOW_STATUSES, 0),
+            audit_entries=await self.audit_count(),
+        )
+
+    async def list_incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
+        # Damage to replicated streams is the NATS servers' to report; statekeel records none here.
+        return []
+
+    async def count_rows(self, table: str) -> int:
+        if table == "traces":
+            return await self.span_count()
+        if table == "audit_log":
+            return await self.audit_count()
+        raise Unsupported(f"a NATS store holds no table {table!r}", kind="copy", url=self.url)

@@ -1,0 +1,310 @@
+"""The NATS JetStream backend under bad input and faults: streams missing or created with other limits,
+names that are not subject tokens, messages over the server's max_payload, answers lost after a publish,
+writers in several connections, and entries the server refuses to delete."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.js.api import StreamConfig
+
+import statekeel
+from helpers import message
+from statekeel.backends.base import NewSpan
+from statekeel.backends.nats.client import NatsConnection
+
+Store = statekeel.Store
+AT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def prefix_of(url: str) -> str:
+    return url.partition("prefix=")[2].partition("&")[0]
+
+
+@pytest.fixture
+async def js(nats_url: str) -> AsyncIterator[Any]:
+    """A JetStream context of its own on the test's server (what another program would use)."""
+    nc = await nats.connect(nats_url.partition("?")[0])
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
+async def test_missing_streams_are_created_with_the_limits_statekeel_needs(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        assert await store.backend.integrity_check() == []
+    audit = (await js.stream_info(f"{prefix}_audit")).config
+    assert audit.deny_delete and audit.deny_purge and audit.max_age == 0 and audit.max_msgs == -1
+    assert (await js.stream_info(f"{prefix}_traces")).config.max_msgs_per_subject == 1
+
+
+async def test_a_stream_created_with_other_limits_is_refused_by_name_and_left_as_it_was(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    # Another program made the audit stream with a retention limit: entries would silently go.
+    await js.add_stream(StreamConfig(name=f"{prefix}_audit", subjects=[f"{prefix}.audit.*"], max_age=3600))
+    with pytest.raises(statekeel.StorageCorrupt, match=rf"{prefix}_audit.*max_age") as caught:
+        await statekeel.open_store(nats_url)
+    assert caught.value.stream == f"{prefix}_audit"
+    assert (await js.stream_info(f"{prefix}_audit")).config.max_age == 3600  # not changed
+
+
+async def test_a_stream_deleted_under_a_running_store_is_reported_by_the_integrity_check(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await js.delete_stream(f"{prefix}_traces")
+        assert await store.backend.integrity_check() == [f"the NATS stream {prefix}_traces is missing"]
+        assert not (await store.info()).ok
+
+
+async def test_migrate_false_opens_nothing_it_would_have_to_create(nats_url: str, js: Any) -> None:
+    with pytest.raises(statekeel.MigrationError, match="migrate=False"):
+        await statekeel.open_store(nats_url, migrate=False)
+    assert [s.config.name for s in await js.streams_info() if prefix_of(nats_url) in s.config.name] == []
+
+
+async def test_a_layout_newer_than_the_code_is_refused(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url):
+        pass
+    await js.publish(f"{prefix}.meta", b'{"layout": 99, "created_at": 0}')
+    with pytest.raises(statekeel.SchemaTooNew):
+        await statekeel.open_store(nats_url)
+
+
+async def test_names_with_subject_syntax_round_trip_and_never_match_each_other(nats_url: str) -> None:
+    names = ["a.b", "a", "*", ">", "two words", "ünïcødé", "a.>"]
+    async with statekeel.open_store(nats_url) as store:
+        for name in names:
+            await store.audit.append("k", "actor", name, {"name": name})
+            store.traces.record(name, {"span_id": name, "name": "n"})
+        await store.traces.flush()
+        for name in names:
+            assert [e.data["name"] for e in await store.audit.query(subject=name)] == [name]
+            assert [(s.trace_id, s.span_id) for s in await store.traces.get(name)] == [(name, name)]
+        assert (await store.audit.verify()).count == len(names)
+
+
+async def test_an_entry_over_the_servers_max_payload_is_payload_too_large_and_nothing_is_written(
+    nats_url: str,
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        conn: NatsConnection = store.backend.conn  # type: ignore[attr-defined]
+        big = "x" * conn.max_payload
+        with pytest.raises(statekeel.PayloadTooLarge, match="max_payload"):
+            await store.audit.append("k", "a", "s", {"blob": big})
+        assert await store.audit.query() == []
+        assert (await store.audit.append("k", "a", "s")).seq == 1  # the store stays usable
+
+
+async def test_a_span_batch_with_one_span_over_max_payload_is_refused_whole(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+
+        def span(span_id: str, size: int) -> NewSpan:
+            attrs = b'{"a":"' + b"x" * size + b'"}'
+            return NewSpan("t", span_id, None, "n", "tool", "ok", attrs, AT, None)
+
+        with pytest.raises(statekeel.PayloadTooLarge):
+            await backend.write_spans([span("small", 10), span("big", backend.conn.max_payload)])
+        assert await backend.read_trace("t") == []
+
+
+async def test_a_publish_whose_answer_was_lost_is_stored_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        js = store.backend.conn.js  # type: ignore[attr-defined]
+        real = js.publish
+        lost: list[int] = []
+
+        async def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+            ack = await real(*args, **kwargs)  # stored by the server...
+            if not lost:
+                lost.append(ack.seq)
+                raise nats.errors.TimeoutError  # ...but the answer never arrives
+            return ack
+
+        monkeypatch.setattr(js, "publish", answer_lost_once)
+        entry = await store.audit.append("k", "a", "s", {"once": True})
+        monkeypatch.setattr(js, "publish", real)
+        assert lost == [1] and entry.seq == 1
+        assert [e.seq for e in await store.audit.query()] == [1]
+        assert (await store.audit.append("k", "a", "s")).seq == 2
+        assert (await store.audit.verify()).ok
+
+
+async def test_writers_on_several_connections_chain_one_dense_log(nats_url: str) -> None:
+    stores = [await statekeel.open_store(nats_url) for _ in range(3)]
+    try:
+        entries = await asyncio.gather(
+            *(s.audit.append("k", f"w{n}", "s", {"i": i}) for n, s in enumerate(stores) for i in range(15))
+        )
+        assert sorted(e.seq for e in entries) == list(range(1, 46))
+        report = await stores[0].audit.verify()
+        assert report.ok and report.count == 45
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_the_server_refuses_to_delete_or_purge_an_audit_entry(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await store.audit.append("k", "a", "s", {"v": 1})
+        with pytest.raises(nats.js.errors.APIError):
+            await js.delete_msg(f"{prefix}_audit", 1)
+        with pytest.raises(nats.js.errors.APIError):
+            await js.purge_stream(f"{prefix}_audit")
+        assert (await store.audit.verify()).count == 1
+
+
+async def test_a_message_written_by_another_program_fails_verification_not_silently(
+    nats_url: str, js: Any
+) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await store.audit.append("k", "a", "s", {"v": 1})
+        await js.publish(f"{prefix}.audit.X", b'{"not": "an entry"}')
+        with pytest.raises(statekeel.StorageCorrupt, match="not an audit entry"):
+            await store.audit.verify()
+
+
+async def test_session_keys_with_subject_syntax_round_trip_and_stay_apart(nats_url: str) -> None:
+    keys = ["a.b", "a", "*", ">", "two words", "ünïcødé", "a.>"]
+    async with statekeel.open_store(nats_url) as store:
+        for key in keys:
+            session = await store.sessions.get_or_create(key)
+            session.add_message("user", f"hello {key}")
+            await store.sessions.save(session)
+        for key in keys:
+            loaded = await store.backend.load_session_with_messages(key)
+            assert loaded is not None and loaded[0].key == key
+            assert [m.payload["content"] for m in loaded[1]] == [f"hello {key}"]
+        listed = {r.key for r in (await store.backend.list_sessions()).items}
+        assert listed == set(keys)
+
+
+async def test_an_append_over_max_payload_is_payload_too_large_and_writes_no_message(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "first")], create=True)
+        big = [message(store, "x" * (backend.conn.max_payload // 4)) for _ in range(5)]
+        with pytest.raises(statekeel.PayloadTooLarge, match="max_payload"):
+            await backend.append_messages("s", 1, big)
+        record = await backend.load_session("s")
+        assert record.head_seq == 1
+        assert [m.seq for m in await backend.read_messages("s")] == [0]
+        assert (await backend.append_messages("s", 1, [message(store, "next")])).head_seq == 2
+
+
+async def test_an_append_whose_answer_was_lost_is_stored_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
+        js = backend.conn.js
+        real = js.publish
+        lost: list[int] = []
+
+        async def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+            ack = await real(*args, **kwargs)
+            if not lost and ".s." in args[0]:
+                lost.append(ack.seq)
+                raise nats.errors.TimeoutError
+            return ack
+
+        monkeypatch.setattr(js, "publish", answer_lost_once)
+        record = await backend.append_messages("s", 1, [message(store, "b"), message(store, "c")])
+        monkeypatch.setattr(js, "publish", real)
+        assert lost and record.head_seq == 3
+        backend._states.clear()  # read it back from the stream, not from this process's fold
+        assert [m.payload["content"] for m in await backend.read_messages("s")] == ["a", "b", "c"]
+
+
+async def test_two_stores_appending_to_one_session_never_interleave_or_lose_an_append(nats_url: str) -> None:
+    stores = [await statekeel.open_store(nats_url) for _ in range(2)]
+    try:
+        await stores[0].backend.create_session("shared")
+
+        async def writer(n: int, store: Store) -> list[int]:
+            heads = []
+            for i in range(10):
+                while True:
+                    record = await store.backend.load_session("shared")
+                    assert record is not None
+                    try:
+                        pair = [message(store, f"w{n}-{i}-a"), message(store, f"w{n}-{i}-b")]
+                        done = await store.backend.append_messages("shared", record.head_seq, pair)
+                        heads.append(done.head_seq - 2)
+                        break
+                    except statekeel.ConflictError:
+                        continue
+            return heads
+
+        starts = await asyncio.gather(writer(0, stores[0]), writer(1, stores[1]))
+        rows = await stores[0].backend.read_messages("shared")
+        assert [r.seq for r in rows] == list(range(40))
+        texts = [r.payload["content"] for r in rows]
+        for n, heads in enumerate(starts):
+            for i, seq in enumerate(heads):
+                assert texts[seq : seq + 2] == [f"w{n}-{i}-a", f"w{n}-{i}-b"]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_deleted_session_is_gone_from_the_stream_and_its_lease_token_stays(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        lease = await backend.acquire_session_lease("s", "me", 30)
+        await backend.append_messages("s", 0, [message(store, "a")], create=True, lease=lease)
+        assert await backend.delete_session("s", lease=lease)
+        backend._states.clear()
+        assert await backend.load_session("s") is None
+        assert (await backend.list_sessions()).items == []
+        stream = f"{prefix_of(nats_url)}_sessions"
+        assert await backend.conn.count(stream) == 1  # the tombstone alone
+        again = await backend.acquire_session_lease("s", "other", 30)
+        assert again.acquired is False and again.token == lease.token
+
+
+async def test_a_paired_store_keeps_every_kind_with_traces_on_nats_and_the_rest_in_sqlite(
+    nats_url: str, tmp_path: Any, js: Any
+) -> None:
+    url = f"{nats_url}&rest=sqlite:///{tmp_path}/state.db"
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(url) as store:
+        async with store.sessions.open("chat") as session:
+            session.add_message("user", "hi")
+        task = await store.tasks.create("build")
+        approval = await store.approvals.request("deploy", "run", {"env": "prod"}, "agent")
+        await store.approvals.decide(approval.id, True, "alice")
+        await store.memory.put("semantic", "fact", "the sky is blue")
+        await store.files.record("a.txt", "0" * 64, 1, task_id=task.id)
+        store.traces.record("t1", {"span_id": "s1", "name": "tool"})
+        await store.traces.flush()
+        assert (await store.audit.verify()).ok
+        report = await store.recover()
+        assert report.ok, report.summary()
+        await store.purge(dry_run=True)
+    assert (await js.stream_info(f"{prefix}_traces")).state.messages == 1
+    assert (await js.stream_info(f"{prefix}_sessions")).state.messages == 0  # sessions are in SQLite
+    async with statekeel.open_store(f"sqlite:///{tmp_path}/state.db") as sql:
+        assert [m["content"] for m in (await sql.sessions.load("chat")).messages] == ["hi"]
+        assert (await sql.tasks.get(task.id)) is not None
+        assert await sql.traces.get("t1") == []  # spans are on NATS
+        assert (await sql.audit.verify()).count >= 2  # the approval's entries, in SQLite's chain

@@ -1,0 +1,108 @@
+"""``nats://`` URLs and what a NATS store holds: the ``rest=`` pairing read verbatim, bad options refused,
+names mapped to subject tokens that round-trip, and ``Unsupported`` for the kinds a plain NATS store does
+not hold (raised before anything is written; no server is needed for any of these)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import statekeel
+from statekeel.backends.nats.client import decode_token, encode_token
+from statekeel.backends.nats.url import parse_nats_url
+from statekeel.fallback import default_dir
+from statekeel.store import Store, StoreOptions
+
+
+def test_a_plain_url_names_its_servers_and_defaults() -> None:
+    parsed = parse_nats_url("nats://127.0.0.1:4222")
+    assert parsed.servers == ("nats://127.0.0.1:4222",)
+    assert (parsed.prefix, parsed.replicas, parsed.timeout, parsed.rest) == ("statekeel", 1, 5.0, None)
+
+
+def test_several_servers_and_credentials_are_kept_for_each() -> None:
+    parsed = parse_nats_url("nats://me:pw@h1:4222,h2:4223/?replicas=3&prefix=agents")
+    assert parsed.servers == ("nats://me:pw@h1:4222", "nats://me:pw@h2:4223")
+    assert (parsed.prefix, parsed.replicas) == ("agents", 3)
+
+
+def test_rest_takes_everything_after_it_verbatim() -> None:
+    pg = "postgresql://u@db:5432/state?target_session_attrs=read-write&application_name=x"
+    assert parse_nats_url(f"nats://h:4222?prefix=p&rest={pg}").rest == pg
+    assert parse_nats_url("nats://h:4222?rest=sqlite:////abs/state.db").rest == "sqlite:////abs/state.db"
+    assert parse_nats_url("nats://h:4222?rest=sqlite:////abs/state.db").prefix == "statekeel"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://h:4222?rest=",
+        "nats://h:4222?colour=blue",
+        "nats://h:4222?prefix=a.b",
+        "nats://h:4222?prefix=",
+        "nats://h:4222?prefix=a&prefix=b",
+        "nats://h:4222?replicas=7",
+        "nats://h:4222?replicas=two",
+        "nats://h:4222?timeout=0",
+        "nats://h:4222/some/path",
+        "nats://",
+        "nats://h:4222?rest=nats://other:4222",
+    ],
+)
+def test_bad_urls_are_refused_before_connecting(url: str) -> None:
+    with pytest.raises(statekeel.InvalidArgument):
+        Store(url, StoreOptions())
+
+
+@given(st.text())
+def test_every_name_round_trips_through_one_subject_token(name: str) -> None:
+    token = encode_token(name)
+    assert token and not any(c in token for c in ".*> \t\r\n")
+    assert decode_token(token) == name
+
+
+@pytest.mark.parametrize("name", ["a.b", "*", ">", "two words", "ünïcødé ✓", "a\x00b", ""])
+def test_keys_with_subject_syntax_map_to_distinct_tokens(name: str) -> None:
+    assert decode_token(encode_token(name)) == name
+    assert encode_token(name) != encode_token(name + ".")
+
+
+def test_a_name_that_is_not_unicode_text_is_an_invalid_key() -> None:
+    with pytest.raises(statekeel.InvalidKey, match="NATS subject"):
+        encode_token("half a surrogate \ud800")
+
+
+def test_a_plain_nats_store_refuses_the_kinds_it_does_not_hold_on_first_use() -> None:
+    store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
+    assert store.holds("sessions") and store.holds("audit") and store.holds("traces")
+    for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
+        assert not store.holds(manager)
+        with pytest.raises(statekeel.Unsupported, match=f"store.{manager}.") as caught:
+            getattr(store, manager).list()
+        assert "rest=sqlite" in str(caught.value)
+    with pytest.raises(statekeel.Unsupported, match="transactions"):
+        store.backend.atomic()
+    assert issubclass(statekeel.Unsupported, statekeel.StatekeelError)
+
+
+async def test_an_operation_of_a_kind_not_held_is_refused_by_the_backend_itself() -> None:
+    store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
+    with pytest.raises(statekeel.Unsupported, match="does not hold tasks") as caught:
+        await store.backend.get_task("t")
+    assert caught.value.kind == "tasks"
+
+
+def test_a_paired_store_holds_every_kind_and_puts_traces_on_nats(tmp_path: object) -> None:
+    store = Store(f"nats://127.0.0.1:4222?prefix=p&rest=sqlite:///{tmp_path}/s.db", StoreOptions())
+    assert all(store.holds(m) for m in ("sessions", "tasks", "approvals", "audit", "traces"))
+    backend = store.backend
+    assert type(backend.backend_for("traces")).__name__ == "NatsBackend"  # type: ignore[attr-defined]
+    assert type(backend.backend_for("audit")).__name__ == "SqliteBackend"  # type: ignore[attr-defined]
+    assert type(backend.backend_for("sessions")).__name__ == "SqliteBackend"  # type: ignore[attr-defined]
+
+
+def test_fallback_files_of_a_paired_store_go_where_its_sql_store_puts_them(tmp_path: object) -> None:
+    sql = f"sqlite:///{tmp_path}/s.db"
+    assert default_dir(f"nats://h:4222?rest={sql}") == default_dir(sql)
+    assert default_dir("nats://h:4222") is None  # a plain NATS store holds no sessions
