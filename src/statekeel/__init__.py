@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
+from .backends.base import Branch
 from .copy import CopyReport, TableCopy, copy_store
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
@@ -56,10 +57,11 @@ from .files import Drift, FileLedger, FileRecord, checksum_file
 from .imports import ImportReport, import_store
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
-from .sessions import Session, SessionLock, SessionManager
+from .sessions import Rewind, Session, SessionLock, SessionManager
 from .store import Store, StoreInfo, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
+from .usage import ModelUsage, Usage
 from .vectors import ExactSearch, Hit, Lag, SearchEngine, SearchRequest, Vector, VectorIndex
 from .workflows import Workflow, WorkflowEngine, WorkflowStep
 
@@ -74,6 +76,7 @@ __all__ = [
     "AuditTampered",
     "AuditVerification",
     "BackendUnavailable",
+    "Branch",
     "ConflictError",
     "Contradiction",
     "CopyReport",
@@ -105,6 +108,7 @@ __all__ = [
     "MemoryEvent",
     "MemoryStore",
     "MigrationError",
+    "ModelUsage",
     "NotFound",
     "PayloadTooLarge",
     "PlaintextRefused",
@@ -112,6 +116,7 @@ __all__ = [
     "Relation",
     "ReplayReport",
     "Retention",
+    "Rewind",
     "RotationReport",
     "SchemaTooNew",
     "SearchEngine",
@@ -137,6 +142,7 @@ __all__ = [
     "UnknownToolCall",
     "UnserializableValue",
     "Unsupported",
+    "Usage",
     "Vector",
     "VectorIndex",
     "Workflow",

@@ -279,7 +279,15 @@ def make_cipher(encryption_key: Any, *, encrypt_existing: bool = False) -> Ciphe
 
 # What rotate_encryption_key walks, in this order: a message moved to the archive, a memory event copied
 # from its memory, while the walk runs, is met again in a later table.
-ROTATION_TABLES = ("messages", "message_archive", "task_steps", "approvals", "memories", "memory_events")
+ROTATION_TABLES = (
+    "messages",
+    "message_archive",
+    "rewound_messages",
+    "task_steps",
+    "approvals",
+    "memories",
+    "memory_events",
+)
 
 
 @dataclass(frozen=True, slots=True)

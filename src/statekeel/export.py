@@ -50,7 +50,14 @@ FORMAT_VERSION = 1
 
 # The kinds a caller names, and the tables (record kinds) each one stands for, parents first.
 KIND_GROUPS: dict[str, tuple[str, ...]] = {
-    "sessions": ("sessions", "messages", "compressions", "message_archive", "session_steps"),
+    "sessions": (
+        "sessions",
+        "messages",
+        "compressions",
+        "message_archive",
+        "rewound_messages",
+        "session_steps",
+    ),
     "tasks": ("workflows", "tasks", "workflow_steps", "task_steps"),
     "audit": ("audit_log", "approvals"),
     "memory": (
@@ -73,6 +80,7 @@ SESSION_COLUMN: dict[str, str] = {
     "messages": "session_key",
     "compressions": "session_key",
     "message_archive": "session_key",
+    "rewound_messages": "session_key",
     "session_steps": "session_key",
     "memory_episodes": "session_key",
     "file_changes": "session_key",

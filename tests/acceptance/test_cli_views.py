@@ -143,6 +143,47 @@ def test_read_commands_leave_the_database_file_unchanged(prepared: Prepared, tmp
         assert hashlib.sha256(filled.path.read_bytes()).hexdigest() == before, args
 
 
+def test_show_marks_the_fork_point_and_sessions_tree_nests_forks(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'forks.db'}"
+
+    async def fill() -> None:
+        async with statekeel.open_store(url) as store:
+            s = await store.sessions.get_or_create("trunk")
+            for i in range(4):
+                s.add_message("user", f"turn {i}")
+            await store.sessions.save(s)
+            f = await store.sessions.fork("trunk", 2, new_key="retry")
+            f.add_message("user", "another try")
+            await store.sessions.save(f)
+            await store.sessions.fork("retry", 3, new_key="retry-again")
+
+    asyncio.run(fill())
+    out = flat(run_statekeel("show", "retry", "--db", url, cwd=tmp_path).stdout)
+    assert "a fork of trunk at #2" in out
+    assert (
+        "#1 user turn 1 ── fork point: #0 to #1 are trunk's, #2 on this fork's own ── #2 user another try"
+        in out
+    )
+    shown = as_json_url(url, tmp_path, "show", "retry")
+    assert shown["session"]["parent_key"] == "trunk" and shown["session"]["parent_seq"] == 2
+    tree = run_statekeel("sessions", "--tree", "--db", url, cwd=tmp_path)
+    assert tree.returncode == 0, tree.stderr
+    lines = tree.stdout.splitlines()
+    trunk = next(i for i, line in enumerate(lines) if line.lstrip("│├└─ ").startswith("trunk "))
+    retry = next(i for i, line in enumerate(lines) if "retry (" in line)
+    again = next(i for i, line in enumerate(lines) if "retry-again (" in line)
+    assert trunk < retry < again
+    indent = [len(line) - len(line.lstrip("│├└─ ")) for line in (lines[trunk], lines[retry], lines[again])]
+    assert indent[0] < indent[1] < indent[2]
+    assert "forked from trunk at #2" in lines[retry] and "forked from retry at #3" in lines[again]
+
+
+def as_json_url(url: str, cwd: Path, *args: str) -> Any:
+    result = run_statekeel(*args, "--json", "--db", url, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 # What a terminal would act on: C0 controls but tab and newline, DEL, C1 controls.
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 EVIL_KEY = "evil\x1b[2Jkey\x07"

@@ -542,3 +542,32 @@ async def test_overwrite_refuses_to_delete_open_contradictions(tmp_path: Any) ->
     async with statekeel.open_store(dst_url) as dst:
         assert len(await dst.memory.open_contradictions()) == 1
         assert await dst.backend.count_rows("memories") == 2
+
+
+@pytest.mark.postgres
+async def test_copy_carries_forks_rewinds_and_usage(tmp_path: Any, pg_migrated: str) -> None:
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src:
+        s = await src.sessions.get_or_create("z-parent")
+        for i in range(5):
+            s.add_message("assistant", f"m{i}", usage={"model": "m", "input_tokens": i + 1})
+        await src.sessions.save(s)
+        await src.sessions.compress("z-parent", 1, "first")
+        rewind = await src.sessions.rewind("z-parent", 4, reason="undo m4")
+        fork = await src.sessions.fork("z-parent", 3, new_key="a-fork")  # sorts before its parent
+        fork.add_message("user", "f3", usage={"model": "n", "output_tokens": 7, "cost": 0.5})
+        await src.sessions.save(fork)
+    report = await statekeel.copy_store(_sqlite_url(tmp_path), pg_migrated, batch_size=2)
+    assert report.verified
+    async with statekeel.open_store(_sqlite_url(tmp_path)) as src, statekeel.open_store(pg_migrated) as dst:
+        for key in ("z-parent", "a-fork"):
+            assert await dst.backend.load_session_with_messages(
+                key, include_archived=True
+            ) == await src.backend.load_session_with_messages(key, include_archived=True)
+            assert await dst.sessions.usage(key) == await src.sessions.usage(key)
+        copied = await dst.sessions.load("a-fork")
+        assert copied is not None and copied.parent == ("z-parent", 3)
+        assert [m["content"] for m in copied.messages] == ["m0", "m1", "m2", "f3"]
+        assert [
+            a.payload["content"] for a in await dst.sessions.archived("z-parent", rewind.compression_id)
+        ] == ["m4"]
+        assert [b.key for b in await dst.sessions.branches("z-parent")] == ["a-fork"]

@@ -242,6 +242,7 @@ async def test_plaintext_is_refused_under_a_key_until_encrypted_in_place(opener:
     assert report.rewritten == {
         "messages": 3,
         "message_archive": 1,
+        "rewound_messages": 0,
         "task_steps": 2,
         "approvals": 2,
         "memories": 2,
@@ -589,3 +590,22 @@ async def test_rotation_re_reads_a_fallback_file_replaced_while_it_was_resealed_
         f"{SECRET}-new",
         "written meanwhile",
     ]
+
+
+async def test_rotation_reseals_rewound_messages_and_forks_copies(opener: Opener) -> None:
+    store = await opener.open(KEY_A)
+    async with store.sessions.open("r") as session:
+        for i in range(4):
+            session.add_message("user", f"{SECRET}-turn-{i}")
+    fork = await store.sessions.fork("r", 3, new_key="r-fork")
+    rewind = await store.sessions.rewind("r", 1, reason="undo")  # the fork gets its own copy of 1..2
+    store = await opener.open([KEY_B, KEY_A])
+    report = await store.rotate_encryption_key()
+    assert report.rewritten["rewound_messages"] == 3
+    store = await opener.open(KEY_B)
+    archived = await store.sessions.archived("r", rewind.compression_id)
+    assert [m.payload["content"] for m in archived] == [f"{SECRET}-turn-{i}" for i in (1, 2, 3)]
+    store.sessions._cache.clear()
+    loaded = await store.sessions.load(fork.key)
+    assert loaded is not None
+    assert [m["content"] for m in loaded.messages] == [f"{SECRET}-turn-{i}" for i in range(3)]

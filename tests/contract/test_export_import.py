@@ -262,3 +262,23 @@ async def test_bad_import_arguments_raise(store: statekeel.Store, tmp_path: Path
         await statekeel.import_store(store, tmp_path / "x.jsonl", on_conflict="merge")
     with pytest.raises(statekeel.InvalidArgument, match="not a file"):
         await statekeel.import_store(store, tmp_path / "missing.jsonl")
+
+
+async def test_an_export_carries_forks_rewinds_and_usage(store: statekeel.Store, tmp_path: Path) -> None:
+    s = await store.sessions.get_or_create("p")
+    for i in range(4):
+        s.add_message("assistant", f"m{i}", usage={"model": "m", "input_tokens": 1})
+    await store.sessions.save(s)
+    await store.sessions.fork("p", 3, new_key="f")
+    rewind = await store.sessions.rewind("p", 2, reason="undo")  # f gets its own copy of m2
+    path = tmp_path / "branches.jsonl"
+    report = await statekeel.export_store(store, path)
+    assert report.counts["rewound_messages"] == 2
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'dst.db'}") as dst:
+        await statekeel.import_store(dst, path)
+        f = await dst.sessions.load("f")
+        assert f is not None and f.parent == ("p", 2)
+        assert [m["content"] for m in f.messages] == ["m0", "m1", "m2"]
+        archived = await dst.sessions.archived("p", rewind.compression_id)
+        assert [a.payload["content"] for a in archived] == ["m2", "m3"]
+        assert (await dst.sessions.usage("f")).input_tokens == 3

@@ -50,6 +50,12 @@ async def stored(store: statekeel.Store, key: str = "user-42") -> list[dict[str,
     return [] if found is None else found.messages
 
 
+async def _last_rewind(store: statekeel.Store, key: str = "user-42") -> str:
+    rewinds = await store.sessions.rewinds(key)
+    assert rewinds, "no rewind record"
+    return rewinds[-1].compression_id
+
+
 # --- the SDK's documented behaviour ------------------------------------------------------------------
 
 
@@ -94,9 +100,12 @@ async def test_pop_item_returns_the_latest_and_keeps_it_in_the_stored_history(
     assert await session.get_items() == [{"role": "user", "content": "a"}]
     await session.add_items([{"role": "user", "content": "c"}])
     assert [i["content"] for i in await session.get_items()] == ["a", "c"]
-    assert [m["content"] for m in await stored(store)] == ["a", "b", "c"]  # append-only: b is still there
+    # Rewound, not deleted: b is in the archive under its rewind record, and c took its place.
+    assert [m["content"] for m in await stored(store)] == ["a", "c"]
+    rewound = await store.backend.read_archive("user-42", compression_id=await _last_rewind(store))
+    assert [(m.seq, m.payload["content"]) for m in rewound] == [(1, "b")]
     loaded = await store.sessions.load("user-42")
-    assert loaded is not None and loaded.metadata[HIDDEN_KEY] == [1]
+    assert loaded is not None and HIDDEN_KEY not in loaded.metadata
     assert await session.pop_item() == {"role": "user", "content": "c"}
     assert await session.pop_item() == {"role": "user", "content": "a"}
     assert await session.pop_item() is None
@@ -109,11 +118,12 @@ async def test_a_popped_call_is_answered_out_of_sight_so_no_repair_shows_it_and_
     await session.add_items([{"role": "user", "content": "hi"}, dumped(call("call_1"))])
     assert (await session.pop_item())["call_id"] == "call_1"  # type: ignore[index]
     assert await session.get_items() == [{"role": "user", "content": "hi"}]
-    history = await stored(store)
-    assert [m.get("type") for m in history] == [None, "function_call", "function_call_output"]
-    assert history[2]["output"] == INTERRUPTED_TEXT  # the popped call has its answer, hidden with it
+    # The popped call left the live transcript with its rewind: nothing waits, nothing is repaired.
+    assert await stored(store) == [{"role": "user", "content": "hi"}]
+    rewound = await store.backend.read_archive("user-42", compression_id=await _last_rewind(store))
+    assert [m.payload["call_id"] for m in rewound] == ["call_1"]
     loaded = await store.sessions.load("user-42")
-    assert loaded is not None and loaded.metadata[HIDDEN_KEY] == [1, 2] and loaded.repaired == ()
+    assert loaded is not None and HIDDEN_KEY not in loaded.metadata and loaded.repaired == ()
     output = {"type": "function_call_output", "call_id": "call_1", "output": "3"}
     await session.add_items([output])  # as SQLiteSession keeps it
     assert await session.get_items() == [{"role": "user", "content": "hi"}, output]

@@ -72,6 +72,7 @@ async def _everything_of(store: statekeel.Store) -> None:
             session.add_message("user", f"{key} {i}")
         await store.sessions.save(session)
         await store.sessions.compress(key, 2, "summary")
+        await store.sessions.rewind(key, 3, reason="undo the last turn")  # a rewound_messages row
         await put_rows(store, "session_steps", session_key=key, call_id="c1", status="succeeded",
                        error=None, result_seq=None)  # fmt: skip
         await store.files.record(f"{key}.txt", "ab" * 32, 1, session_key=key)

@@ -308,3 +308,32 @@ async def test_a_paired_store_keeps_every_kind_with_traces_on_nats_and_the_rest_
         assert (await sql.tasks.get(task.id)) is not None
         assert await sql.traces.get("t1") == []  # spans are on NATS
         assert (await sql.audit.verify()).count >= 2  # the approval's entries, in SQLite's chain
+
+
+async def test_forks_rewinds_and_usage_are_unsupported_on_a_plain_nats_store_and_write_nothing(
+    nats_url: str,
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        session = await store.sessions.get_or_create("trunk")
+        session.add_message("user", "one")
+        session.add_message("user", "two")
+        await store.sessions.save(session)
+        with pytest.raises(statekeel.Unsupported, match="does not hold session forks") as raised:
+            await store.sessions.fork("trunk", 1, new_key="retry")
+        assert raised.value.kind == "sessions"
+        assert await store.backend.load_session("retry") is None
+        with pytest.raises(statekeel.Unsupported, match="does not hold session rewinds"):
+            await store.sessions.rewind("trunk", 1, reason="try again")
+        with pytest.raises(statekeel.Unsupported, match="does not hold session usage"):
+            await store.sessions.usage("trunk")
+        with pytest.raises(statekeel.Unsupported, match="does not hold session forks"):
+            await store.sessions.branches("trunk")
+        with pytest.raises(statekeel.Unsupported, match="does not hold session rewinds"):
+            await store.sessions.rewinds("trunk")
+        loaded = await store.sessions.load("trunk")
+        assert loaded is not None and [m["content"] for m in loaded.messages] == ["one", "two"]
+        assert loaded.head_seq == 2
+        loaded.add_message("assistant", "priced", usage={"model": "m", "input_tokens": 1})
+        with pytest.raises(statekeel.Unsupported, match="does not record usage"):
+            await store.sessions.save(loaded)
+        assert [m.seq for m in await store.backend.read_messages("trunk")] == [0, 1]

@@ -130,7 +130,7 @@ async def test_bad_expected_head_is_invalid_argument_before_any_write(
     await assert_usable(store)
 
 
-@pytest.mark.parametrize("url", ["mysql://localhost/db", "sqlite3:///x.db", "file:///x.db", "x.db", ""])
+@pytest.mark.parametrize("url", ["mongodb://localhost/db", "sqlite3:///x.db", "file:///x.db", "x.db", ""])
 async def test_unknown_url_scheme_is_invalid_argument(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

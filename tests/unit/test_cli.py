@@ -94,9 +94,9 @@ def test_info_on_a_file_that_is_not_a_store_exits_1_and_leaves_it(tmp_path: Path
 
 
 def test_info_with_an_unknown_scheme_exits_1(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["--db", "mysql://h/db", "info"])
+    result = CliRunner().invoke(main, ["--db", "mongodb://h/db", "info"])
     assert result.exit_code == 1
-    assert "'mysql://h/db' is not a store URL" in flat(result.output)
+    assert "'mongodb://h/db' is not a store URL" in flat(result.output)
 
 
 def test_group_level_db_on_the_command_line_is_used_by_the_demo(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ async def test_session_save_with_a_value_postgres_refuses_raises_invalid_argumen
 async def test_text_postgres_cannot_store_raises_invalid_argument_with_sqlstate(pg_migrated: str) -> None:
     async with statekeel.open_store(pg_migrated) as store:
         now = dt.datetime.now(dt.UTC)
-        row = ("s", "active", "{}", 0, 0, 1, now, now, 0, None, None)
+        row = ("s", "active", "{}", 0, 0, 1, now, now, 0, None, None, None, None, 0)
         await store.backend.import_rows("sessions", [row])
         for bad_key in ("a\x00b", "a\ud800b"):
             with pytest.raises(statekeel.InvalidArgument) as info:

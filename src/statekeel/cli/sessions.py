@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.tree import Tree
 
 from ..backends.base import SESSION_STATUSES, LoadedSession, SessionRecord
 from ..store import redact_url
@@ -54,14 +55,20 @@ async def _sessions(
     default=None,
     help="At most this many (newest first). Default: all.",
 )
+@click.option("--tree", is_flag=True, help="Show forks under the session they were forked from.")
 def sessions(
-    db: str | None, key_file: str | None, as_json: bool, status: str | None, limit: int | None
+    db: str | None, key_file: str | None, as_json: bool, status: str | None, limit: int | None, tree: bool
 ) -> None:
-    """The sessions of the store, most recently updated first: key, status, messages, open tool calls."""
+    """The sessions of the store, most recently updated first: key, status, messages, open tool calls.
+    With --tree, each fork is shown under its parent with the seq it forked at."""
     url, keys = store_url(db), store_keys(key_file)
     found = run(_sessions(url, keys, status, limit), f"cannot list the sessions of {redact_url(url)}")
     out = listing_console(found, as_json, "no sessions" + (f" with status {status}" if status else ""))
     if out is None:
+        return
+    if tree:
+        out.print(_tree(found))
+        out.print(f"{len(found)} session(s)")
         return
     table = Table(show_edge=False)
     table.add_column("session", overflow="fold")  # keys are what show takes: never cut
@@ -79,6 +86,32 @@ def sessions(
         )
     out.print(table)
     out.print(f"{len(found)} session(s)")
+
+
+def _tree(found: list[SessionRecord]) -> Tree:
+    """The sessions as a forest: each fork under its parent (a fork whose parent is not listed is a root)."""
+    listed = {r.key for r in found}
+    children: dict[str | None, list[SessionRecord]] = {}
+    for r in found:
+        parent = r.parent_key if r.parent_key in listed else None
+        children.setdefault(parent, []).append(r)
+    root = Tree("[bold]sessions[/bold]", guide_style="dim")
+
+    def add(node: Tree, record: SessionRecord) -> None:
+        forked = (
+            ""
+            if record.parent_key is None
+            else f", forked from {escape(record.parent_key)} at #{record.parent_seq}"
+        )
+        branch = node.add(
+            f"{escape(record.key)} [dim]({record.status}, {record.head_seq} message(s){forked})[/dim]"
+        )
+        for child in sorted(children.get(record.key, []), key=lambda c: (c.parent_seq or 0, c.key)):
+            add(branch, child)
+
+    for record in children.get(None, []):
+        add(root, record)
+    return root
 
 
 async def _load(url: str, keys: Keys | None, key: str) -> tuple[LoadedSession | None, bool]:
@@ -154,7 +187,22 @@ def _print_transcript(out: Console, loaded: LoadedSession, waiting: bool) -> Non
     )
     if waiting:
         out.print("[yellow]a fallback file of this session waits for replay (statekeel recover)[/yellow]")
+    fork_at = record.parent_seq if record.parent_key is not None else None
+    if fork_at is not None:
+        out.print(f"[blue]a fork of {escape(str(record.parent_key))} at #{fork_at}[/blue]")
+
+    def fork_point(at: int) -> None:
+        out.print(
+            f"[blue]── fork point: #0 to #{at - 1} are {escape(str(record.parent_key))}'s, "
+            f"#{at} on this fork's own ──[/blue]"
+            if at
+            else "[blue]── fork point: every message is this fork's own ──[/blue]"
+        )
+
     for item in view.items:
+        if fork_at is not None and isinstance(item, Entry) and item.seq >= fork_at:
+            fork_point(fork_at)
+            fork_at = None
         if isinstance(item, Fold):
             out.print(
                 f"[magenta]── archived #{item.first_seq} to #{item.upto_seq - 1} (compression "
@@ -165,6 +213,8 @@ def _print_transcript(out: Console, loaded: LoadedSession, waiting: bool) -> Non
             out.print("[magenta]── end of archived part[/magenta]")
         else:
             _print_entry(out, item, archived=False)
+    if fork_at is not None:
+        fork_point(fork_at)  # nothing of its own yet
     if view.dangling:
         out.print(f"[red]{len(view.dangling)} tool call(s) without a result[/red]")
     if view.orphans:

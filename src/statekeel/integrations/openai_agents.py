@@ -64,6 +64,8 @@ log = logging.getLogger("statekeel.integrations.openai_agents")
 HIDDEN_KEY = "openai_agents.popped"
 # The summary of the compression clear_session makes.
 CLEARED = "cleared by the OpenAI Agents SDK (clear_session)"
+# The reason of the rewind pop_item makes.
+POPPED = "item removed by the OpenAI Agents SDK (pop_item)"
 
 
 def _session_id(value: Any) -> str:
@@ -366,10 +368,13 @@ class StatekeelSession:
                 raise
 
     async def pop_item(self) -> Any | None:
-        """Remove and return the most recent item (None for an empty session). The stored history keeps
-        it: its sequence number joins the hidden ones in the session's metadata, in one transaction. A
-        removed call still waiting for its output is answered, hidden too, with an interrupted output: no
-        repair answers it later, and the same call added again is a new call."""
+        """Remove and return the most recent item (None for an empty session). It is rewound
+        (``sessions.rewind``): the item, and anything hidden after it, leave the live transcript for the
+        archive under a rewind record, in one transaction, and the next item takes its place; a removed
+        call still waiting for its output leaves with it, so no repair answers it. An item the backend
+        does not hold yet (in a fallback file) is hidden instead: its sequence number joins the hidden ones
+        in the session's metadata (a removed waiting call is then answered, hidden too, with an
+        interrupted output)."""
         return await self._run("pop_item", self._pop_item)
 
     async def _pop_item(self) -> Any | None:
@@ -380,6 +385,9 @@ class StatekeelSession:
             if found is None:
                 return None
             seq, item = found
+            if not session.is_dirty() and session.fallback_file is None and first <= seq:
+                await self._rewind(store, session, seq, hidden, first)
+                return copy.deepcopy(item)
             before = len(session.messages)
             now_hidden = hidden | {seq}
             for call in session.pending_calls():
@@ -399,6 +407,22 @@ class StatekeelSession:
                     del session.messages[before:]
                 raise
             return copy.deepcopy(item)
+
+    async def _rewind(
+        self, store: Store, session: StoredSession, seq: int, hidden: set[int], first: int
+    ) -> None:
+        """Rewind the session to ``seq``, and forget the hidden seqs from there on (they are rewound too,
+        and the seqs go to the next items) in the same transaction."""
+        try:
+            async with store.backend.atomic():
+                await store.sessions.rewind(self.session_id, seq, reason=POPPED)
+                if any(h >= seq for h in hidden):
+                    _set_hidden(session, {h for h in hidden if h < seq}, first)
+                    await store.sessions.save(session)
+        except BaseException:
+            # The cached session may have followed a rewind that rolled back: read it again next time.
+            store.sessions._forget(self.session_id, session)
+            raise
 
     async def clear_session(self) -> None:
         """Clear the session: its items move into statekeel's message archive (``statekeel ui`` and

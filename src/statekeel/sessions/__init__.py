@@ -15,6 +15,6 @@ from __future__ import annotations
 from ..fallback import ReplayReport
 from .lock import SessionLock
 from .manager import SessionManager
-from .session import Session, Summary
+from .session import Rewind, Session, Summary
 
-__all__ = ["ReplayReport", "Session", "SessionLock", "SessionManager", "Summary"]
+__all__ = ["ReplayReport", "Rewind", "Session", "SessionLock", "SessionManager", "Summary"]

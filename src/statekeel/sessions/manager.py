@@ -46,6 +46,7 @@ from ..fallback import FallbackDir, ReplayReport
 from ..holders import new_owner_id
 from ..journal import StepFn
 from ..validation import check_aware, check_bool, check_int, check_key, check_text
+from .branches import SessionBranches
 from .fallback import SessionFallback
 from .listing import SessionListing
 from .lock import SessionLock
@@ -69,7 +70,7 @@ _LOAD_TRIES = 3
 _RESOLVE_LOCK_TIMEOUT = 5.0
 
 
-class SessionManager(SessionListing):
+class SessionManager(SessionListing, SessionBranches):
     """Loads, caches, locks and saves sessions through a backend.
 
     async with statekeel.open_store("sqlite:///agent.db") as store:
@@ -391,6 +392,7 @@ class SessionManager(SessionListing):
                 # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
                 expected_created_at=session._expected_created_at(),
                 expected_version=changes.expected_version,
+                expected_rewinds=changes.expected_rewinds,
                 # How many tool calls wait for a result after this save, and whose they are.
                 open_calls=calls[0],
                 calls_owner=calls[1],

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..backends.base import SESSION_STATUSES, NewMessage, SessionRecord
@@ -27,6 +27,7 @@ from ..codec import Codec
 from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
 from ..transcripts import ToolCall, normalize_item, role_of, safe_window
+from ..usage import check_usage
 from ..validation import check_bool, check_str
 from .transcript import SessionTranscript
 
@@ -39,6 +40,20 @@ class Summary:
     first_seq: int
     upto_seq: int
     summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """What ``sessions.rewind`` did: messages ``[to_seq, upto_seq)`` of session ``key`` left the live
+    transcript for the archive under ``compression_id`` (read them with ``sessions.archived(key,
+    compression_id)``), for ``reason``."""
+
+    key: str
+    compression_id: str
+    to_seq: int
+    upto_seq: int
+    reason: str
+    created_at: dt.datetime
 
 
 def check_message(message: Any, seq: int) -> str:
@@ -80,6 +95,7 @@ class Changes:
     status: str | None  # the status when it differs from the stored one, else None
     create: bool  # the session is not in the backend yet
     expected_version: int | None  # what a metadata or status change is conditional on
+    expected_rewinds: int | None = None  # the rewinds the session was loaded after (None: not stored yet)
 
     @property
     def empty(self) -> bool:
@@ -89,6 +105,7 @@ class Changes:
 # What a Session knows of the store (its bookkeeping), as opposed to what the caller changes.
 _STORED = (
     "_head",
+    "_rewinds",
     "_saved_last",
     "_in_backend",
     "_metadata_raw",
@@ -128,17 +145,20 @@ class Session:
         "_in_backend",
         "_metadata_raw",
         "_owner",
+        "_rewinds",
         "_saved_last",
         "_saved_status",
         "_saving",
         "_tools",
         "_unsure",
+        "_usage",
         "_version",
         "created_at",
         "key",
         "last_consolidated",
         "messages",
         "metadata",
+        "parent",
         "repaired",
         "status",
         "summaries",
@@ -163,6 +183,13 @@ class Session:
         self._saved_last: dict[str, Any] | None = None
         self._tools = SessionTranscript(record)
         self.repaired: tuple[ToolCall, ...] = ()
+        # A fork's parent and the seq it forked at (its messages before that are the parent's).
+        self.parent: tuple[str, int] | None = None
+        if record is not None and record.parent_key is not None and record.parent_seq is not None:
+            self.parent = (record.parent_key, record.parent_seq)
+        self._rewinds = 0 if record is None else record.rewinds
+        # The encoded usage of unsaved messages that recorded one, by seq (saved with them).
+        self._usage: dict[int, bytes] | None = None
         if record is None:
             now = dt.datetime.now(dt.UTC)
             self.metadata: dict[str, Any] = {}
@@ -218,17 +245,25 @@ class Session:
             return self._head
         return max(self._head, min(self._fallback_head, self.head_seq))
 
-    def add_message(self, role: str, content: Any, **fields: Any) -> dict[str, Any]:
+    def add_message(
+        self, role: str, content: Any, *, usage: Mapping[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
         """Append a message in memory; raises a typed error (and adds nothing) if it cannot be stored.
 
         Pydantic models inside ``content`` or ``fields`` are stored as their JSON. A tool result must
         answer a call of this transcript that has no result yet, where its provider takes it
         (``UnknownToolCall``, ``ToolCallAlreadyAnswered``, ``TranscriptError`` otherwise).
+
+        ``usage`` records what the turn cost with the message (``{"model": .., "input_tokens": ..,
+        "output_tokens": .., "cost": ..}``, see :mod:`statekeel.usage`); checked first
+        (``InvalidArgument``), and not part of the message itself.
         """
         check_str(role, "role")
-        return self._append({"role": role, "content": content, **fields})
+        return self._append({"role": role, "content": content, **fields}, usage)
 
-    def add_item(self, item: Any, *, strict: bool = True) -> dict[str, Any]:
+    def add_item(
+        self, item: Any, *, strict: bool = True, usage: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Append any provider message or item as it is: a chat or Anthropic message, an OpenAI Responses
         item (which has a ``type`` and no ``role``), or a pydantic model of the OpenAI or Anthropic SDK
         (stored as its JSON, loaded back as an equal dict). Returns the dict stored; checked like
@@ -239,12 +274,15 @@ class Session:
         ``strict=False`` stores a tool result or call the transcript does not expect (a result answering
         no call of the session, or one already answered), as a framework's own store does: it is kept as
         it is, and counted among ``analyze()``'s orphans or malformed messages instead of refused. The
-        item must still be a message that can be serialized.
+        item must still be a message that can be serialized. ``usage``: as in :meth:`add_message`.
         """
         check_bool(strict, "strict")
-        return self._append(item, strict=strict)
+        return self._append(item, usage, strict=strict)
 
-    def _append(self, item: Any, *, strict: bool = True) -> dict[str, Any]:
+    def _append(
+        self, item: Any, usage: Mapping[str, Any] | None = None, *, strict: bool = True
+    ) -> dict[str, Any]:
+        encoded_usage = None if usage is None else self._codec.encode(check_usage(usage), where="usage")
         message = normalize_item(item)
         index = self._tools.index(self.messages, self._first)
         self._codec.encode(message, where=f"messages[{self.head_seq}]")
@@ -252,6 +290,10 @@ class Session:
             index.add(message)  # refuses (and changes nothing) before the message joins the list
         else:
             index.add_stored(message)
+        if encoded_usage is not None:
+            if self._usage is None:
+                self._usage = {}
+            self._usage[self.head_seq] = encoded_usage
         self.messages.append(message)
         return message
 
@@ -321,6 +363,13 @@ class Session:
         base = self._head
         new = self.unsaved()
         batch = message_batch(self._codec, base, new)
+        if self._usage is not None:
+            usage = self._usage = {seq: u for seq, u in self._usage.items() if seq >= base} or None
+            if usage is not None:
+                batch = [
+                    m if (u := usage.get(seq)) is None else replace(m, usage=u)
+                    for seq, m in enumerate(batch, base)
+                ]
         if self.status not in SESSION_STATUSES:
             raise InvalidArgument(
                 f"session status must be one of {', '.join(SESSION_STATUSES)}, got {self.status!r}"
@@ -339,6 +388,7 @@ class Session:
             expected_version=self._version
             if self._in_backend and (metadata is not None or status is not None)
             else None,
+            expected_rewinds=self._rewinds if self._in_backend else None,
         )
 
     def _expected_created_at(self) -> dt.datetime | None:
@@ -455,6 +505,7 @@ class Session:
             and record.head_seq == self._head
             and record.last_consolidated == self.last_consolidated
             and record.created_at == self.created_at  # not deleted and created again
+            and record.rewinds == self._rewinds
         )
 
     def _refreshed(self, record: SessionRecord) -> bool:
@@ -510,6 +561,7 @@ class Session:
         # can have passed another writer's change, which shows as a version jump.
         theirs = not changes.create and record.version != self._version + 1
         self._head = record.head_seq
+        self._rewinds = record.rewinds
         self._mark_saved()
         self._in_backend = True
         self.created_at = record.created_at
@@ -557,6 +609,27 @@ class Session:
         self._version = record.version
         self.updated_at = record.updated_at
 
+    def _rewound(self, before: SessionRecord, record: SessionRecord) -> bool:
+        """The manager rewound the stored session (``before`` → ``record``): drop the rewound tail from
+        the messages. Only when in step with ``before`` and nothing is unsaved; False otherwise (the caller
+        drops it from the cache: its next save conflicts)."""
+        if self.unsaved() or not (self._in_step_with(before) and self._refreshed(before)):
+            return False
+        to = record.head_seq
+        if to < self._first:
+            return False
+        del self.messages[to - self._first :]
+        self._usage = None  # nothing was unsaved
+        self._head = to
+        self._rewinds = record.rewinds
+        self._version = record.version
+        self.updated_at = record.updated_at
+        if record.parent_key is not None and record.parent_seq is not None:
+            self.parent = (record.parent_key, record.parent_seq)
+        self._tools = SessionTranscript(record)
+        self._mark_saved()
+        return True
+
     def _compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
         """The manager compressed the stored session (``before`` → ``record``): drop what moved to the
         archive from the live messages. Only when this session is in step with ``before``: its saved
@@ -573,4 +646,4 @@ class Session:
         self.updated_at = record.updated_at
 
 
-__all__ = ["Changes", "Session", "Summary", "check_message", "message_batch"]
+__all__ = ["Changes", "Rewind", "Session", "Summary", "check_message", "message_batch"]

@@ -14,10 +14,12 @@ __all__ = [
     "SESSION_STATUSES",
     "SESSION_STEP_STATUSES",
     "ArchivedMessage",
+    "Branch",
     "LoadedSession",
     "MessageRecord",
     "NewMessage",
     "OpenCalls",
+    "RewindRecord",
     "SessionBackend",
     "SessionLease",
     "SessionRecord",
@@ -40,6 +42,9 @@ class SessionRecord:
     known, for messages appended by a writer that does not read transcripts); ``calls_owner`` is the
     process (a lease owner id) that saved the session while they were waiting. ``write_id`` is the id the
     last append was given (``append_messages(write_id=...)``; None when it gave none).
+
+    ``parent_key`` and ``parent_seq`` are set on a fork: its history is ``parent_key``'s messages
+    ``0..parent_seq-1`` followed by its own (stored from ``parent_seq`` on). Both None otherwise.
     """
 
     key: str
@@ -53,6 +58,32 @@ class SessionRecord:
     open_calls: int = 0
     calls_owner: str | None = None
     write_id: str | None = None
+    parent_key: str | None = None
+    parent_seq: int | None = None
+    rewinds: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One fork made directly from a session: its key, the seq it forked at, its head and creation."""
+
+    key: str
+    at_seq: int
+    head_seq: int
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RewindRecord:
+    """A rewind: messages ``to_seq..upto_seq-1`` left the live transcript for the archive under
+    ``compression_id`` (its rewind record, ``reason`` its summary)."""
+
+    key: str
+    compression_id: str
+    to_seq: int
+    upto_seq: int
+    reason: str
+    created_at: dt.datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +92,7 @@ class NewMessage:
 
     role: str
     payload: bytes  # codec-encoded JSON object
+    usage: bytes | None = None  # codec-encoded usage of the turn (see statekeel.usage), None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +227,60 @@ class SessionBackend(abc.ABC):
 
     @abc.abstractmethod
     async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
-        """Delete a session with its messages and archive. False when it did not exist."""
+        """Delete a session with its messages and archive. False when it did not exist.
+
+        Its forks stay whole: in the same transaction, the part of its history each fork reads is copied
+        into that fork, which then reads the rest from the deleted session's own parent (if any)."""
+
+    @abc.abstractmethod
+    async def fork_session(
+        self,
+        key: str,
+        at_seq: int,
+        new_key: str,
+        *,
+        metadata: bytes | None = None,
+        calls_owner: str | None = None,
+    ) -> SessionRecord:
+        """Create ``new_key`` as a fork of ``key`` at ``at_seq`` (``0 <= at_seq <= key``'s head): a row
+        only, whatever the parent's length. Its count of waiting tool calls starts unknown (-1, when it
+        inherits any message) with ``calls_owner`` (the process making it) as their owner. ``NotFound``
+        for an unknown parent, ``ConflictError`` if ``new_key`` exists, ``InvalidArgument`` for a seq out
+        of range."""
+
+    @abc.abstractmethod
+    async def rewind_session(
+        self,
+        key: str,
+        to_seq: int,
+        *,
+        reason: str,
+        compression_id: str,
+        expected_head: int,
+        lease: SessionLease | None = None,
+        expected_created_at: dt.datetime | None = None,
+        calls_owner: str | None = None,
+    ) -> tuple[RewindRecord, SessionRecord]:
+        """Move the live messages ``[to_seq, head)`` to the archive under a rewind record and set the
+        head back to ``to_seq``, in one transaction with the row locked and the lease fenced. A fork that
+        read past ``to_seq`` first gets its own copy of that part. ``ConflictError`` when the head is not
+        ``expected_head`` (another writer appended) or the row is another incarnation;
+        ``InvalidArgument`` unless ``last_consolidated <= to_seq < head``. A save made before the rewind
+        (``append_messages(expected_rewinds=...)``) conflicts afterwards even at the same head. The count of
+        waiting tool calls becomes unknown (-1), owned by ``calls_owner`` (the process rewinding)."""
+
+    @abc.abstractmethod
+    async def session_rewinds(self, key: str) -> list[RewindRecord]:
+        """The session's rewind records, oldest first."""
+
+    @abc.abstractmethod
+    async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
+        """The usages recorded with the messages of ``key``'s history (a fork's inherited part once,
+        rewound messages not at all), or None when the session does not exist."""
+
+    @abc.abstractmethod
+    async def session_branches(self, key: str) -> list[Branch]:
+        """The forks made directly from ``key``, by fork point then key."""
 
     @abc.abstractmethod
     async def append_messages(
@@ -213,6 +298,7 @@ class SessionBackend(abc.ABC):
         open_calls: int | None = None,
         calls_owner: str | None = None,
         write_id: str | None = None,
+        expected_rewinds: int | None = None,
     ) -> SessionRecord:
         """Append at ``expected_head`` (and optionally set metadata and status) in one transaction.
 

@@ -31,6 +31,7 @@ from ..base import MigrationInfo
 from ..sql import Op
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
@@ -75,6 +76,7 @@ TABLES = (
     "messages",
     "compressions",
     "message_archive",
+    "rewound_messages",
     "workflows",
     "tasks",
     "workflow_steps",
@@ -125,6 +127,7 @@ class MySqlBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlBranches,
     SqlToolCalls,
     SqlCopy,
     SqlTasks,

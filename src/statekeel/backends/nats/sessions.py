@@ -30,7 +30,7 @@ import orjson
 import nats.js.errors
 
 from ...codec import Codec
-from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt
+from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt, Unsupported
 from ...validation import check_aware, check_int, check_key, check_str
 from ..base import (
     ArchivedMessage,
@@ -42,6 +42,7 @@ from ..base import (
     SessionLease,
     SessionRecord,
 )
+from .branches import NatsBranches
 from .client import (
     WRONG_LAST_SEQUENCE,
     NatsConnection,
@@ -119,7 +120,7 @@ class SessionState:
             self.writes.pop(next(iter(self.writes)))
 
 
-class NatsSessions(SessionBackend):
+class NatsSessions(NatsBranches, SessionBackend):
     """The session contract on the ``<prefix>_sessions`` and ``<prefix>_index`` streams."""
 
     conn: NatsConnection
@@ -418,9 +419,20 @@ class NatsSessions(SessionBackend):
         open_calls: int | None = None,
         calls_owner: str | None = None,
         write_id: str | None = None,
+        expected_rewinds: int | None = None,
     ) -> SessionRecord:
         check_key(key, "session key")
         check_int(expected_head, "expected_head")
+        if expected_rewinds is not None:
+            # No rewind is ever made here (NatsBranches): every session has had none.
+            check_int(expected_rewinds, "expected_rewinds")
+        if any(m.usage is not None for m in messages):
+            raise Unsupported(
+                f"a NATS store ({self.url}) does not record usage with messages: add them without usage=, "
+                "or keep sessions in a SQL store",
+                kind="sessions",
+                url=self.url,
+            )
         if expected_version is not None:
             check_int(expected_version, "expected_version")
         if expected_created_at is not None:
@@ -463,6 +475,13 @@ class NatsSessions(SessionBackend):
                     key=key,
                     expected=expected_version,
                     current=row["version"],
+                )
+            if expected_rewinds not in (None, 0):
+                raise ConflictError(
+                    f"session {key!r} has had no rewind, not the expected {expected_rewinds}",
+                    key=key,
+                    expected=expected_rewinds,
+                    current=0,
                 )
             at = now_us()
             msgs = [

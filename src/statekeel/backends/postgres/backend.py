@@ -38,6 +38,7 @@ from ..base import MigrationInfo
 from ..sql import Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
+from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
@@ -186,6 +187,7 @@ class PostgresBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlBranches,
     SqlToolCalls,
     SqlCopy,
     SqlTasks,
@@ -331,6 +333,7 @@ class PostgresBackend(
                     "messages",
                     "compressions",
                     "message_archive",
+                    "rewound_messages",
                     "workflows",
                     "tasks",
                     "workflow_steps",

@@ -8,12 +8,12 @@ WHERE table_schema = current_schema() AND table_name = $1;
 
 -- name: copy_sessions_first
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions ORDER BY key COLLATE "C" LIMIT $1;
 
 -- name: copy_sessions_after
 SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id
+       calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM sessions WHERE key COLLATE "C" > $1
 ORDER BY key COLLATE "C" LIMIT $2;
 
@@ -22,8 +22,8 @@ SELECT key FROM sessions ORDER BY key COLLATE "C" DESC LIMIT 1;
 
 -- name: copy_sessions_insert
 INSERT INTO sessions (key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at,
-                      open_calls, calls_owner, write_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+                      open_calls, calls_owner, write_id, parent_key, parent_seq, rewinds)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
 
 -- name: copy_sessions_count
 SELECT count(*) AS n FROM sessions;
@@ -32,11 +32,11 @@ SELECT count(*) AS n FROM sessions;
 DELETE FROM sessions;
 
 -- name: copy_messages_first
-SELECT session_key, seq, role, payload, created_at
+SELECT session_key, seq, role, payload, created_at, usage
 FROM messages ORDER BY session_key COLLATE "C", seq LIMIT $1;
 
 -- name: copy_messages_after
-SELECT session_key, seq, role, payload, created_at
+SELECT session_key, seq, role, payload, created_at, usage
 FROM messages WHERE (session_key COLLATE "C", seq) > ($1, $2)
 ORDER BY session_key COLLATE "C", seq LIMIT $3;
 
@@ -44,8 +44,8 @@ ORDER BY session_key COLLATE "C", seq LIMIT $3;
 SELECT session_key, seq FROM messages ORDER BY session_key COLLATE "C" DESC, seq DESC LIMIT 1;
 
 -- name: copy_messages_insert
-INSERT INTO messages (session_key, seq, role, payload, created_at)
-VALUES ($1, $2, $3, $4, $5);
+INSERT INTO messages (session_key, seq, role, payload, created_at, usage)
+VALUES ($1, $2, $3, $4, $5, $6);
 
 -- name: copy_messages_count
 SELECT count(*) AS n FROM messages;
@@ -54,11 +54,11 @@ SELECT count(*) AS n FROM messages;
 DELETE FROM messages;
 
 -- name: copy_compressions_first
-SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at
+SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at, kind
 FROM compressions ORDER BY session_key COLLATE "C", compression_id COLLATE "C" LIMIT $1;
 
 -- name: copy_compressions_after
-SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at
+SELECT session_key, compression_id, first_seq, upto_seq, summary, created_at, kind
 FROM compressions WHERE (session_key COLLATE "C", compression_id COLLATE "C") > ($1, $2)
 ORDER BY session_key COLLATE "C", compression_id COLLATE "C" LIMIT $3;
 
@@ -66,8 +66,8 @@ ORDER BY session_key COLLATE "C", compression_id COLLATE "C" LIMIT $3;
 SELECT session_key, compression_id FROM compressions ORDER BY session_key COLLATE "C" DESC, compression_id COLLATE "C" DESC LIMIT 1;
 
 -- name: copy_compressions_insert
-INSERT INTO compressions (session_key, compression_id, first_seq, upto_seq, summary, created_at)
-VALUES ($1, $2, $3, $4, $5, $6);
+INSERT INTO compressions (session_key, compression_id, first_seq, upto_seq, summary, created_at, kind)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: copy_compressions_count
 SELECT count(*) AS n FROM compressions;
@@ -76,11 +76,11 @@ SELECT count(*) AS n FROM compressions;
 DELETE FROM compressions;
 
 -- name: copy_message_archive_first
-SELECT session_key, compression_id, seq, role, payload, created_at
+SELECT session_key, compression_id, seq, role, payload, created_at, usage
 FROM message_archive ORDER BY session_key COLLATE "C", seq LIMIT $1;
 
 -- name: copy_message_archive_after
-SELECT session_key, compression_id, seq, role, payload, created_at
+SELECT session_key, compression_id, seq, role, payload, created_at, usage
 FROM message_archive WHERE (session_key COLLATE "C", seq) > ($1, $2)
 ORDER BY session_key COLLATE "C", seq LIMIT $3;
 
@@ -88,8 +88,8 @@ ORDER BY session_key COLLATE "C", seq LIMIT $3;
 SELECT session_key, seq FROM message_archive ORDER BY session_key COLLATE "C" DESC, seq DESC LIMIT 1;
 
 -- name: copy_message_archive_insert
-INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at)
-VALUES ($1, $2, $3, $4, $5, $6);
+INSERT INTO message_archive (session_key, compression_id, seq, role, payload, created_at, usage)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
 
 -- name: copy_message_archive_count
 SELECT count(*) AS n FROM message_archive;
@@ -617,3 +617,26 @@ SELECT count(*) AS n FROM vector_cursors;
 
 -- name: copy_vector_cursors_clear
 DELETE FROM vector_cursors;
+
+-- name: copy_rewound_messages_first
+SELECT session_key, compression_id, seq, role, payload, created_at, usage
+FROM rewound_messages ORDER BY session_key COLLATE "C", compression_id COLLATE "C", seq LIMIT $1;
+
+-- name: copy_rewound_messages_after
+SELECT session_key, compression_id, seq, role, payload, created_at, usage
+FROM rewound_messages WHERE (session_key COLLATE "C", compression_id COLLATE "C", seq) > ($1, $2, $3)
+ORDER BY session_key COLLATE "C", compression_id COLLATE "C", seq LIMIT $4;
+
+-- name: copy_rewound_messages_last
+SELECT session_key, compression_id, seq FROM rewound_messages
+ORDER BY session_key COLLATE "C" DESC, compression_id COLLATE "C" DESC, seq DESC LIMIT 1;
+
+-- name: copy_rewound_messages_insert
+INSERT INTO rewound_messages (session_key, compression_id, seq, role, payload, created_at, usage)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: copy_rewound_messages_count
+SELECT count(*) AS n FROM rewound_messages;
+
+-- name: copy_rewound_messages_clear
+DELETE FROM rewound_messages;

@@ -47,19 +47,30 @@ TABLES: tuple[CopyTable, ...] = (
     _table(
         "sessions",
         "key:text status:text metadata:json last_consolidated:int head_seq:int version:int "
-        "created_at:ts updated_at:ts open_calls:int calls_owner:text write_id:text",
+        "created_at:ts updated_at:ts open_calls:int calls_owner:text write_id:text parent_key:text "
+        "parent_seq:int rewinds:int",
         "key",
     ),
-    _table("messages", "session_key:text seq:int role:text payload:json created_at:ts", "session_key seq"),
+    _table(
+        "messages",
+        "session_key:text seq:int role:text payload:json created_at:ts usage:json",
+        "session_key seq",
+    ),
     _table(
         "compressions",
-        "session_key:text compression_id:text first_seq:int upto_seq:int summary:text created_at:ts",
+        "session_key:text compression_id:text first_seq:int upto_seq:int summary:text created_at:ts "
+        "kind:text",
         "session_key compression_id",
     ),
     _table(
         "message_archive",
-        "session_key:text compression_id:text seq:int role:text payload:json created_at:ts",
+        "session_key:text compression_id:text seq:int role:text payload:json created_at:ts usage:json",
         "session_key seq",
+    ),
+    _table(
+        "rewound_messages",
+        "session_key:text compression_id:text seq:int role:text payload:json created_at:ts usage:json",
+        "session_key compression_id seq",
     ),
     _table(
         "workflows",

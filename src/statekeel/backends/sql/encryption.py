@@ -56,6 +56,9 @@ class _Table:
 _TABLES = {
     "messages": _Table(("session_key", "seq"), ("", -1), ("payload",), _message),
     "message_archive": _Table(("session_key", "seq"), ("", -1), ("payload",), _message),
+    "rewound_messages": _Table(
+        ("session_key", "compression_id", "seq"), ("", "", -1), ("payload",), _message
+    ),
     "task_steps": _Table(("task_id", "step_key"), ("", ""), ("result",), _step, guard=("result",)),
     "approvals": _Table(("id",), ("",), ("args",), _approval),
     "memories": _Table(("id",), ("",), ("content", "data"), _memory, guard=("version",)),

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..base import PurgeBatch, RetentionBackend
 from . import SqlBackend, Tx
+from .lineage import detach_forks
 from .vectors import delete_source_vectors, purge_gone_source
 
 _FIRST = ""  # below every id: a cursor's id part before the first row
@@ -83,6 +84,8 @@ async def op_purge_sessions(
         if not await _holds(tx, "purge_session_lock", dry_run, key, cutoff):
             continue  # reopened (or written) since it was listed: it stays, with its file records
         messages = await _count(tx, "purge_session_messages_count", key)
+        if not dry_run:
+            await detach_forks(tx, key)  # its forks keep their whole history (docs/branches.md)
         if not dry_run and not await tx.execute("purge_session_delete", key, cutoff):
             continue  # (cannot happen under the lock) its file records stay with it
         files = await _file_records(tx, "purge_session_files", key, dry_run)

@@ -22,6 +22,7 @@ from ..base import (
     SessionRecord,
 )
 from . import Row, SqlBackend, Tx, from_micros, to_micros, utcnow
+from .lineage import chain, chain_rows, detach_forks, resealed
 
 _EMPTY_OBJECT = b"{}"
 _EPOCH = from_micros(0)
@@ -40,6 +41,9 @@ def session_from_row(tx: Tx, row: Row) -> SessionRecord:
         open_calls=row["open_calls"],
         calls_owner=row["calls_owner"],
         write_id=row["write_id"],
+        parent_key=row["parent_key"],
+        parent_seq=row["parent_seq"],
+        rewinds=row["rewinds"],
     )
 
 
@@ -115,8 +119,16 @@ async def op_load_with_messages(
         return None
     record = session_from_row(tx, row)
     rows = list(await tx.fetchall("archive_as_messages", key)) if include_archived else []
-    rows += await tx.fetchall("message_range_open", key, record.last_consolidated)
-    return record, [message_from_row(tx, key, r) for r in rows]
+    messages = [message_from_row(tx, key, r) for r in rows]
+    own_from = record.last_consolidated
+    if record.parent_key is not None and record.parent_seq is not None and own_from < record.parent_seq:
+        # A fork: what it inherited (and has not archived itself), opened under the key it is stored by.
+        for src, r in await chain_rows(tx, record.parent_key, record.parent_seq, own_from, record.parent_seq):
+            found = message_from_row(tx, src, r)
+            messages.append(MessageRecord(key, found.seq, found.role, found.payload, found.created_at))
+        own_from = record.parent_seq
+    rows = await tx.fetchall("message_range_open", key, own_from)
+    return record, messages + [message_from_row(tx, key, r) for r in rows]
 
 
 def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[str, Any]]:
@@ -156,9 +168,21 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
         archived = await tx.fetchone("archive_payload_array", key)
         assert archived is not None  # an aggregate always returns a row
         messages = _payload_array(tx, archived, key, 0, live_from)
-    live = await tx.fetchone("message_payload_array", key, live_from)
+    own_from = live_from
+    if record.parent_key is not None and record.parent_seq is not None and live_from < record.parent_seq:
+        # A fork: its ancestors' parts first (each read live or archived), on this same snapshot.
+        flags: list[bool] = []
+        parts = await chain(tx, record.parent_key, record.parent_seq, live_from, live=flags)
+        for (part_key, lo, hi), unarchived in zip(parts, flags, strict=True):
+            # A part none of which is archived is read in index order, without merging the archive.
+            query = "message_payload_range" if unarchived else "view_payload_array"
+            part = await tx.fetchone(query, part_key, lo, hi)
+            assert part is not None
+            messages += _payload_array(tx, part, part_key, lo, hi)
+        own_from = record.parent_seq
+    live = await tx.fetchone("message_payload_array", key, own_from)
     assert live is not None
-    messages += _payload_array(tx, live, key, live_from, record.head_seq)
+    messages += _payload_array(tx, live, key, own_from, record.head_seq)
     summaries: list[tuple[str, int, int, str]] = []
     if live_from > 0:
         summaries = [
@@ -219,6 +243,9 @@ async def op_update_session(
 
 async def op_delete_session(tx: Tx, key: str, lease: SessionLease | None = None) -> bool:
     await check_fence(tx, key, lease)
+    if await tx.fetchone("session_get_for_update", key) is None:
+        return False
+    await detach_forks(tx, key)
     return await tx.execute("session_delete", key) > 0
 
 
@@ -245,6 +272,7 @@ async def op_append_messages(
     open_calls: int | None = None,
     calls_owner: str | None = None,
     write_id: str | None = None,
+    expected_rewinds: int | None = None,
 ) -> SessionRecord:
     await check_fence(tx, key, lease)
     now_dt = utcnow()
@@ -264,9 +292,17 @@ async def op_append_messages(
         open_calls,
         calls_owner,
         write_id,
+        expected_rewinds,
     )
     if row is None:
         current = await _require_session(tx, key)
+        if current["head_seq"] == expected_head and expected_rewinds not in (None, current["rewinds"]):
+            raise ConflictError(
+                f"session {key!r} was rewound since it was loaded: load it again before appending",
+                key=key,
+                expected=expected_head,
+                current=current["head_seq"],
+            )
         if current["head_seq"] == expected_head:
             if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
                 # The head matches but the row is another incarnation: appending would fork histories.
@@ -296,7 +332,14 @@ async def op_append_messages(
         await tx.executemany(
             "message_insert",
             [
-                (key, seq, m.role, tx.sealed_in(m.payload, "message", key, seq), now)
+                (
+                    key,
+                    seq,
+                    m.role,
+                    tx.sealed_in(m.payload, "message", key, seq),
+                    now,
+                    None if m.usage is None else tx.json_in(m.usage),
+                )
                 for seq, m in enumerate(messages, expected_head)
             ],
         )
@@ -355,6 +398,25 @@ async def op_archive_messages(
         )
     now = tx.ts_in(utcnow())
     await tx.execute("compression_insert", key, compression_id, start, upto_seq, summary, now)
+    parent_key, parent_seq = current["parent_key"], current["parent_seq"]
+    if parent_key is not None and start < parent_seq:
+        # A fork compressing what it inherited: its archive gets its own copy of those messages.
+        inherited = await chain_rows(tx, parent_key, parent_seq, start, min(upto_seq, parent_seq))
+        await tx.executemany(
+            "archive_insert",
+            [
+                (
+                    key,
+                    compression_id,
+                    r["seq"],
+                    r["role"],
+                    resealed(tx, r["payload"], src, key, r["seq"]),
+                    r["created_at"],
+                    r["usage"],
+                )
+                for src, r in inherited
+            ],
+        )
     await tx.execute("archive_copy", compression_id, key, start, upto_seq)
     await tx.execute("message_delete_range", key, start, upto_seq)
     row = await tx.fetchone("session_set_consolidated", upto_seq, now, key, start)
@@ -366,7 +428,9 @@ async def op_read_archive(tx: Tx, key: str, compression_id: str | None) -> list[
     if compression_id is None:
         rows = await tx.fetchall("archive_all", key)
     else:
-        rows = await tx.fetchall("archive_one", key, compression_id)
+        kind = await tx.fetchone("compression_kind", key, compression_id)
+        rewound = kind is not None and kind["kind"] == "rewind"
+        rows = await tx.fetchall("rewound_one" if rewound else "archive_one", key, compression_id)
     return [
         ArchivedMessage(
             session_key=key,
@@ -495,6 +559,7 @@ class SqlSessions(SqlBackend, SessionBackend):
         open_calls: int | None = None,
         calls_owner: str | None = None,
         write_id: str | None = None,
+        expected_rewinds: int | None = None,
     ) -> SessionRecord:
         # Checked at the backend's public boundary: a bad head never reaches a transaction.
         check_key(key, "session key")
@@ -507,6 +572,8 @@ class SqlSessions(SqlBackend, SessionBackend):
             calls_owner = stored_owner(open_calls, calls_owner)
         if write_id is not None:
             check_str(write_id, "write_id")
+        if expected_rewinds is not None:
+            check_int(expected_rewinds, "expected_rewinds")
         return await self._write(
             op_append_messages,
             key,
@@ -521,6 +588,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             open_calls,
             calls_owner if open_calls is not None else None,
             write_id,
+            expected_rewinds,
         )
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:

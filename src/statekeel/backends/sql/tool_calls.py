@@ -16,6 +16,7 @@ from ...errors import InvalidArgument, NotFound
 from ...validation import check_int, check_key
 from ..base import SESSION_STEP_STATUSES, OpenCalls, SessionLease, SessionStepRecord, ToolCallBackend
 from . import Row, SqlBackend, Tx, utcnow
+from .lineage import chain_rows
 from .sessions import check_fence, stored_owner
 from .tasks import ts_or_none
 
@@ -68,9 +69,24 @@ async def op_read_tails(tx: Tx, keys: Sequence[str], n: int) -> dict[str, list[d
     tails = {}
     for key in keys:
         rows = await tx.fetchall("message_tail", key, n)
-        if rows:
-            tails[key] = [tx.sealed_out(r["payload"], "message", key, r["seq"]) for r in reversed(rows)]
+        tail = [tx.sealed_out(r["payload"], "message", key, r["seq"]) for r in reversed(rows)]
+        if len(rows) < n:
+            # Shorter than asked: a fork's tail goes on into what it inherited.
+            tail = await _inherited_tail(tx, key, n - len(rows)) + tail
+        if tail:
+            tails[key] = tail
     return tails
+
+
+async def _inherited_tail(tx: Tx, key: str, n: int) -> list[dict[str, Any]]:
+    row = await tx.fetchone("session_get", key)
+    if row is None or row["parent_key"] is None:
+        return []
+    parent_seq, lo = row["parent_seq"], row["last_consolidated"]
+    if lo >= parent_seq:
+        return []
+    rows = await chain_rows(tx, row["parent_key"], parent_seq, max(lo, parent_seq - n), parent_seq)
+    return [tx.sealed_out(r["payload"], "message", src, r["seq"]) for src, r in rows]
 
 
 async def op_sessions_with_open_calls(tx: Tx, after: str | None, limit: int) -> list[OpenCalls]:

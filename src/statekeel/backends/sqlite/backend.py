@@ -31,6 +31,7 @@ from ..base import Damage, DatabaseFiles, FreeSpace, MigrationInfo
 from ..sql import Op, Row, Tx, from_micros, load_queries, run_sync, to_micros
 from ..sql.approvals import SqlApprovals, op_scan_audit
 from ..sql.audit import SqlAudit
+from ..sql.branches import SqlBranches
 from ..sql.checkpoints import SqlCheckpoints
 from ..sql.copy import SqlCopy
 from ..sql.encryption import SqlEncryption
@@ -132,6 +133,7 @@ class SqliteBackend(
     SqlInfo,
     SqlIncidents,
     SqlSessions,
+    SqlBranches,
     SqlToolCalls,
     SqlCopy,
     SqlTasks,

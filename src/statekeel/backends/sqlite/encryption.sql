@@ -15,6 +15,13 @@ WHERE (session_key, seq) > (?1, ?2) ORDER BY session_key, seq LIMIT ?3;
 -- name: reseal_update_message_archive
 UPDATE message_archive SET payload = ?1 WHERE session_key = ?2 AND seq = ?3;
 
+-- name: reseal_scan_rewound_messages
+SELECT session_key, compression_id, seq, payload FROM rewound_messages
+WHERE (session_key, compression_id, seq) > (?1, ?2, ?3) ORDER BY session_key, compression_id, seq LIMIT ?4;
+
+-- name: reseal_update_rewound_messages
+UPDATE rewound_messages SET payload = ?1 WHERE session_key = ?2 AND compression_id = ?3 AND seq = ?4;
+
 -- name: reseal_scan_task_steps
 SELECT task_id, step_key, result FROM task_steps
 WHERE (task_id, step_key) > (?1, ?2) ORDER BY task_id, step_key LIMIT ?3;

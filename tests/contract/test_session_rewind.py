@@ -1,0 +1,200 @@
+"""Rewind on every backend: the tail leaves the live transcript for the archive under a rewind record in
+one transaction; the next append takes its place; writers that were not told conflict; forks keep their
+history; bad input writes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import statekeel
+from statekeel.errors import ConflictError, InvalidArgument, NotFound
+
+
+async def make(store: statekeel.Store, key: str, n: int, prefix: str = "m") -> statekeel.Session:
+    s = await store.sessions.get_or_create(key)
+    for i in range(n):
+        s.add_message("user" if i % 2 == 0 else "assistant", f"{prefix}{i}")
+    await store.sessions.save(s)
+    return s
+
+
+def contents(messages: list[dict[str, Any]]) -> list[Any]:
+    return [m["content"] for m in messages]
+
+
+async def fresh(store: statekeel.Store, key: str, **kw: Any) -> statekeel.Session:
+    store.sessions._cache.pop(key, None)
+    s = await store.sessions.load(key, **kw)
+    assert s is not None
+    return s
+
+
+async def rows(store: statekeel.Store, key: str) -> list[tuple[int, Any]]:
+    found = await store.backend.load_session_with_messages(key, include_archived=True)
+    assert found is not None
+    record, messages = found
+    assert [m.seq for m in messages] == list(range(record.head_seq))  # dense
+    return [(m.seq, m.payload["content"]) for m in messages]
+
+
+async def test_rewind_moves_the_tail_to_the_archive_and_the_next_append_takes_its_place(
+    store: statekeel.Store,
+) -> None:
+    await make(store, "s", 6)
+    rw = await store.sessions.rewind("s", 4, reason="retry turn 4")
+    assert isinstance(rw, statekeel.Rewind)
+    assert (rw.key, rw.to_seq, rw.upto_seq, rw.reason) == ("s", 4, 6, "retry turn 4")
+    s = await fresh(store, "s")
+    assert contents(s.messages) == ["m0", "m1", "m2", "m3"] and s.head_seq == 4
+    archived = await store.sessions.archived("s", rw.compression_id)
+    assert [(a.seq, a.payload["content"], a.summary) for a in archived] == [
+        (4, "m4", "retry turn 4"),
+        (5, "m5", "retry turn 4"),
+    ]
+    s.add_message("user", "again")
+    await store.sessions.save(s)
+    assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3"), (4, "again")]
+    # The rewound messages stay where the rewind put them; they are no compression summary.
+    assert [(a.seq, a.payload["content"]) for a in await store.sessions.archived("s", rw.compression_id)] == [
+        (4, "m4"),
+        (5, "m5"),
+    ]
+    assert (await fresh(store, "s")).summaries == []
+    assert await store.sessions.rewinds("s") == [rw]
+
+
+async def test_the_cached_session_follows_its_rewind(store: statekeel.Store) -> None:
+    s = await make(store, "s", 5)
+    await store.sessions.rewind("s", 2, reason="undo")
+    assert contents(s.messages) == ["m0", "m1"] and s.head_seq == 2
+    s.add_message("user", "x")
+    await store.sessions.save(s)
+    assert contents((await fresh(store, "s")).messages) == ["m0", "m1", "x"]
+
+
+async def test_a_session_loaded_before_a_rewind_conflicts_even_at_the_same_head(
+    store_url: str, tmp_path: Any
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with (
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a,
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b,
+    ):
+        await make(a, "s", 2)
+        stale = await b.sessions.load("s")  # head 2
+        assert stale is not None
+        more = await fresh(a, "s")
+        more.add_message("user", "m2")
+        await a.sessions.save(more)  # head 3
+        await a.sessions.rewind("s", 2, reason="undo m2")  # head 2 again
+        stale.add_message("user", "stale")
+        with pytest.raises(ConflictError):
+            await b.sessions.save(stale)
+        assert await rows(a, "s") == [(0, "m0"), (1, "m1")]
+
+
+async def test_a_writer_that_appended_first_makes_the_rewind_conflict(store_url: str, tmp_path: Any) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with (
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a,
+        statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b,
+    ):
+        await make(a, "s", 3)
+        before = await a.backend.load_session("s")
+        assert before is not None
+        other = await b.sessions.load("s")
+        assert other is not None
+        other.add_message("user", "theirs")
+        await b.sessions.save(other)
+        with pytest.raises(ConflictError, match="another writer appended"):
+            await a.backend.rewind_session(
+                "s", 1, reason="r", compression_id="c1", expected_head=before.head_seq
+            )
+        assert await rows(a, "s") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "theirs")]
+
+
+async def test_rewind_refuses_bad_input_and_writes_nothing(store: statekeel.Store) -> None:
+    await make(store, "s", 4)
+    await store.sessions.compress("s", 2, "first two")
+    with pytest.raises(InvalidArgument, match="compressed"):
+        await store.sessions.rewind("s", 1, reason="r")
+    with pytest.raises(InvalidArgument):
+        await store.sessions.rewind("s", 4, reason="r")  # nothing after the head
+    with pytest.raises(InvalidArgument):
+        await store.sessions.rewind("s", -1, reason="r")
+    with pytest.raises(InvalidArgument):
+        await store.sessions.rewind("s", 3, reason="  ")
+    with pytest.raises(NotFound):
+        await store.sessions.rewind("nope", 0, reason="r")
+    assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3")]
+
+
+async def test_a_fork_keeps_its_history_when_its_parent_is_rewound(store: statekeel.Store) -> None:
+    await make(store, "p", 6)
+    f = await store.sessions.fork("p", 5, new_key="f")
+    f.add_message("user", "f5")
+    await store.sessions.save(f)
+    early = await store.sessions.fork("p", 2, new_key="early")
+    await store.sessions.rewind("p", 3, reason="undo")
+    p = await fresh(store, "p")
+    p.add_message("user", "p3")
+    await store.sessions.save(p)
+    f2 = await fresh(store, "f")
+    assert contents(f2.messages) == ["m0", "m1", "m2", "m3", "m4", "f5"]
+    assert f2.parent == ("p", 3)  # it holds m3, m4 itself now
+    assert await rows(store, "f") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3"), (4, "m4"), (5, "f5")]
+    assert contents((await fresh(store, "early")).messages) == ["m0", "m1"] and early.parent == ("p", 2)
+    assert await rows(store, "p") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "p3")]
+
+
+async def test_a_fork_rewound_into_what_it_inherited(store: statekeel.Store) -> None:
+    await make(store, "p", 4)
+    f = await store.sessions.fork("p", 3, new_key="f")
+    f.add_message("user", "f3")
+    await store.sessions.save(f)
+    rw = await store.sessions.rewind("f", 1, reason="back to the start")
+    f2 = await fresh(store, "f")
+    assert contents(f2.messages) == ["m0"] and f2.parent == ("p", 1)
+    assert [(a.seq, a.payload["content"]) for a in await store.sessions.archived("f", rw.compression_id)] == [
+        (1, "m1"),
+        (2, "m2"),
+        (3, "f3"),
+    ]
+    f2.add_message("user", "f1")
+    await store.sessions.save(f2)
+    assert await rows(store, "f") == [(0, "m0"), (1, "f1")]
+    assert await rows(store, "p") == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3")]
+
+
+async def test_deleting_a_rewound_session_removes_its_rewind_records(store: statekeel.Store) -> None:
+    await make(store, "s", 3)
+    await store.sessions.rewind("s", 1, reason="r")
+    assert await store.sessions.delete("s")
+    await make(store, "s", 1, "new")
+    assert await rows(store, "s") == [(0, "new0")]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+
+
+async def test_a_call_a_rewind_leaves_waiting_is_the_rewinders_until_it_is_gone(
+    store_url: str, tmp_path: Any
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as a:
+        s = await a.sessions.get_or_create("s")
+        s.add_message("user", "run it")
+        s.add_message("assistant", None, tool_calls=[CALL])
+        s.add_message("tool", "3", tool_call_id="c1")
+        await a.sessions.save(s)
+        await a.sessions.rewind("s", 2, reason="drop the result")  # the call waits again
+        again = await fresh(a, "s")
+        assert again.repaired == () and [c.call_id for c in again.pending_calls()] == ["c1"]
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
+        later = await fresh(b, "s")  # its rewinder is gone: answered once, as any left call
+        assert [c.call_id for c in later.repaired] == ["c1"] and later.pending_calls() == []
