@@ -129,7 +129,10 @@ def test_a_copy_that_fails_into_a_new_sqlite_file_leaves_no_file_behind(tmp_path
     # destination refuses it, after the copy has created the destination and copied the sessions.
     conn = sqlite3.connect(src)
     conn.execute("PRAGMA foreign_keys = OFF")
-    conn.execute("INSERT INTO messages VALUES ('ghost', 0, 'user', '\"boo\"', 0)")
+    conn.execute(
+        "INSERT INTO messages (session_key, seq, role, payload, created_at) "
+        "VALUES ('ghost', 0, 'user', '\"boo\"', 0)"
+    )
     conn.commit()
     conn.close()
     (tmp_path / "same.db").symlink_to(src)

@@ -50,7 +50,7 @@ def test_an_unknown_option_is_one_line_naming_it(tmp_path: Path) -> None:
         ("sqlite://host/x.db", "has a host part"),
         ("postgresql://me@db:99999/x", "does not parse"),
         ("postgresql:///agents", "needs a host"),
-        ("mysql://h/db", "is not a store URL"),
+        ("mongodb://h/db", "is not a store URL"),
         ("agent.db", "is not a store URL"),
         ("memory://", "new, empty store"),
     ],
