@@ -44,7 +44,7 @@ def test_a_file_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_unknown_url_scheme_is_refused(tmp_path: Path) -> None:
-    code, output = run_ui("--db", "mysql://localhost/x", "--port", "0")
+    code, output = run_ui("--db", "mongodb://localhost/x", "--port", "0")
     assert code == 1 and output.count("\n") == 1 and "unknown store URL scheme" in output
 
 
