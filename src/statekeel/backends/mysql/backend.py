@@ -28,7 +28,7 @@ from asyncmy.constants import CLIENT
 from ...codec import Codec
 from ...errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
 from ..base import MigrationInfo
-from ..sql import Op
+from ..sql import SCHEMA_TABLES, Op
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.branches import SqlBranches
@@ -70,37 +70,6 @@ _INIT = (
 )
 _BEGIN_WRITE = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
 _BEGIN_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION READ ONLY"
-
-TABLES = (
-    "sessions",
-    "messages",
-    "compressions",
-    "message_archive",
-    "rewound_messages",
-    "workflows",
-    "tasks",
-    "workflow_steps",
-    "task_steps",
-    "audit_log",
-    "approvals",
-    "memories",
-    "memory_events",
-    "memory_episodes",
-    "memory_relations",
-    "memory_contradictions",
-    "memory_accesses",
-    "file_changes",
-    "traces",
-    "trace_counters",
-    "vector_models",
-    "vectors",
-    "vector_sources",
-    "vector_cursors",
-    "checkpoints",
-    "checkpoint_blobs",
-    "checkpoint_writes",
-    "store_incidents",
-)
 
 
 def scripts() -> dict[str, Script]:
@@ -264,7 +233,7 @@ class MySqlBackend(
                 return {str(r[0]) for r in await cur.fetchall()}
 
         present = await self._read(op)
-        return [f"table {t} is missing" for t in TABLES if t not in present]
+        return [f"table {t} is missing" for t in SCHEMA_TABLES if t not in present]
 
     # --- operations -----------------------------------------------------------------------------------
 

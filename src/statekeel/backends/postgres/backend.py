@@ -35,7 +35,7 @@ import asyncpg
 from ...codec import Codec
 from ...errors import BackendUnavailable, InvalidArgument, StatekeelError
 from ..base import MigrationInfo
-from ..sql import Op, Row, Tx, load_queries
+from ..sql import SCHEMA_TABLES, Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.branches import SqlBranches
@@ -328,36 +328,7 @@ class PostgresBackend(
         pool = self._require_pool()
         try:
             async with pool.acquire() as conn, conn.transaction(readonly=True):
-                for table in (
-                    "sessions",
-                    "messages",
-                    "compressions",
-                    "message_archive",
-                    "rewound_messages",
-                    "workflows",
-                    "tasks",
-                    "workflow_steps",
-                    "task_steps",
-                    "audit_log",
-                    "approvals",
-                    "memories",
-                    "memory_events",
-                    "memory_episodes",
-                    "memory_relations",
-                    "memory_contradictions",
-                    "memory_accesses",
-                    "file_changes",
-                    "traces",
-                    "trace_counters",
-                    "vector_models",
-                    "vectors",
-                    "vector_sources",
-                    "vector_cursors",
-                    "checkpoints",
-                    "checkpoint_blobs",
-                    "checkpoint_writes",
-                    "store_incidents",
-                ):
+                for table in SCHEMA_TABLES:
                     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
                         problems.append(f"table {table} is missing")
         except BaseException as exc:

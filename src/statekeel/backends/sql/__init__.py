@@ -29,6 +29,40 @@ from ...codec import Codec
 from ..base import StorageBackend
 
 T = TypeVar("T")
+
+# Every table of the current schema: what a dialect's integrity check expects to find.
+SCHEMA_TABLES = (
+    "sessions",
+    "messages",
+    "compressions",
+    "message_archive",
+    "rewound_messages",
+    "workflows",
+    "tasks",
+    "workflow_steps",
+    "task_steps",
+    "audit_log",
+    "approvals",
+    "memories",
+    "memory_events",
+    "memory_episodes",
+    "memory_relations",
+    "memory_contradictions",
+    "memory_accesses",
+    "file_changes",
+    "traces",
+    "trace_counters",
+    "vector_models",
+    "vectors",
+    "vector_sources",
+    "vector_cursors",
+    "checkpoints",
+    "checkpoint_blobs",
+    "checkpoint_writes",
+    "store_incidents",
+)
+
+
 log = logging.getLogger("statekeel.backends")
 
 _NAME_RE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
