@@ -13,7 +13,7 @@ from __future__ import annotations
 from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
 from .backends.base import Branch
-from .copy import CopyReport, TableCopy, copy_store
+from .copy import CopyReport, TableCopy
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
@@ -54,11 +54,12 @@ from .errors import (
 from .export import ExportReport, export_store
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
+from .health import StoreInfo
 from .imports import ImportReport, import_store
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager
-from .store import Store, StoreInfo, open_store
+from .store import Store, copy_store, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
 from .usage import ModelUsage, Usage

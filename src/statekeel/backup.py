@@ -17,13 +17,13 @@ import os
 import sqlite3
 import stat
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .backends.base import StorageBackend
+from .copy import copy_backend
 from .errors import BackendUnavailable, InvalidArgument
-
-if TYPE_CHECKING:
-    from .store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,21 @@ class BackupReport:
     bytes: int
     seconds: float
     method: str
+
+
+class OpenedCopy(Protocol):
+    """The new store a copied backup is written into (a :class:`statekeel.Store` is one)."""
+
+    @property
+    def backend(self) -> StorageBackend: ...
+
+    async def close(self) -> None:
+        """Flush and close it."""
+        ...
+
+
+OpenCopy = Callable[[str], Awaitable[OpenedCopy]]
+"""Opens (creating and migrating) the store at a ``sqlite:///`` URL: ``statekeel.open_store``."""
 
 
 def _reserve(dest: str) -> str:
@@ -99,26 +114,31 @@ def _sqlite_backup(source_path: str, dest: str, busy_timeout_ms: int) -> None:
     _fold(dest)
 
 
-async def backup(store: Store, dest: str | os.PathLike[str]) -> BackupReport:
-    """See :meth:`statekeel.Store.backup`."""
+async def backup(
+    backend: StorageBackend, dest: str | os.PathLike[str], *, busy_timeout_ms: int, open_copy: OpenCopy
+) -> BackupReport:
+    """See :meth:`statekeel.Store.backup`: ``backend`` is the store's, ``busy_timeout_ms`` how long the
+    online backup waits for a lock, ``open_copy`` opens the new store a copied backup goes into."""
     if not isinstance(dest, str | os.PathLike):
         raise InvalidArgument(f"dest must be a file path, got {type(dest).__name__}")
     path = os.fspath(dest)
     if not isinstance(path, str) or not path:
         raise InvalidArgument(f"dest must be a non-empty file path, got {dest!r}")
-    source_path = getattr(store.backend, "path", None)
+    source_path = getattr(backend, "path", None)
     started = time.monotonic()
     # An existing file (the store's own included) is refused here, before anything is written.
     full = await asyncio.to_thread(_reserve, path)
     try:
         if isinstance(source_path, str):
             method = "sqlite-backup"
-            await asyncio.to_thread(_sqlite_backup, source_path, path, store.options.busy_timeout_ms)
+            await asyncio.to_thread(_sqlite_backup, source_path, path, busy_timeout_ms)
         else:
-            from .copy import copy_store
-
             method = "copy"
-            await copy_store(store, "sqlite:///" + full)
+            copy = await open_copy("sqlite:///" + full)
+            try:
+                await copy_backend(backend, copy.backend)
+            finally:
+                await copy.close()
             await asyncio.to_thread(_fold, path)
     except BaseException:
         await asyncio.to_thread(discard_files, path)
@@ -127,4 +147,4 @@ async def backup(store: Store, dest: str | os.PathLike[str]) -> BackupReport:
     return BackupReport(path=path, bytes=size, seconds=time.monotonic() - started, method=method)
 
 
-__all__ = ["BackupReport", "backup"]
+__all__ = ["BackupReport", "OpenCopy", "OpenedCopy", "backup"]

@@ -15,17 +15,48 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from .backends.records import ApprovalRecord
 from .codec import canonical
 
 GENESIS_HASH = "0" * 64
 MIN_AUDIT_KEY_BYTES = 16
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class ApprovalFields(Protocol):
+    """The fields of an approval row its digest and entry kind are computed from (the backends'
+    ``ApprovalRecord`` has them): the chain sits below the storage contract and knows no backend."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def args_hash(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def requested_by(self) -> str: ...
+    @property
+    def requested_at(self) -> dt.datetime: ...
+    @property
+    def expires_at(self) -> dt.datetime | None: ...
+    @property
+    def decided_by(self) -> str | None: ...
+    @property
+    def decided_at(self) -> dt.datetime | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def consumed_by(self) -> str | None: ...
+    @property
+    def consumed_at(self) -> dt.datetime | None: ...
 
 
 def micros(value: dt.datetime) -> int:
@@ -76,7 +107,7 @@ def _ts(value: dt.datetime | None) -> int | None:
     return None if value is None else micros(value)
 
 
-def approval_digest(record: ApprovalRecord) -> str:
+def approval_digest(record: ApprovalFields) -> str:
     """SHA-256 of the approval row as stored (every field but its version counter)."""
     body = {
         "id": record.id,
@@ -105,7 +136,7 @@ APPROVAL_ENTRY_KINDS = frozenset(
 RESERVED_KIND_PREFIX = "approval."
 
 
-def approval_entry_kind(record: ApprovalRecord) -> str:
+def approval_entry_kind(record: ApprovalFields) -> str:
     """The kind of the audit entry that the approval's latest change appended."""
     if record.consumed_at is not None:
         return "approval.consumed"
@@ -119,6 +150,7 @@ __all__ = [
     "GENESIS_HASH",
     "MIN_AUDIT_KEY_BYTES",
     "RESERVED_KIND_PREFIX",
+    "ApprovalFields",
     "approval_digest",
     "approval_entry_kind",
     "args_digest",

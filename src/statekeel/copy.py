@@ -1,4 +1,6 @@
-"""Copy a whole store to another backend: ``await statekeel.copy_store(src_url, dst_url)``.
+"""Copy a whole store to another backend: ``await statekeel.copy_store(src_url, dst_url)`` opens the two
+stores (see :mod:`statekeel.store`) and hands their backends to :func:`copy_backend`, which this module
+holds; it knows backends only, never the ``Store`` facade.
 
 Every state kind that exists is copied table by table (parents first), in batches of ``batch_size`` rows,
 each batch one transaction in the destination. Rows are copied verbatim — sequence numbers, versions,
@@ -25,7 +27,6 @@ import orjson
 
 from .backends.base import CopyTableInfo, StorageBackend
 from .errors import ConflictError, InvalidArgument
-from .store import Store, open_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,44 +63,40 @@ class CopyReport:
 ProgressCallback = Callable[[str, int], object]
 
 
-async def copy_store(
-    src: str | Store,
-    dst: str | Store,
+def check_copy_options(batch_size: int, resume: bool, overwrite: bool) -> None:
+    """``InvalidArgument`` for a ``batch_size`` outside [1, 100000], or both ``resume`` and ``overwrite``."""
+    if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
+        raise InvalidArgument(f"batch_size must be an int in [1, 100000], got {batch_size!r}")
+    if resume and overwrite:
+        raise InvalidArgument("pass resume=True or overwrite=True, not both")
+
+
+async def copy_backend(
+    source: StorageBackend,
+    dest: StorageBackend,
     *,
     batch_size: int = 1000,
     resume: bool = False,
     overwrite: bool = False,
     on_batch: ProgressCallback | None = None,
 ) -> CopyReport:
-    """Copy every state kind from store ``src`` to store ``dst`` (URLs, or open :class:`Store` objects).
-
-    ``resume=True`` continues an interrupted copy into the same destination; ``overwrite=True`` empties a
-    non-empty destination first. ``on_batch(table, rows_copied_so_far)`` is called after each committed
-    batch. Raises ``ConflictError`` for a non-empty destination (neither flag given) and when the counts
-    differ at the end (each message says what to do; no other writer is involved); stores given as URLs
-    are opened (and migrated) and closed again.
-    """
-    if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
-        raise InvalidArgument(f"batch_size must be an int in [1, 100000], got {batch_size!r}")
-    if resume and overwrite:
-        raise InvalidArgument("pass resume=True or overwrite=True, not both")
-    for name, value in (("src", src), ("dst", dst)):
-        if not isinstance(value, str | Store):
-            raise InvalidArgument(f"{name} must be a store URL or a Store, got {type(value).__name__}")
-    if src is dst or (isinstance(src, str) and src == dst):
-        raise InvalidArgument("source and destination are the same store")
-    if isinstance(src, str) and src.startswith("memory:"):
-        raise InvalidArgument("a memory:// URL opens a new, empty store; pass the open Store instead")
-
+    """Copy every table of ``source`` into ``dest`` as :func:`statekeel.copy_store` describes (it opens
+    the stores; this takes their backends)."""
+    check_copy_options(batch_size, resume, overwrite)
     started = time.monotonic()
-    owned: list[Store] = []
-    try:
-        source = src if isinstance(src, Store) else await _open(src, owned)
-        dest = dst if isinstance(dst, Store) else await _open(dst, owned)
-        return await _copy(source, dest, batch_size, resume, overwrite, on_batch, started)
-    finally:
-        for store in owned:
-            await store.close()
+    await _refuse_same_database(source, dest)
+    infos = await source.copy_tables()
+    filled = await _prepare_destination(dest, infos, resume=resume, overwrite=overwrite)
+    copied = [await _copy_table(source, dest, info, batch_size, resume, on_batch) for info in infos]
+    verified = [await _verify_count(source, dest, item) for item in copied]
+    for info in infos:
+        await _compare(source, dest, info, batch_size)
+    return CopyReport(
+        tables=tuple(verified),
+        resumed=resume,
+        overwritten=overwrite and bool(filled),
+        seconds=time.monotonic() - started,
+    )
 
 
 async def _link(src_b: StorageBackend, dst_b: StorageBackend, table: str, batch_size: int) -> None:
@@ -155,37 +152,6 @@ async def _compare(
         if not src_page.rows:
             return
         after_src, after_dst = src_page.last_key, dst_page.last_key
-
-
-async def _open(url: str, owned: list[Store]) -> Store:
-    store = await open_store(url)
-    owned.append(store)
-    return store
-
-
-async def _copy(
-    source: Store,
-    dest: Store,
-    batch_size: int,
-    resume: bool,
-    overwrite: bool,
-    on_batch: ProgressCallback | None,
-    started: float,
-) -> CopyReport:
-    src_b, dst_b = source.backend, dest.backend
-    await _refuse_same_database(src_b, dst_b)
-    infos = await src_b.copy_tables()
-    filled = await _prepare_destination(dst_b, infos, resume=resume, overwrite=overwrite)
-    copied = [await _copy_table(src_b, dst_b, info, batch_size, resume, on_batch) for info in infos]
-    verified = [await _verify_count(src_b, dst_b, item) for item in copied]
-    for info in infos:
-        await _compare(src_b, dst_b, info, batch_size)
-    return CopyReport(
-        tables=tuple(verified),
-        resumed=resume,
-        overwritten=overwrite and bool(filled),
-        seconds=time.monotonic() - started,
-    )
 
 
 async def _refuse_same_database(src_b: StorageBackend, dst_b: StorageBackend) -> None:
@@ -278,3 +244,6 @@ async def _verify_count(src_b: StorageBackend, dst_b: StorageBackend, item: Tabl
             hint="",
         )
     return TableCopy(item.table, item.copied, src_n, dst_n, item.resumed_after)
+
+
+__all__ = ["CopyReport", "ProgressCallback", "TableCopy", "check_copy_options", "copy_backend"]

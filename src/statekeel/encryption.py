@@ -37,9 +37,9 @@ import orjson
 from .errors import DecryptionError, EncryptionError, InvalidArgument, PlaintextRefused, StatekeelError
 
 if TYPE_CHECKING:
-    from .backends.base import StorageBackend
     from .codec import Codec
     from .fallback import FallbackDir
+    from .resealing import Resealer
 
 VERSION = 1
 KEY_BYTES = 32
@@ -336,7 +336,7 @@ def reseal_fallback_files(files: FallbackDir | None) -> tuple[int, int]:
 
 
 async def rotate(
-    backend: StorageBackend,
+    backend: Resealer,
     current: str,
     batch_size: int,
     on_batch: RotationProgress | None = None,

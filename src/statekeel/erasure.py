@@ -42,7 +42,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .backends.base import ErasureBatch, StorageBackend
 from .errors import StatekeelError
@@ -50,9 +50,28 @@ from .fallback import SUFFIX, FallbackDir, file_stem
 from .validation import check_bool, check_int, check_key, check_text
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .audit import AuditLog
+    from .memory import MemoryStore
+    from .sessions import SessionManager
+    from .traces import TraceLog
 
 _QUARANTINED = SUFFIX + ".corrupt-"
+
+
+class Erasable(Protocol):
+    """What an erasure needs of a store (a :class:`statekeel.Store` has it): its backend, the buffered
+    tiers to flush, the sessions' cache and fallback files, and the audit log its entry goes to."""
+
+    @property
+    def backend(self) -> StorageBackend: ...
+    @property
+    def traces(self) -> TraceLog: ...
+    @property
+    def memory(self) -> MemoryStore: ...
+    @property
+    def sessions(self) -> SessionManager: ...
+    @property
+    def audit(self) -> AuditLog: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +194,7 @@ def _remove_files(files: FallbackDir, found: list[tuple[str, str | None]]) -> in
 
 
 async def erase(
-    store: Store, subject: str, *, dry_run: bool, actor: str, reason: str, batch_size: int = 100
+    store: Erasable, subject: str, *, dry_run: bool, actor: str, reason: str, batch_size: int = 100
 ) -> ErasureReport:
     """See the module documentation; ``Store.erase`` is the public entry."""
     check_key(subject, "subject")
@@ -276,4 +295,4 @@ async def erase(
     )
 
 
-__all__ = ["ErasureReport", "erase", "subject_digest"]
+__all__ = ["Erasable", "ErasureReport", "erase", "subject_digest"]

@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -43,7 +43,8 @@ from .errors import InvalidArgument, StorageCorrupt
 from .validation import check_bool, check_int
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .memory import MemoryStore
+    from .traces import TraceLog
 
 FORMAT = "statekeel-export"
 FORMAT_VERSION = 1
@@ -214,8 +215,21 @@ def _check_target(path: str, overwrite: bool) -> str:
     return target
 
 
+@runtime_checkable
+class Exportable(Protocol):
+    """What an export reads of a store (a :class:`statekeel.Store` has it): its backend, and the buffered
+    tiers it flushes first."""
+
+    @property
+    def backend(self) -> StorageBackend: ...
+    @property
+    def traces(self) -> TraceLog: ...
+    @property
+    def memory(self) -> MemoryStore: ...
+
+
 async def export_store(
-    store: Store,
+    store: Exportable,
     path: str | os.PathLike[str],
     *,
     sessions: Iterable[str] | None = None,
@@ -232,9 +246,7 @@ async def export_store(
     Raises ``InvalidArgument`` for bad arguments and an existing ``path`` (unless ``overwrite``), before
     anything is written.
     """
-    from .store import Store
-
-    if not isinstance(store, Store):
+    if not isinstance(store, Exportable):
         raise InvalidArgument(f"store must be an open statekeel Store, got {type(store).__name__}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgument(f"path must be a file path, got {type(path).__name__}")
@@ -347,4 +359,4 @@ def _publish(temp: str, target: str, overwrite: bool) -> None:
         os.close(fd)
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "KIND_GROUPS", "ExportReport", "export_store"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "KIND_GROUPS", "ExportReport", "Exportable", "export_store"]

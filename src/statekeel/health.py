@@ -13,17 +13,52 @@ unfinished workflows, lagging vectors) are normal in a store that agents are usi
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts
 from .recovery import RecoveryReport
-
-if TYPE_CHECKING:
-    from .store import Store, StoreInfo
 
 PROBLEM = "problem"
 NOTICE = "notice"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """Schema and health facts of a store, as :meth:`Store.info` reads them.
+
+    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"``, ``"postgresql"`` or
+    ``"nats"``.
+    ``pending_migrations`` lists ``(version, name)`` of migrations this code ships that the database has
+    not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
+    ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
+    ``fallback_files`` counts session fallback files waiting to be replayed. ``integrity`` lists the
+    problems the storage engine's check found (empty when healthy; None when not checked). ``incidents``
+    lists damage statekeel noticed in its own storage and nobody has acknowledged yet (e.g. a WAL file
+    deleted before its commits were checkpointed: writes were lost).
+    """
+
+    url: str
+    backend: str
+    schema_version: int
+    migrations: tuple[MigrationInfo, ...]
+    pending_migrations: tuple[tuple[int, str], ...]
+    counts: StateCounts | None
+    files: DatabaseFiles | None
+    fallback_dir: str | None
+    fallback_files: int
+    integrity: tuple[str, ...] | None
+    incidents: tuple[Incident, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """The integrity check ran and found nothing, no migration is pending, no fallback file waits and
+        no incident is unacknowledged."""
+        return (
+            self.integrity == ()
+            and not self.pending_migrations
+            and self.fallback_files == 0
+            and not self.incidents
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,14 +251,13 @@ def _findings(info: StoreInfo, rec: RecoveryReport) -> list[Finding]:
     return sorted(found, key=lambda f: f.severity != PROBLEM)
 
 
-async def health(store: Store, files_root: str | os.PathLike[str] | None = None) -> HealthReport:
-    """See :meth:`statekeel.Store.health`."""
-    # Both run the integrity check (it reads the whole database): info() needs its findings to count a
-    # damaged store's state, recover() to assess the damage.
-    info = await store.info()
-    rec = await store.recover(repair=False, files_root=files_root)
-    checks = tuple(c for c in _CHECKS if c != "drift" or files_root is not None)
-    return HealthReport(info=info, recovery=rec, findings=tuple(_findings(info, rec)), checks=checks)
+def health(info: StoreInfo, recovery: RecoveryReport, *, drift_checked: bool) -> HealthReport:
+    """The report of :meth:`statekeel.Store.health` from what the store's ``info()`` and
+    ``recover(repair=False)`` read (``drift_checked``: recovery compared the file ledger with the files)."""
+    checks = tuple(c for c in _CHECKS if c != "drift" or drift_checked)
+    return HealthReport(
+        info=info, recovery=recovery, findings=tuple(_findings(info, recovery)), checks=checks
+    )
 
 
-__all__ = ["NOTICE", "PROBLEM", "Finding", "HealthReport", "health"]
+__all__ = ["NOTICE", "PROBLEM", "Finding", "HealthReport", "StoreInfo", "health"]

@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 import orjson
 
@@ -38,9 +38,6 @@ from .backends.base import CopyTableInfo, StorageBackend
 from .errors import ConflictError, ExportCorrupt, ExportTooNew, InvalidArgument
 from .export import FORMAT, FORMAT_VERSION, ProgressCallback
 from .validation import check_int
-
-if TYPE_CHECKING:
-    from .store import Store
 
 ON_CONFLICT = ("fail",)
 # A header line longer than this is not one of ours (it names columns and counts, not data).
@@ -300,8 +297,16 @@ async def _load(
         chunks.close()
 
 
+@runtime_checkable
+class Importable(Protocol):
+    """What an import writes into (a :class:`statekeel.Store` has it): the store's backend."""
+
+    @property
+    def backend(self) -> StorageBackend: ...
+
+
 async def import_store(
-    store: Store,
+    store: Importable,
     path: str | os.PathLike[str],
     *,
     on_conflict: str = "fail",
@@ -315,9 +320,7 @@ async def import_store(
     ``ExportTooNew`` (newer format or schema), ``ConflictError`` (audit entries into a store that has
     some); and ``ConflictError`` for a record whose key the store already holds (nothing imported).
     """
-    from .store import Store
-
-    if not isinstance(store, Store):
+    if not isinstance(store, Importable):
         raise InvalidArgument(f"store must be an open statekeel Store, got {type(store).__name__}")
     if not isinstance(path, str | os.PathLike):
         raise InvalidArgument(f"path must be a file path, got {type(path).__name__}")
@@ -364,4 +367,4 @@ async def import_store(
     )
 
 
-__all__ = ["ImportReport", "import_store"]
+__all__ = ["ImportReport", "Importable", "import_store"]

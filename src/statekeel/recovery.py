@@ -50,24 +50,65 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .errors import AuditKeyRequired, InvalidArgument, StorageCorrupt
 from .transcripts import INTERRUPTED_TEXT
 from .validation import check_aware, check_bool
 
 if TYPE_CHECKING:
-    from .approvals import Approval
-    from .audit import AuditVerification
-    from .backends.base import Contradiction, Damage, Drift, Incident, SessionStepRecord, StepRecord
+    from .approvals import Approval, ApprovalLog
+    from .audit import AuditLog, AuditVerification
+    from .backends.base import (
+        Contradiction,
+        Damage,
+        Drift,
+        Incident,
+        SessionStepRecord,
+        StepRecord,
+        StorageBackend,
+    )
     from .fallback import ReplayReport
-    from .store import Store
-    from .tasks import Task
-    from .workflows import Workflow
+    from .files import FileLedger
+    from .memory import MemoryStore
+    from .sessions import SessionManager
+    from .tasks import Task, TaskManager
+    from .traces import TraceLog
+    from .vectors import VectorIndex
+    from .workflows import Workflow, WorkflowEngine
 
 log = logging.getLogger("statekeel.recovery")
 
 T = TypeVar("T")
+
+
+class Recoverable(Protocol):
+    """What recovery reads and repairs of a store (a :class:`statekeel.Store` has it): its URL and
+    backend, and every manager whose state a crash can leave half done."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def backend(self) -> StorageBackend: ...
+    @property
+    def audit(self) -> AuditLog: ...
+    @property
+    def sessions(self) -> SessionManager: ...
+    @property
+    def tasks(self) -> TaskManager: ...
+    @property
+    def approvals(self) -> ApprovalLog: ...
+    @property
+    def workflows(self) -> WorkflowEngine: ...
+    @property
+    def traces(self) -> TraceLog: ...
+    @property
+    def memory(self) -> MemoryStore: ...
+    @property
+    def files(self) -> FileLedger: ...
+    @property
+    def vectors(self) -> VectorIndex: ...
+
 
 INTERRUPTED_CONTENT = INTERRUPTED_TEXT
 _PAGE = 500
@@ -282,7 +323,9 @@ def _when(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool, now: dt.datetime) -> None:
+async def _repair_sessions(
+    store: Recoverable, report: RecoveryReport, repair: bool, now: dt.datetime
+) -> None:
     found = await store.sessions._recover_tool_calls(repair)
     report.orphaned_tool_calls = found.repaired
     report.sessions_busy = found.busy
@@ -292,7 +335,7 @@ async def _repair_sessions(store: Store, report: RecoveryReport, repair: bool, n
         await store.backend.purge_heartbeats(now - _HEARTBEAT_RETENTION)
 
 
-async def _expired_leases(store: Store, now: dt.datetime) -> list[Task]:
+async def _expired_leases(store: Recoverable, now: dt.datetime) -> list[Task]:
     return await store.backend.expired_task_leases(now)
 
 
@@ -311,7 +354,7 @@ async def _guarded(report: RecoveryReport, step: str, run: Callable[[], Awaitabl
         return default
 
 
-async def _assess_damage(store: Store, report: RecoveryReport, repair: bool) -> None:
+async def _assess_damage(store: Recoverable, report: RecoveryReport, repair: bool) -> None:
     """Name what the integrity check's problems cost, and rebuild damaged indexes (no data is lost)."""
     backend = store.backend
     report.damage = await backend.scan_damage()
@@ -326,7 +369,7 @@ async def _assess_damage(store: Store, report: RecoveryReport, repair: bool) -> 
         report.damage = [d for d in report.damage if not d.index_only]
 
 
-def _advice(store: Store, report: RecoveryReport) -> list[str]:
+def _advice(store: Recoverable, report: RecoveryReport) -> list[str]:
     advice: list[str] = []
     path = getattr(store.backend, "path", None) or store.url
     lost = [d for d in report.damage if not d.index_only]
@@ -441,7 +484,7 @@ def _decisions(report: RecoveryReport) -> list[str]:
 
 
 async def recover(
-    store: Store,
+    store: Recoverable,
     *,
     repair: bool = True,
     now: dt.datetime | None = None,
@@ -494,4 +537,4 @@ async def recover(
     return report
 
 
-__all__ = ["INTERRUPTED_CONTENT", "RecoveryReport", "recover"]
+__all__ = ["INTERRUPTED_CONTENT", "Recoverable", "RecoveryReport", "recover"]

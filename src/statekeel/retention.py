@@ -38,14 +38,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .backends.base import FreeSpace, PurgeBatch, StorageBackend
 from .errors import InvalidArgument
 from .validation import check_aware, check_bool, check_int
-
-if TYPE_CHECKING:
-    from .store import Store
 
 # Free pages given back per transaction (4 KiB pages: 8 MiB).
 RECLAIM_PAGES = 2048
@@ -164,8 +161,15 @@ class _Tally:
             await asyncio.sleep(pause)  # other processes' writers take the lock in between
 
 
+class Purgeable(Protocol):
+    """What a purge needs of a store (a :class:`statekeel.Store` has it): its backend."""
+
+    @property
+    def backend(self) -> StorageBackend: ...
+
+
 async def purge(
-    store: Store,
+    store: Purgeable,
     retention: Retention,
     now: dt.datetime | None,
     dry_run: bool,
@@ -277,7 +281,7 @@ def _before(now: dt.datetime, age: dt.timedelta | float) -> dt.datetime:
         return dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
-async def _space(store: Store, dry_run: bool, *, deleted: bool) -> tuple[FreeSpace | None, int]:
+async def _space(store: Purgeable, dry_run: bool, *, deleted: bool) -> tuple[FreeSpace | None, int]:
     """After a purge on a SQLite file: give free pages back (incremental auto-vacuum), then say how many
     are left. A dry run only reports."""
     backend = store.backend
@@ -297,4 +301,4 @@ async def _space(store: Store, dry_run: bool, *, deleted: bool) -> tuple[FreeSpa
     return space, reclaimed
 
 
-__all__ = ["PurgeReport", "Retention", "purge"]
+__all__ = ["PurgeReport", "Purgeable", "Retention", "purge"]

@@ -20,17 +20,18 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .approvals import ApprovalLog
 from .audit import AuditLog
-from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .backends.base import Incident, StateCounts, StorageBackend
 from .backends.nats.url import paired_url
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
+from .copy import CopyReport, ProgressCallback, check_copy_options, copy_backend
 from .encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
 from .erasure import ErasureReport, erase
 from .errors import InvalidArgument, NotFound, StorageCorrupt, Unsupported
 from .fallback import default_dir as default_fallback_dir
 from .files import FileLedger
-from .health import HealthReport, health
+from .health import HealthReport, StoreInfo, health
 from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .retention import PurgeReport, Retention, purge
@@ -82,45 +83,6 @@ class StoreOptions:
                 f"{type(self.audit_key).__name__}"
                 + (f" of {len(self.audit_key)} bytes" if isinstance(self.audit_key, bytes) else "")
             )
-
-
-@dataclass(frozen=True, slots=True)
-class StoreInfo:
-    """Schema and health facts of a store, as :meth:`Store.info` reads them.
-
-    ``url`` has its password blanked out; ``backend`` is ``"sqlite"``, ``"memory"``, ``"postgresql"`` or
-    ``"nats"``.
-    ``pending_migrations`` lists ``(version, name)`` of migrations this code ships that the database has
-    not applied. ``counts`` is None only when the integrity check found the schema too damaged to count.
-    ``files`` gives the sizes of a SQLite store's database and WAL (None in memory and on PostgreSQL).
-    ``fallback_files`` counts session fallback files waiting to be replayed. ``integrity`` lists the
-    problems the storage engine's check found (empty when healthy; None when not checked). ``incidents``
-    lists damage statekeel noticed in its own storage and nobody has acknowledged yet (e.g. a WAL file
-    deleted before its commits were checkpointed: writes were lost).
-    """
-
-    url: str
-    backend: str
-    schema_version: int
-    migrations: tuple[MigrationInfo, ...]
-    pending_migrations: tuple[tuple[int, str], ...]
-    counts: StateCounts | None
-    files: DatabaseFiles | None
-    fallback_dir: str | None
-    fallback_files: int
-    integrity: tuple[str, ...] | None
-    incidents: tuple[Incident, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """The integrity check ran and found nothing, no migration is pending, no fallback file waits and
-        no incident is unacknowledged."""
-        return (
-            self.integrity == ()
-            and not self.pending_migrations
-            and self.fallback_files == 0
-            and not self.incidents
-        )
 
 
 DEFAULT_URL = "sqlite:///statekeel.db"
@@ -364,7 +326,11 @@ class Store:
             for finding in report.problems:
                 print(finding.check, finding.detail, "->", finding.advice)
         """
-        return await health(self, files_root)
+        # Both run the integrity check (it reads the whole database): info() needs its findings to count a
+        # damaged store's state, recover() to assess the damage.
+        info = await self.info()
+        recovery = await self.recover(repair=False, files_root=files_root)
+        return health(info, recovery, drift_checked=files_root is not None)
 
     async def incidents(self, *, include_acknowledged: bool = False) -> list[Incident]:
         """Damage statekeel noticed in its own storage (oldest first): those nobody acknowledged yet, or all.
@@ -434,7 +400,9 @@ class Store:
         report = await store.backup("agent-state.backup.db")
         print(report.path, report.bytes)
         """
-        return await backup(self, dest)
+        return await backup(
+            self.backend, dest, busy_timeout_ms=self.options.busy_timeout_ms, open_copy=open_store
+        )
 
     async def rotate_encryption_key(
         self, *, batch_size: int = 500, on_batch: RotationProgress | None = None
@@ -606,3 +574,52 @@ def open_store(
     )
     # Here, not at the await: a bad call fails where it is made.
     return _Opener(resolve_url(url), options)
+
+
+async def copy_store(
+    src: str | Store,
+    dst: str | Store,
+    *,
+    batch_size: int = 1000,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_batch: ProgressCallback | None = None,
+) -> CopyReport:
+    """Copy every state kind from store ``src`` to store ``dst`` (URLs, or open :class:`Store` objects).
+    See :mod:`statekeel.copy`.
+
+    ``resume=True`` continues an interrupted copy into the same destination; ``overwrite=True`` empties a
+    non-empty destination first. ``on_batch(table, rows_copied_so_far)`` is called after each committed
+    batch. Raises ``ConflictError`` for a non-empty destination (neither flag given) and when the counts
+    differ at the end (each message says what to do; no other writer is involved); stores given as URLs
+    are opened (and migrated) and closed again.
+    """
+    check_copy_options(batch_size, resume, overwrite)
+    for name, value in (("src", src), ("dst", dst)):
+        if not isinstance(value, str | Store):
+            raise InvalidArgument(f"{name} must be a store URL or a Store, got {type(value).__name__}")
+    if src is dst or (isinstance(src, str) and src == dst):
+        raise InvalidArgument("source and destination are the same store")
+    if isinstance(src, str) and src.startswith("memory:"):
+        raise InvalidArgument("a memory:// URL opens a new, empty store; pass the open Store instead")
+    owned: list[Store] = []
+    try:
+        source = src if isinstance(src, Store) else await _owned(src, owned)
+        dest = dst if isinstance(dst, Store) else await _owned(dst, owned)
+        return await copy_backend(
+            source.backend,
+            dest.backend,
+            batch_size=batch_size,
+            resume=resume,
+            overwrite=overwrite,
+            on_batch=on_batch,
+        )
+    finally:
+        for store in owned:
+            await store.close()
+
+
+async def _owned(url: str, owned: list[Store]) -> Store:
+    store = await open_store(url)
+    owned.append(store)
+    return store

@@ -4,7 +4,7 @@ Every method is a state-semantic operation that is atomic on its own; ``async wi
 groups several into one transaction. Managers (``statekeel.sessions`` …) hold the semantics that do not
 depend on a backend and talk to storage only through this contract. Each kind's ABC lives beside the
 records it exchanges (frozen dataclasses) in :mod:`statekeel.backends.contract`; this module re-exports
-them all.
+them all, and is where the rest of statekeel imports a record from.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..health import PROBLEM, HealthReport
-from ..store import StoreInfo, redact_url
+from ..health import PROBLEM, HealthReport, StoreInfo
+from ..store import redact_url
 from . import main
 from .common import (
     Keys,

@@ -50,8 +50,7 @@ except ImportError as exc:  # an optional extra
         f"statekeel.integrations.langgraph_store needs LangGraph: pip install 'statekeel[langgraph]' ({exc})"
     ) from exc
 
-from ..backends.base import MEMORY_TYPES, every_item
-from ..backends.records import Memory
+from ..backends.base import MEMORY_TYPES, Memory, every_item
 from ..errors import (
     DimensionMismatch,
     InvalidConfig,

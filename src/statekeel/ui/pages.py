@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ..audit import AuditEntry, AuditVerification
-from ..backends.records import (
+from ..backends.base import (
     SESSION_STATUSES,
     SPAN_STATUSES,
     TASK_STATUSES,

@@ -20,7 +20,7 @@ from typing import Any
 from asyncmy import errors as my
 
 from ...errors import MigrationError
-from ..records import MigrationInfo
+from ..base import MigrationInfo
 from ..sql.migrations import Migration, pending, refuse_upgrade
 from .errors import is_connection_error, translate
 from .target import MyTarget

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from ...errors import MigrationError
-from ..records import MigrationInfo
+from ..base import MigrationInfo
 from ..sql.migrations import Migration, pending, refuse_upgrade
 from .errors import CONNECTION_ERRORS, translate
 from .target import PgTarget

@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..records import Damage
+from ..base import Damage
 
 _BATCH = 256
 _MAX_ROWID = 2**63 - 1

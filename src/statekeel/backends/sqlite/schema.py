@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ...errors import BackendUnavailable, InvalidArgument, MigrationError, StorageCorrupt
-from ..records import MigrationInfo
+from ..base import MigrationInfo
 from ..sql import from_micros, to_micros
 from ..sql.migrations import Migration, pending, refuse_upgrade
 
