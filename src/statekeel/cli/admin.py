@@ -26,6 +26,7 @@ from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
 from ..store import copy_store, open_store, redact_url, sqlite_file
+from ..wording import counted
 from . import main
 from .common import (
     KEY_FILE_ENV,
@@ -177,7 +178,7 @@ def _names(report: RecoveryReport) -> dict[str, list[str]]:
     return {
         "fallback_replayed": []
         if fallback is None
-        else [f"session {key}: {n} message(s)" for key, n in sorted(fallback.replayed.items())],
+        else [f"session {key}: {counted(n, 'message')}" for key, n in sorted(fallback.replayed.items())],
         "fallback_left": []
         if fallback is None
         else [f"{what}: {why}" for what, why in sorted({**fallback.failed, **fallback.quarantined}.items())]
@@ -193,7 +194,8 @@ def _names(report: RecoveryReport) -> dict[str, list[str]]:
         "indexes_rebuilt": list(report.indexes_rebuilt),
         "integrity_problems": list(report.integrity_problems),
         "damaged_tables": [
-            f"{d.table}: " + ("index only" if d.index_only else f"{len(d.unreadable)} unreadable row(s)")
+            f"{d.table}: "
+            + ("index only" if d.index_only else f"{counted(len(d.unreadable), 'unreadable row')}")
             for d in report.damage
         ],
         "incidents": [f"incident {i.id} ({i.kind}), {_when(i.detected_at)}" for i in report.incidents],
@@ -252,8 +254,8 @@ def audit_verify(ctx: click.Context, db: str | None, key_file: str | None, as_js
     elif result.ok:
         authenticated = f", {result.authenticated} authenticated" if result.authenticated else ""
         console().print(
-            f"[green]audit chain ok[/green]: {result.count} entries{authenticated}, "
-            f"{result.approvals} approvals checked"
+            f"[green]audit chain ok[/green]: {counted(result.count, 'entry')}{authenticated}, "
+            f"{counted(result.approvals, 'approval')} checked"
         )
     else:
         console().print(
@@ -322,7 +324,7 @@ def migrate(
             echo_json({"schema_version": version, "pending": pending})
         elif pending:
             out.print(
-                f"schema version {version}: {len(pending)} migration(s) pending "
+                f"schema version {version}: {counted(len(pending), 'migration')} pending "
                 f"({', '.join(map(str, pending))}); run: statekeel migrate"
             )
         else:
@@ -334,7 +336,7 @@ def migrate(
     elif after == version and not pending:
         out.print(f"schema version {after}: already up to date")
     else:
-        out.print(f"schema version {version} → {after}: {after - version} migration(s) applied")
+        out.print(f"schema version {version} → {after}: {counted(after - version, 'migration')} applied")
 
 
 async def _backup(url: str, keys: Keys | None, dest: str) -> BackupReport:
@@ -391,8 +393,8 @@ async def _copy(src: str, dst: str, force: bool, batch_size: int, progress: Prog
                 raise  # not the refusal of a destination that holds data
             raise Failure(
                 f"the destination {redact_url(dst)} is not empty ({exc.fields.get('table')} holds "
-                f"{rows} rows); nothing was copied: pass --force to replace its contents, or copy into "
-                "a new store"
+                f"{counted(rows, 'row') if isinstance(rows, int) else rows}); nothing was copied: "
+                "pass --force to replace its contents, or copy into a new store"
             ) from None
     for item in report.tables:
         if item.table in tasks:
@@ -448,7 +450,8 @@ def _print_copy(report: CopyReport, src: str, dst: str) -> None:
     if not report.verified:
         raise Failure("the row counts of the source and the destination differ")
     out.print(
-        f"copied {report.copied} rows from {redact_url(src)} to {redact_url(dst)} in {report.seconds:.2f} s; "
+        f"copied {counted(report.copied, 'row')} from {redact_url(src)} to {redact_url(dst)} in "
+        f"{report.seconds:.2f} s; "
         "every table verified"
         + (" (the destination's earlier contents were replaced)" if report.overwritten else ""),
         markup=False,
@@ -540,13 +543,14 @@ def gc(
     out.print(table)
     verb = "would delete" if dry_run else "deleted"
     out.print(
-        f"{verb} {report.total} rows in {report.batches} batches, {report.seconds:.2f} s "
+        f"{verb} {counted(report.total, 'row')} in {counted(report.batches, 'batch')}, "
+        f"{report.seconds:.2f} s "
         f"(longest batch {report.longest_batch_seconds * 1000:.0f} ms)"
     )
     if report.free_pages is not None:
         out.print(f"free pages left in the file: {report.free_pages} (given back: {report.reclaimed_pages})")
     if free is not None:
-        out.print(f"vacuumed: {free} free pages left")
+        out.print(f"vacuumed: {counted(free, 'free page')} left")
 
 
 async def _rotate(

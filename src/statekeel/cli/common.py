@@ -12,15 +12,15 @@ import re
 import stat
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 from rich.console import Console, HighlighterType, JustifyMethod, OverflowMethod
 from rich.style import Style
 from rich.text import Text
 
+from .. import reading
 from ..chain import MIN_AUDIT_KEY_BYTES
 from ..encryption import read_key_file
 from ..errors import (
@@ -32,7 +32,8 @@ from ..errors import (
     StatekeelError,
 )
 from ..retention import Retention
-from ..store import Store, open_store, redact_url, resolve_url, sqlite_file, sqlite_path
+from ..store import Store, resolve_url
+from ..wording import counted
 
 T = TypeVar("T")
 Keys = tuple[bytes, ...]
@@ -137,7 +138,8 @@ def failure(exc: BaseException, doing: str = "") -> Failure:
             extra = " — statekeel migrate creates the schema"
         else:
             extra = " — to upgrade it: stop its agents, back it up (statekeel backup), then statekeel migrate"
-    return Failure(f"{prefix}{type(exc).__name__}: {exc}{extra}")
+    text = reading.error_text(exc) if isinstance(exc, StatekeelError) else f"{type(exc).__name__}: {exc}"
+    return Failure(f"{prefix}{text}{extra}")
 
 
 def db_option(fn: F) -> F:
@@ -304,72 +306,43 @@ def store_url(db: str | None, what: str = "--db") -> str:
 
 
 def check_url(url: str, what: str = "--db") -> None:
-    """A :class:`Failure` for a URL that does not parse or that no command can use; ``what`` names
-    where it came from in the message."""
+    """A :class:`Failure` for a URL that does not parse or that no command can use (the viewer's check
+    too: :func:`statekeel.reading.check_url`); ``what`` names where it came from in the message."""
     try:
-        parts = urlsplit(url)
-        scheme = parts.scheme
-        if scheme == "sqlite":
-            sqlite_path(url)
-        elif scheme in ("postgresql", "postgres"):
-            _ = parts.port  # ValueError for a port that is not a number
-            if not parts.hostname and "host=" not in parts.query:
-                raise Failure(
-                    f"{what} {redact_url(url)}: a PostgreSQL URL needs a host: postgresql://user@host/db"
-                )
-        elif scheme in ("mysql", "mariadb"):
-            _ = parts.port
-            if not parts.hostname or not parts.path.strip("/"):
-                raise Failure(
-                    f"{what} {redact_url(url)}: a MariaDB URL needs a host and a database: "
-                    "mariadb://user@host:3306/db"
-                )
-        elif scheme == "memory":
-            raise Failure(
-                f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
-                "of a sqlite:/// file or a postgresql:// database"
-            )
-        else:
-            raise Failure(
-                f"{what} {redact_url(url)!r} is not a store URL; use sqlite:///file.db, "
-                "sqlite:////abs/path.db, postgresql://user@host:5432/db or mariadb://user@host:3306/db"
-            )
-    except StatekeelError as exc:
-        raise Failure(f"{what}: {exc}") from None
-    except ValueError as exc:
-        raise Failure(f"{what} {redact_url(url)!r} does not parse: {exc}") from None
+        reading.check_url(url, what)
+    except InvalidArgument as exc:
+        raise Failure(str(exc)) from None
 
 
 def require_existing(url: str) -> None:
     """A :class:`Failure` when ``url`` names a SQLite file that does not exist: opening would create it."""
-    path = sqlite_file(url)
-    if path is not None and not os.path.exists(path):
-        raise Failure(
-            f"no store at {path}: the file does not exist (nothing was created); pass --db URL or set "
-            "$STATEKEEL_URL"
-        )
+    try:
+        reading.require_existing(url)
+    except InvalidArgument as exc:
+        raise Failure(str(exc)) from None
 
 
-def open_for_reading(
+@asynccontextmanager
+async def open_for_reading(
     url: str,
     keys: Keys | None = None,
     *,
     retention: Retention | None = None,
     encrypt_existing: bool = False,
-) -> AbstractAsyncContextManager[Store]:
-    """Open an existing store, with its encryption ``keys`` if given, without changing its schema
-    (``migrate=False``): a store an agent of another version shares must not be upgraded by looking at it
-    (nor by a command that repairs or purges it). The audit key is the command's
-    (:func:`command_audit_key`)."""
-    require_existing(url)
-    return open_store(
+) -> AsyncIterator[Store]:
+    """Open an existing store with :func:`statekeel.reading.open_for_reading` (the viewer's opener),
+    with its encryption ``keys`` if given and the command's audit key (:func:`command_audit_key`), and
+    close it at the end of the block: its schema is never changed, by looking at it nor by a command that
+    repairs or purges it."""
+    store = await reading.open_for_reading(
         url,
-        migrate=False,
-        retention=retention,
         encryption_key=keys,
-        encrypt_existing=encrypt_existing,
         audit_key=command_audit_key(),
+        retention=retention,
+        encrypt_existing=encrypt_existing,
     )
+    async with store:
+        yield store
 
 
 async def collect(items: AsyncIterator[T], limit: int | None) -> list[T]:
@@ -394,11 +367,24 @@ def run(coro: Coroutine[Any, Any, T], doing: str = "") -> T:
         raise failure(exc, doing) from None
 
 
+UNWRAPPED_WIDTH = 1_000_000
+"""The width of a console that is not a terminal and has no ``$COLUMNS``: wide enough that no line of
+stored data is ever cut in two (a pipe, a file, a log keeps each line whole)."""
+
+
+def output_width() -> int | None:
+    """The width commands print at: the terminal's (None: rich asks it, or takes ``$COLUMNS``), and into
+    a pipe or a file ``$COLUMNS`` if it is set, else :data:`UNWRAPPED_WIDTH` (no wrapping at 80
+    columns)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return None
+    return UNWRAPPED_WIDTH
+
+
 def console() -> Console:
     """The console commands print to (no syntax highlighting, no emoji codes: values are shown as they
-    are, control characters escaped — see :class:`SafeConsole`). Into a pipe or a file, lines are not cut
-    at 80 columns."""
-    return SafeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
+    are, control characters escaped — see :class:`SafeConsole`), at :func:`output_width`."""
+    return SafeConsole(highlight=False, width=output_width())
 
 
 def _plain(value: Any) -> Any:
@@ -441,4 +427,4 @@ def size_text(n: int) -> str:
     """``512 bytes``, ``4.1 kB``, ``12.3 MB``."""
     if n >= 1_000_000:
         return f"{n / 1e6:.1f} MB"
-    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
+    return f"{n / 1e3:.1f} kB" if n >= 1000 else counted(n, "byte")

@@ -28,7 +28,8 @@ from ..demo.story_report import StoryPrinter, as_json
 from ..errors import StatekeelError
 from ..store import resolve_url
 from . import main, redact_url
-from .common import SafeConsole, visible
+from .common import console as make_console
+from .common import visible
 
 
 def _fail(ctx: click.Context, message: str) -> None:
@@ -120,7 +121,7 @@ def demo(
             f"--db {redact_url(url)!r}: the agent is another process, so the store must be a sqlite:/// "
             "file or a postgresql:// database",
         )
-    console = SafeConsole(highlight=False)
+    console = make_console()
     started = time.perf_counter()
     # The story's project lives in a temporary directory even on a given store; the stress demo needs
     # one only for its database.

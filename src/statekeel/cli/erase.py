@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..erasure import ErasureReport
 from ..store import redact_url
+from ..wording import counted
 from . import main
 from .common import (
     Failure,
@@ -80,10 +81,13 @@ def erase(
     out.print(table)
     verb = "would delete" if dry_run else "deleted"
     tail = "" if dry_run else f"; audit entry {report.audit_seq} records it"
-    out.print(f"{verb} {report.total} records and files in {report.seconds:.2f} s{tail}", markup=False)
+    out.print(
+        f"{verb} {counted(report.total, 'record')} and files in {report.seconds:.2f} s{tail}", markup=False
+    )
     if report.leases_held:
         out.print(
-            f"{report.leases_held} session lease(s) held by a live agent were kept: run the erasure again "
+            f"{counted(report.leases_held, 'session lease')} held by a live agent "
+            f"{'was' if report.leases_held == 1 else 'were'} kept: run the erasure again "
             "once it has stopped",
             markup=False,
         )

@@ -18,6 +18,7 @@ from ..backup import discard_files
 from ..export import KIND_GROUPS, ExportReport, export_store
 from ..imports import ImportReport, import_store
 from ..store import open_store, redact_url, sqlite_file
+from ..wording import counted
 from . import main
 from .common import (
     Keys,
@@ -124,7 +125,7 @@ def export_command(
     out = console()
     out.print(_counts_table(report.counts))
     out.print(
-        f"exported {report.records} records of {redact_url(url)} to {report.path} "
+        f"exported {counted(report.records, 'record')} of {redact_url(url)} to {report.path} "
         f"({size_text(report.bytes)}, sha256 {report.sha256[:16]}…) in {report.seconds:.2f} s",
         markup=False,
     )
@@ -154,7 +155,7 @@ def import_export_file(url: str, keys: Keys | None, as_json: bool, file: str) ->
     out = console()
     out.print(_counts_table(report.counts))
     out.print(
-        f"imported {report.records} records from {report.path} into {redact_url(url)} in "
+        f"imported {counted(report.records, 'record')} from {report.path} into {redact_url(url)} in "
         f"{report.seconds:.2f} s; counts and sha256 verified",
         markup=False,
     )

@@ -15,6 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..store import open_store, redact_url
+from ..wording import counted
 from . import main
 from .common import (
     command_audit_key,
@@ -101,13 +102,14 @@ def import_(
     if as_json:
         echo_json(report)
         return
-    what = ("sessions", "items") if source == "openai-agents-sqlite" else ("threads", "checkpoints")
+    what = ("session", "item") if source == "openai-agents-sqlite" else ("thread", "checkpoint")
     line = (
-        f"imported {report.units} {what[0]}, {report.records} {what[1]} from {path} into {redact_url(url)}: "
+        f"imported {counted(report.units, what[0])}, {counted(report.records, what[1])} from {path} into "
+        f"{redact_url(url)}: "
         f"{report.added} added, {report.skipped} already there"
     )
     if source == "langgraph-sqlite":
-        line += f", {report.writes} pending writes"
+        line += f", {counted(report.writes, 'pending write')}"
     console().print(line, markup=False)
 
 

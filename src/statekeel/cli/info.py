@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..health import PROBLEM, HealthReport, StoreInfo
 from ..store import redact_url
+from ..wording import counted
 from . import main
 from .common import (
     Keys,
@@ -83,7 +84,7 @@ def _print_health(out: Console, report: HealthReport) -> None:
     if report.ok:
         out.print("[green]no problems found[/green]")
     else:
-        out.print(f"[red]{len(report.problems)} problem(s) found[/red]")
+        out.print(f"[red]{counted(len(report.problems), 'problem')} found[/red]")
 
 
 def _health_json(report: HealthReport) -> dict[str, Any]:

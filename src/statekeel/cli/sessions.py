@@ -19,6 +19,7 @@ from rich.tree import Tree
 from ..backends.base import SESSION_STATUSES, LoadedSession, SessionRecord
 from ..store import redact_url
 from ..ui.transcript import Entry, Fold, Part, ToolCall, build_transcript, compact, pretty
+from ..wording import counted
 from . import main
 from .common import (
     Failure,
@@ -68,7 +69,7 @@ def sessions(
         return
     if tree:
         out.print(_tree(found))
-        out.print(f"{len(found)} session(s)")
+        out.print(counted(len(found), "session"))
         return
     table = Table(show_edge=False)
     table.add_column("session", overflow="fold")  # keys are what show takes: never cut
@@ -85,7 +86,7 @@ def sessions(
             r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     out.print(table)
-    out.print(f"{len(found)} session(s)")
+    out.print(counted(len(found), "session"))
 
 
 def _tree(found: list[SessionRecord]) -> Tree:
@@ -104,7 +105,8 @@ def _tree(found: list[SessionRecord]) -> Tree:
             else f", forked from {escape(record.parent_key)} at #{record.parent_seq}"
         )
         branch = node.add(
-            f"{escape(record.key)} [dim]({record.status}, {record.head_seq} message(s){forked})[/dim]"
+            f"{escape(record.key)} [dim]({record.status}, "
+            f"{counted(record.head_seq, 'message')}{forked})[/dim]"
         )
         for child in sorted(children.get(record.key, []), key=lambda c: (c.parent_seq or 0, c.key)):
             add(branch, child)
@@ -181,8 +183,9 @@ def _print_transcript(out: Console, loaded: LoadedSession, waiting: bool) -> Non
     record = loaded.record
     view = build_transcript(loaded.messages, first_seq=loaded.first_seq, summaries=loaded.summaries)
     out.print(
-        f"[bold]session {escape(record.key)}[/bold] — {record.status}, {record.head_seq} message(s), "
-        f"{record.last_consolidated} archived, {view.calls} tool call(s), "
+        f"[bold]session {escape(record.key)}[/bold] — {record.status}, "
+        f"{counted(record.head_seq, 'message')}, "
+        f"{record.last_consolidated} archived, {counted(view.calls, 'tool call')}, "
         f"updated {record.updated_at.isoformat(timespec='seconds')}"
     )
     if waiting:
@@ -216,9 +219,13 @@ def _print_transcript(out: Console, loaded: LoadedSession, waiting: bool) -> Non
     if fork_at is not None:
         fork_point(fork_at)  # nothing of its own yet
     if view.dangling:
-        out.print(f"[red]{len(view.dangling)} tool call(s) without a result[/red]")
+        out.print(f"[red]{counted(len(view.dangling), 'tool call')} without a result[/red]")
     if view.orphans:
-        out.print(f"[red]{len(view.orphans)} result(s) that answer no call where they are[/red]")
+        out.print(
+            f"[red]{counted(len(view.orphans), 'result')} that answer"
+            + ("s no call where it is" if len(view.orphans) == 1 else " no call where they are")
+            + "[/red]"
+        )
 
 
 def _as_json(loaded: LoadedSession, waiting: bool) -> dict[str, Any]:

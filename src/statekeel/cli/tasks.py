@@ -15,6 +15,7 @@ from rich.table import Table
 from ..backends.base import TASK_STATUSES, Span, TaskRecord
 from ..store import redact_url
 from ..ui.layout import waterfall
+from ..wording import counted
 from . import main
 from .common import (
     Failure,
@@ -86,7 +87,7 @@ def tasks(
             _when(t.lease_expires_at),
         )
     out.print(table)
-    out.print(f"{len(found)} task(s)")
+    out.print(counted(len(found), "task"))
 
 
 async def _trace(url: str, keys: Keys | None, trace_id: str) -> list[Span]:
@@ -113,7 +114,7 @@ def trace(db: str | None, key_file: str | None, as_json: bool, trace_id: str) ->
         return
     out = console()
     view = waterfall(spans)
-    out.print(f"[bold]trace {escape(trace_id)}[/bold] — {len(spans)} span(s), {view.total}")
+    out.print(f"[bold]trace {escape(trace_id)}[/bold] — {counted(len(spans), 'span')}, {view.total}")
     for bar in view.bars:
         span = bar.span
         status = {"error": "[red]error[/red]", "ok": "[green]ok[/green]"}.get(span.status, span.status)

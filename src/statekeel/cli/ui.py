@@ -9,7 +9,7 @@ import click
 
 from ..errors import StatekeelError
 from . import main, redact_url
-from .common import audit_key_option, command_audit_key, key_file_option, store_keys, visible
+from .common import audit_key_option, command_audit_key, failure, key_file_option, store_keys, store_url
 
 
 @main.command()
@@ -41,7 +41,7 @@ def ui(
     except ImportError as exc:
         click.echo(f"statekeel ui needs the ui extra: pip install 'statekeel[ui]' ({exc})", err=True)
         ctx.exit(1)
-    url = url or ctx.obj["url"]
+    url = store_url(url)  # the commands' check: the same error for the same URL
     keys = store_keys(key_file)
 
     def ready(address: str) -> None:
@@ -63,9 +63,8 @@ def ui(
             )
         )
     except (StatekeelError, OSError) as exc:
-        message = visible(" ".join(str(exc).split()))
-        click.echo(f"statekeel ui: cannot serve {redact_url(url)}: {type(exc).__name__}: {message}", err=True)
-        ctx.exit(1)
+        # As every command says it (the opener's errors read the same as theirs), on one line.
+        raise failure(exc, f"cannot serve {redact_url(url)}") from None
     except KeyboardInterrupt:
         pass
     finally:

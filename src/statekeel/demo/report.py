@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..wording import counted
 from .runner import DemoResult
 
 
@@ -19,8 +20,8 @@ def render(console: Console, result: DemoResult, *, where: str) -> None:
             else f"exited by itself (code {cycle.returncode})"
         )
         console.print(
-            f"  run {n}: writer pid {cycle.pid} acknowledged {cycle.acknowledged} messages "
-            f"({cycle.acknowledged // 4} turns), then was {how}."
+            f"  run {n}: writer pid {cycle.pid} acknowledged {counted(cycle.acknowledged, 'message')} "
+            f"({counted(cycle.acknowledged // 4, 'turn')}), then was {how}."
         )
     v = result.verification
     table = Table(title="after reopening the store", title_justify="left", show_edge=False)
@@ -37,10 +38,12 @@ def render(console: Console, result: DemoResult, *, where: str) -> None:
     extra = v.stored - v.acknowledged
     if v.ok:
         console.print(
-            f"[green]verified[/green]: all {v.acknowledged} acknowledged messages survived the kill, "
+            f"[green]verified[/green]: {'the' if v.acknowledged == 1 else 'all'} "
+            f"{counted(v.acknowledged, 'acknowledged message')} survived the kill, "
             "in order, "
             f"with dense sequence numbers and the exact content written ({result.verify_s * 1000:.0f} ms). "
-            f"{extra} more were committed just before the kill without being acknowledged. "
+            f"{extra} more {'was' if extra == 1 else 'were'} committed just before the kill without being "
+            "acknowledged. "
             "integrity_check: ok."
         )
         return

@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import StatekeelError
 from ..store import Store, open_store
 from ..transcripts import analyze
+from ..wording import counted
 from . import workspace as ws
 from .story_agent import CRASH_POINTS, STEP_TESTS, message_digest, names
 
@@ -283,13 +284,13 @@ async def _in_doubt_check(
     if problems:
         return Check("in_doubt_resolved", False, "; ".join(problems))
     if not surfaced:
-        detail = f"nothing was in doubt; all {len(steps)} steps succeeded"
+        detail = f"nothing was in doubt; {_all(len(steps), 'step')} succeeded"
     else:
         how = [
             f"{s} ({resolved[s]} after checking)" if s in resolved else f"{s} (idempotent: ran again)"
             for s in surfaced
         ]
-        detail = f"surfaced by recover() and resolved: {', '.join(how)}; all {len(steps)} steps succeeded"
+        detail = f"surfaced by recover() and resolved: {', '.join(how)}; {_all(len(steps), 'step')} succeeded"
     return Check("in_doubt_resolved", True, detail)
 
 
@@ -302,13 +303,14 @@ async def _transcript_check(store: Store, key: str) -> Check:
     problems: list[str] = []
     if not state.consistent:
         problems.append(
-            f"{len(state.unanswered)} call(s) without a result, {len(state.orphans)} result(s) without a "
-            f"call, {len(state.malformed)} malformed"
+            f"{counted(len(state.unanswered), 'call')} without a result, "
+            f"{counted(len(state.orphans), 'result')} without a call, {len(state.malformed)} malformed"
         )
     if not window.consistent:
         problems.append("history() would hand the model an unanswered call")
     if session.pending_calls():
-        problems.append(f"{len(session.pending_calls())} call(s) still wait for a result")
+        waiting = len(session.pending_calls())
+        problems.append(f"{counted(waiting, 'call')} still wait{'s' if waiting == 1 else ''} for a result")
     last = session.messages[-1] if session.messages else {}
     if last.get("role") != "assistant" or last.get("tool_calls"):
         problems.append("the transcript does not end with the model's answer")
@@ -321,7 +323,8 @@ async def _transcript_check(store: Store, key: str) -> Check:
     return Check(
         "transcript_valid",
         True,
-        f"{len(state.calls)} tool calls, {len(state.results)} results, each call exactly one{extra}",
+        f"{counted(len(state.calls), 'tool call')}, {counted(len(state.results), 'result')}, each call "
+        f"exactly one{extra}",
     )
 
 
@@ -406,7 +409,14 @@ async def _audit_check(store: Store) -> Check:
     verification = await store.audit.verify()
     if not verification.ok:
         return Check("audit_verified", False, f"the audit chain breaks at {verification.first_bad_seq}")
-    return Check("audit_verified", True, f"the hash chain of {verification.count} audit entries verifies")
+    return Check(
+        "audit_verified", True, f"the hash chain of {counted(verification.count, 'audit entry')} verifies"
+    )
+
+
+def _all(n: int, noun: str) -> str:
+    """``the 1 step``, ``all 3 steps``."""
+    return f"{'the' if n == 1 else 'all'} {counted(n, noun)}"
 
 
 __all__ = ["AgentRun", "Check", "StoryFailed", "StoryResult", "run_story", "verify_story"]

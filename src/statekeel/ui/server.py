@@ -6,14 +6,12 @@ loopback interface without a token, a store that does not exist or does not open
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import os
 import socket
 from collections.abc import Callable, Sequence
 
 from ..errors import InvalidArgument
-from ..store import Store, open_store, sqlite_file
+from ..reading import open_for_reading
 from .app import LOOPBACK_NAMES, create_app
 
 MIN_TOKEN_CHARS = 16
@@ -42,19 +40,6 @@ def check_binding(host: str, token: str | None) -> None:
             f"--host {host} can be reached from other machines: pass --token (or $STATEKEEL_UI_TOKEN) so "
             "that every request must carry it, or bind to 127.0.0.1"
         )
-
-
-async def open_for_reading(
-    url: str, encryption_key: bytes | Sequence[bytes] | None = None, audit_key: bytes | None = None
-) -> Store:
-    """Open the store at ``url`` (with its ``encryption_key``, if encrypted, and its ``audit_key``, if
-    its audit chain is keyed) without changing it:
-    ``migrate=False``, and a SQLite file that does not exist is an error (opening it would create an empty
-    database)."""
-    path = sqlite_file(url)
-    if path is not None and not await asyncio.to_thread(os.path.exists, path):
-        raise InvalidArgument(f"no store at {path}; pass --db with the URL of an existing store")
-    return await open_store(url, migrate=False, encryption_key=encryption_key, audit_key=audit_key)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -101,7 +86,7 @@ async def serve(
     import uvicorn
 
     check_binding(host, token)
-    store = await open_for_reading(url, encryption_key, audit_key)
+    store = await open_for_reading(url, encryption_key=encryption_key, audit_key=audit_key)
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.
@@ -124,4 +109,4 @@ async def serve(
         await store.close()
 
 
-__all__ = ["MIN_TOKEN_CHARS", "bind", "check_binding", "is_loopback", "open_for_reading", "serve"]
+__all__ = ["MIN_TOKEN_CHARS", "bind", "check_binding", "is_loopback", "serve"]
