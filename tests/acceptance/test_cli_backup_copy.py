@@ -175,7 +175,7 @@ def test_copy_into_a_store_that_holds_data_needs_force(filled: Prepared, tmp_pat
     asyncio.run(fill())
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     error = one_line_error(run_statekeel("copy", filled.url, f"sqlite:///{path}", cwd=tmp_path))
-    assert "is not empty (sessions holds 1 rows); nothing was copied: pass --force" in error
+    assert "is not empty (sessions holds 1 row); nothing was copied: pass --force" in error
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
     forced = run_statekeel("copy", "--force", filled.url, f"sqlite:///{path}", cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr

@@ -101,7 +101,7 @@ def test_without_a_key_doctor_and_recover_say_the_session_needs_the_key_and_repa
     recovered = run_statekeel("recover", "--db", url, cwd=tmp_path)
     assert recovered.returncode == 1
     out = flat(recovered.stdout)
-    assert "1 sessions that could not be checked" in out and "needs its keys (--key-file PATH)" in out
+    assert "1 session that could not be checked" in out and "needs its keys (--key-file PATH)" in out
     # No repair was written into the transcript it could not read (it would have been in plaintext).
     payloads = sealed_payloads(db)
     assert len(payloads) == 2 and all(json.loads(p)["$sk"] == "enc" for p in payloads)
@@ -216,7 +216,7 @@ def test_recover_with_the_key_file_answers_a_tool_call_with_a_sealed_result(tmp_
     keys = write_key_file(tmp_path / "store.key", KEY)
     result = run_statekeel("recover", "--db", url, "--key-file", str(keys), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "repaired 1 tool calls answered with an 'interrupted' result" in flat(result.stdout)
+    assert "repaired 1 tool call answered with an 'interrupted' result" in flat(result.stdout)
     payloads = sealed_payloads(db)
     assert len(payloads) == 3 and all(json.loads(p)["$sk"] == "enc" for p in payloads)
     shown = run_statekeel("show", "chat", "--db", url, "--key-file", str(keys), cwd=tmp_path)

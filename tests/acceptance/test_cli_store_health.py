@@ -65,7 +65,7 @@ def test_doctor_names_each_problem_with_what_to_do_and_exits_1(filled: Prepared,
     assert "PROBLEM steps: 1 step(s)" in out
     assert "run `statekeel recover`" in out
     assert "ok integrity" in out and "ok fallback" in out
-    assert "4 problem(s) found" in out
+    assert "4 problems found" in out
     report = json.loads(run_statekeel("doctor", "--json", "--db", filled.url, cwd=tmp_path).stdout)
     assert report["ok"] is False
     problems = {f["check"] for f in report["findings"] if f["severity"] == "problem"}
@@ -143,7 +143,7 @@ def test_audit_verify_passes_an_untouched_chain(tmp_path: Path) -> None:
     url = healthy_store(tmp_path / "ok.db")
     result = run_statekeel("audit", "verify", "--db", url, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "audit chain ok: 1 entries" in flat(result.stdout)
+    assert "audit chain ok: 1 entry" in flat(result.stdout)
 
 
 def test_migrate_check_reports_pending_migrations_and_changes_nothing(tmp_path: Path) -> None:

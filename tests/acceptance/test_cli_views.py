@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import statekeel
 from helpers import Prepared, one_line_error, run_statekeel
 
@@ -255,3 +257,38 @@ def test_no_command_sends_control_characters_from_the_store_to_the_terminal(tmp_
     assert [(t["title"], t["lease_owner"]) for t in listed] == [(EVIL_TITLE, EVIL_WORKER)]
     spans = json.loads(run_statekeel("trace", "trace\x1b[1m", "--json", "--db", url, cwd=tmp_path).stdout)
     assert spans[0]["name"] == EVIL_SPAN and spans[0]["attributes"] == {"k\x1b[1m": "v\x07\x9b"}
+
+
+def make_long_session(path: Path, key: str, text: str) -> str:
+    async def fill() -> None:
+        async with statekeel.open_store(f"sqlite:///{path}") as store:
+            session = await store.sessions.get_or_create(key)
+            session.add_message("user", text)
+            await store.sessions.save(session)
+
+    asyncio.run(fill())
+    return f"sqlite:///{path}"
+
+
+def test_into_a_pipe_a_long_key_and_message_stay_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    key = "k-" + "x" * 150
+    text = "a long message " * 20 + "THE END"
+    url = make_long_session(tmp_path / "long.db", key, text)
+    listing = run_statekeel("sessions", "--db", url, cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    assert any(key in line for line in listing.stdout.splitlines()), listing.stdout
+    shown = run_statekeel("show", key, "--db", url, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert any(text.strip() in line for line in shown.stdout.splitlines()), shown.stdout
+
+
+def test_into_a_pipe_the_width_follows_columns_when_it_is_set(tmp_path: Path) -> None:
+    key = "k-" + "x" * 150
+    url = make_long_session(tmp_path / "long.db", key, "hello")
+    listing = run_statekeel("sessions", "--db", url, cwd=tmp_path, env={"COLUMNS": "60"})
+    assert listing.returncode == 0, listing.stderr
+    assert max(len(line) for line in listing.stdout.splitlines()) <= 60
+    assert not any(key in line for line in listing.stdout.splitlines())  # folded, never cut

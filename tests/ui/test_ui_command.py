@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import statekeel
 from helpers import SECRET_TEXT, Prepared, fill_sealed_session, ui_process, write_key_file
 from statekeel.cli import main
+from statekeel.errors import StatekeelError
+from statekeel.reading import error_text, open_for_reading
 
 TOKEN = "a-token-of-enough-length"
 
@@ -46,6 +50,63 @@ def test_a_file_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_url_scheme_is_refused(tmp_path: Path) -> None:
     code, output = run_ui("--db", "mongodb://localhost/x", "--port", "0")
     assert code == 1 and output.count("\n") == 1 and "unknown store URL scheme" in output
+
+
+def bad_store(tmp_path: Path, problem: str) -> str:
+    """The URL of a store that cannot be looked at, for the reason ``problem`` names."""
+    path = tmp_path / "store.db"
+    if problem == "no such file":
+        return f"sqlite:///{tmp_path / 'missing.db'}"
+    if problem == "unknown scheme":
+        return "mongodb://localhost/x"
+    if problem == "in memory":
+        return "memory://"
+    if problem == "not a database":
+        path.write_text("just some notes\n")
+        return f"sqlite:///{path}"
+
+    async def make() -> None:
+        async with statekeel.open_store(f"sqlite:///{path}"):
+            pass
+
+    asyncio.run(make())
+    with sqlite3.connect(path) as conn:  # a statekeel newer than this one migrated it
+        newest = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+        conn.execute(
+            "INSERT INTO schema_migrations (version, name, checksum, applied_at) "
+            "VALUES (?, 'future', 'x', 0)",
+            (newest + 1,),
+        )
+    conn.close()
+    return f"sqlite:///{path}"
+
+
+def opening_error(url: str) -> str:
+    async def attempt() -> str:
+        try:
+            store = await open_for_reading(url)
+        except StatekeelError as exc:
+            return " ".join(error_text(exc).split())
+        await store.close()
+        raise AssertionError(f"{url} opened")
+
+    return asyncio.run(attempt())
+
+
+@pytest.mark.parametrize(
+    "problem", ["no such file", "unknown scheme", "in memory", "not a database", "schema too new"]
+)
+def test_the_viewer_and_the_commands_give_the_same_error_for_the_same_bad_store(
+    tmp_path: Path, problem: str
+) -> None:
+    url = bad_store(tmp_path, problem)
+    expected = opening_error(url)
+    for args in (["sessions", "--db", url], ["status", "--db", url], ["ui", "--db", url, "--port", "0"]):
+        result = CliRunner().invoke(main, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1, (args, result.output)
+        assert lines[0].startswith("Error: ") and lines[0].endswith(expected), (args, lines[0], expected)
+    assert not (tmp_path / "missing.db").exists()
 
 
 def test_listening_beyond_loopback_without_a_token_is_refused(prepared: Prepared) -> None:

@@ -147,3 +147,48 @@ def test_control_characters_are_shown_as_cat_v_shows_them() -> None:
     assert visible(controls.decode("latin-1")) == cat.decode("ascii")
     plain = "tab\tand newline\n, é, 令, emoji 🙂 stay"
     assert visible(plain) is plain
+
+
+@pytest.mark.parametrize(("count", "said"), [(0, "0 sessions"), (1, "1 session"), (2, "2 sessions")])
+def test_sessions_counts_them_in_words(tmp_path: Path, count: int, said: str) -> None:
+    db = tmp_path / "n.db"
+    make_store(db, {f"s{i}": "active" for i in range(count)})
+    for args in (["sessions"], ["sessions", "--tree"]):
+        result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", *args])
+        assert result.exit_code == 0, result.output
+        if count:
+            assert result.output.splitlines()[-1] == said
+        assert "(s)" not in result.output
+
+
+def test_a_dry_run_of_gc_on_an_empty_store_would_delete_0_rows(tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    make_store(db, {})
+    result = CliRunner().invoke(main, ["--db", f"sqlite:///{db}", "gc", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "would delete 0 rows in " in flat(result.output)
+    assert "(s)" not in result.output and " 1 rows" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("sessions", "said"), [({}, "would delete 0 records "), ({"user:al": "active"}, "would delete 1 record ")]
+)
+def test_a_dry_run_of_erase_counts_the_records_in_words(
+    tmp_path: Path, sessions: dict[str, str], said: str
+) -> None:
+    db = tmp_path / "erase.db"
+    make_store(db, sessions)
+    args = [
+        "--db",
+        f"sqlite:///{db}",
+        "erase",
+        "user:al",
+        "--dry-run",
+        "--actor",
+        "dpo",
+        "--reason",
+        "request 1",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert said in flat(result.output)

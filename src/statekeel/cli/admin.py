@@ -50,31 +50,51 @@ from .operate import settle_commands
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
 # information. The names are RecoveryReport.summary() keys.
 _REPAIRED = (
-    ("fallback_replayed", "fallback files replayed into the store"),
-    ("orphaned_tool_calls", "tool calls answered with an 'interrupted' result"),
-    ("interrupted_tasks", "running tasks with an expired lease marked interrupted"),
-    ("indexes_rebuilt", "damaged indexes rebuilt"),
+    ("fallback_replayed", "fallback file replayed into the store", "fallback files replayed into the store"),
+    (
+        "orphaned_tool_calls",
+        "tool call answered with an 'interrupted' result",
+        "tool calls answered with an 'interrupted' result",
+    ),
+    (
+        "interrupted_tasks",
+        "running task with an expired lease marked interrupted",
+        "running tasks with an expired lease marked interrupted",
+    ),
+    ("indexes_rebuilt", "damaged index rebuilt", "damaged indexes rebuilt"),
 )
 _ATTENTION = (
-    ("integrity_problems", "integrity problems"),
-    ("damaged_tables", "damaged tables"),
-    ("unreadable_rows", "unreadable rows"),
-    ("incidents", "unacknowledged incidents"),
-    ("fallback_left", "fallback files that could not be replayed"),
-    ("sessions_failed", "sessions that could not be checked"),
-    ("steps_in_doubt", "task steps in doubt"),
-    ("tool_calls_in_doubt", "tool calls in doubt"),
-    ("drifted_files", "files changed on disk since recorded"),
-    ("skipped", "recovery steps skipped over damage"),
-    ("audit_key_needed", "repairs refused: the audit chain is keyed and no audit key was given"),
+    ("integrity_problems", "integrity problem", "integrity problems"),
+    ("damaged_tables", "damaged table", "damaged tables"),
+    ("unreadable_rows", "unreadable row", "unreadable rows"),
+    ("incidents", "unacknowledged incident", "unacknowledged incidents"),
+    (
+        "fallback_left",
+        "fallback file that could not be replayed",
+        "fallback files that could not be replayed",
+    ),
+    ("sessions_failed", "session that could not be checked", "sessions that could not be checked"),
+    ("steps_in_doubt", "task step in doubt", "task steps in doubt"),
+    ("tool_calls_in_doubt", "tool call in doubt", "tool calls in doubt"),
+    ("drifted_files", "file changed on disk since recorded", "files changed on disk since recorded"),
+    ("skipped", "recovery step skipped over damage", "recovery steps skipped over damage"),
+    (
+        "audit_key_needed",
+        "repair refused: the audit chain is keyed and no audit key was given",
+        "repairs refused: the audit chain is keyed and no audit key was given",
+    ),
 )
 _INFO = (
-    ("sessions_busy", "sessions held by a live agent (left alone)"),
-    ("pending_approvals", "approvals waiting for a decision"),
-    ("unfinished_workflows", "unfinished workflows"),
-    ("open_contradictions", "open memory contradictions"),
-    ("lagging_vectors", "sources whose vectors lag"),
-    ("traces_dropped", "trace spans dropped by a full buffer"),
+    (
+        "sessions_busy",
+        "session held by a live agent (left alone)",
+        "sessions held by a live agent (left alone)",
+    ),
+    ("pending_approvals", "approval waiting for a decision", "approvals waiting for a decision"),
+    ("unfinished_workflows", "unfinished workflow", "unfinished workflows"),
+    ("open_contradictions", "open memory contradiction", "open memory contradictions"),
+    ("lagging_vectors", "source whose vectors lag", "sources whose vectors lag"),
+    ("traces_dropped", "trace span dropped by a full buffer", "trace spans dropped by a full buffer"),
 )
 
 
@@ -132,23 +152,23 @@ def recover(
     out = console()
     out.print(f"schema version {report.schema_version}" + (" — dry run: nothing written" if dry_run else ""))
     names = _names(report)
-    repaired = [(key, n, label) for key, label in _REPAIRED if (n := summary[key])]
+    repaired = [(key, n, one, many) for key, one, many in _REPAIRED if (n := summary[key])]
     if repaired:
         verb = "would repair" if dry_run else "repaired"
-        for key, n, label in repaired:
-            out.print(f"[green]{verb}[/green] {n} {label}")
+        for key, n, one, many in repaired:
+            out.print(f"[green]{verb}[/green] {counted(n, one, many)}")
             _print_names(out, names.get(key, []))
     else:
         out.print("nothing to repair")
-    for key, label in _ATTENTION:
+    for key, one, many in _ATTENTION:
         if summary[key]:
-            out.print(f"[red]needs attention[/red] {summary[key]} {label}")
+            out.print(f"[red]needs attention[/red] {counted(summary[key], one, many)}")
             _print_names(out, names.get(key, []))
     if summary["audit_ok"] is False:
         out.print("[red]needs attention[/red] the audit chain does not verify (statekeel audit verify)")
-    for key, label in _INFO:
+    for key, one, many in _INFO:
         if summary[key]:
-            out.print(f"[dim]note[/dim] {summary[key]} {label}")
+            out.print(f"[dim]note[/dim] {counted(summary[key], one, many)}")
             _print_names(out, names.get(key, []))
     settle = settle_commands(report, url)
     if settle:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..wording import counted
 from .story import StoryResult
 from .story_agent import CRASH_POINTS
 
@@ -23,10 +24,6 @@ _MARK = {
 }
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
 def describe_recovery(found: dict[str, Any]) -> str:
     """One line of what ``recover()`` found for this run."""
     parts: list[str] = []
@@ -35,18 +32,18 @@ def describe_recovery(found: dict[str, Any]) -> str:
         parts.append(f"answered {', '.join(calls)} 'interrupted' (asked, never run)")
     if found.get("tool_calls_in_doubt"):
         parts.append(
-            f"{_plural(len(found['tool_calls_in_doubt']), 'tool call')} in doubt "
+            f"{counted(len(found['tool_calls_in_doubt']), 'tool call')} in doubt "
             f"({', '.join(found['tool_calls_in_doubt'])})"
         )
     if found.get("steps_in_doubt"):
         parts.append(
-            f"{_plural(len(found['steps_in_doubt']), 'step')} in doubt "
+            f"{counted(len(found['steps_in_doubt']), 'step')} in doubt "
             f"({', '.join(repr(s) for s in found['steps_in_doubt'])})"
         )
     if found.get("pending_approvals"):
-        parts.append(f"{_plural(len(found['pending_approvals']), 'approval')} pending")
+        parts.append(f"{counted(len(found['pending_approvals']), 'approval')} pending")
     if found.get("interrupted_tasks"):
-        parts.append(f"{_plural(len(found['interrupted_tasks']), 'task')} interrupted")
+        parts.append(f"{counted(len(found['interrupted_tasks']), 'task')} interrupted")
     if found.get("audit_ok") is False:
         parts.append("the audit chain does NOT verify")
     # The job's own workflow is unfinished until the agent is done: not news.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import StatekeelError, StorageCorrupt
 from ..store import Store
+from ..wording import counted
 from .agent import expected_message
 
 
@@ -86,10 +87,13 @@ async def check_session(store: Store, key: str, acked: Iterable[int]) -> Session
     present = set(seqs)
     missing = sorted(s for s in acked_set if s not in present)
     if missing:
-        problems.append(f"{len(missing)} acknowledged message(s) lost: seq {_span(missing)}")
+        problems.append(f"{counted(len(missing), 'acknowledged message')} lost: seq {_span(missing)}")
     wrong = [row.seq for row in rows if row.payload != expected_message(key, row.seq)]
     if wrong:
-        problems.append(f"{len(wrong)} message(s) differ from what was written: seq {_span(wrong)}")
+        problems.append(
+            f"{counted(len(wrong), 'message')} differ{'s' if len(wrong) == 1 else ''} from what was written: "
+            f"seq {_span(wrong)}"
+        )
     return SessionCheck(key, len(acked_set), len(rows), tuple(problems))
 
 
