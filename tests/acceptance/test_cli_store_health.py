@@ -113,12 +113,12 @@ def test_recover_repairs_then_finds_nothing_the_second_time(filled: Prepared, tm
     dry = run_statekeel("recover", "--dry-run", "--db", filled.url, cwd=tmp_path)
     out = flat(dry.stdout)
     assert "would repair 2 tool calls answered with an 'interrupted' result" in out
-    assert "would repair 1 running tasks with an expired lease marked interrupted" in out
+    assert "would repair 1 running task with an expired lease marked interrupted" in out
     # The dry run wrote nothing: the same repairs are still to do.
     first = run_statekeel("recover", "--db", filled.url, cwd=tmp_path)
     out = flat(first.stdout)
     assert "repaired 2 tool calls answered with an 'interrupted' result" in out
-    assert "repaired 1 running tasks with an expired lease marked interrupted" in out
+    assert "repaired 1 running task with an expired lease marked interrupted" in out
     assert first.returncode == 1  # the tampered audit chain still needs a person
     assert "the audit log does not verify" in out
     second = run_statekeel("recover", "--json", "--db", filled.url, cwd=tmp_path)
@@ -152,7 +152,7 @@ def test_migrate_check_reports_pending_migrations_and_changes_nothing(tmp_path: 
     before = digest(db)
     result = run_statekeel("migrate", "--check", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert result.returncode == 1
-    assert f"schema version 1: {SCHEMA - 1} migration(s) pending" in flat(result.stdout)
+    assert f"schema version 1: {SCHEMA - 1} migrations pending" in flat(result.stdout)
     listed = run_statekeel("migrate", "--check", "--json", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert listed.returncode == 1
     assert json.loads(listed.stdout) == {"schema_version": 1, "pending": list(range(2, SCHEMA + 1))}
@@ -168,7 +168,7 @@ def test_migrate_upgrades_an_old_store_once(tmp_path: Path) -> None:
     shutil.copyfile(OLD_STORE, db)
     result = run_statekeel("migrate", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f"schema version 1 → {SCHEMA}: {SCHEMA - 1} migration(s) applied" in flat(result.stdout)
+    assert f"schema version 1 → {SCHEMA}: {SCHEMA - 1} migrations applied" in flat(result.stdout)
     again = run_statekeel("migrate", "--db", f"sqlite:///{db}", cwd=tmp_path)
     assert f"schema version {SCHEMA}: already up to date" in again.stdout
     assert run_statekeel("migrate", "--check", "--db", f"sqlite:///{db}", cwd=tmp_path).returncode == 0
@@ -186,7 +186,7 @@ def test_migrate_creates_a_store_only_with_create(tmp_path: Path) -> None:
 
 def test_migrate_creates_the_schema_of_an_empty_postgresql_database(pg_database: str, tmp_path: Path) -> None:
     check = run_statekeel("migrate", "--check", "--db", pg_database, cwd=tmp_path)
-    assert check.returncode == 1 and f"schema version 0: {SCHEMA} migration(s) pending" in flat(check.stdout)
+    assert check.returncode == 1 and f"schema version 0: {SCHEMA} migrations pending" in flat(check.stdout)
     assert "statekeel migrate creates the schema" in one_line_error(
         run_statekeel("status", "--db", pg_database, cwd=tmp_path)
     )
@@ -224,7 +224,7 @@ def test_fallback_files_are_reported_then_replayed_by_recover(tmp_path: Path) ->
     assert "a fallback file of this session waits for replay" in before and "during the outage" not in before
     replayed = run_statekeel("recover", "--db", url, cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
-    assert "repaired 1 fallback files replayed into the store" in flat(replayed.stdout)
+    assert "repaired 1 fallback file replayed into the store" in flat(replayed.stdout)
     assert "#1 user during the outage" in flat(run_statekeel("show", "s", "--db", url, cwd=tmp_path).stdout)
     assert "nothing to repair" in run_statekeel("recover", "--db", url, cwd=tmp_path).stdout
     assert run_statekeel("doctor", "--db", url, cwd=tmp_path).returncode == 0
@@ -294,7 +294,7 @@ def test_recover_names_every_call_task_step_and_approval_it_found(tmp_path: Path
     assert "would repair 2 tool calls answered with an 'interrupted' result session chat-lost: " in out
     assert "call_deploy, call_notify" in out
     assert f"task {names['lapsed']} (long build): held by worker-dead" in out
-    assert f"needs attention 1 task steps in doubt task {names['task']} step push (attempt 1" in out
+    assert f"needs attention 1 task step in doubt task {names['task']} step push (attempt 1" in out
     assert f"approval {names['approval']}: deploy on repo, requested by agent" in out
     # The repair names what it did, the same; the step in doubt still needs a person afterwards.
     done = run_statekeel("recover", "--json", "--db", url, cwd=tmp_path)
@@ -359,7 +359,7 @@ def test_recover_on_a_keyed_audit_chain_needs_the_audit_key_and_keeps_the_chain_
     after = asyncio.run(verify())
     assert after.ok and after.count == before.count and after.authenticated == after.count
     text = run_statekeel("recover", "--db", url, cwd=tmp_path)
-    assert "needs attention 1 repairs refused: the audit chain is keyed" in flat(text.stdout)
+    assert "needs attention 1 repair refused: the audit chain is keyed" in flat(text.stdout)
     # With the key (the option, or the environment variable): the repair is made and the chain verifies.
     with_key = run_statekeel(
         "recover", "--json", "--audit-key-file", str(key_file), "--db", url, cwd=tmp_path
