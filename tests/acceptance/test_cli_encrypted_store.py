@@ -84,7 +84,7 @@ def test_without_a_key_show_says_a_key_is_needed_and_counts_still_work(
     assert "encrypted" in error and "--key-file PATH" in error and "STATEKEEL_KEY_FILE" in error
     assert SECRET not in error
     listed = run_statekeel("sessions", "--db", encrypted_url, cwd=tmp_path)
-    assert listed.returncode == 0 and "1 session(s)" in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and "1 session" in listed.stdout.splitlines(), listed.stderr
     status = run_statekeel("status", "--json", "--db", encrypted_url, cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["counts"]["sessions"]["active"] == 1

@@ -43,7 +43,7 @@ def test_sessions_lists_every_session_newest_first(filled: Prepared, tmp_path: P
     assert result.returncode == 0, result.stderr
     for key in SESSIONS:
         assert key in result.stdout
-    assert "8 session(s)" in result.stdout
+    assert "8 sessions" in result.stdout
     listed = as_json(filled, tmp_path, "sessions")
     assert {r["key"] for r in listed} == SESSIONS | {filled.evil_key}
     stamps = [r["updated_at"] for r in listed]
@@ -90,7 +90,7 @@ def test_show_prints_markup_in_keys_and_messages_as_text(filled: Prepared, tmp_p
 def test_tasks_lists_by_status_and_workflow(filled: Prepared, tmp_path: Path) -> None:
     result = run_statekeel("tasks", "--db", filled.url, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "11 task(s)" in result.stdout and filled.running_task in result.stdout
+    assert "11 tasks" in result.stdout and filled.running_task in result.stdout
     running = as_json(filled, tmp_path, "tasks", "--status", "running")
     assert {t["title"] for t in running} == {"index the repo", "long build"}
     in_workflow = as_json(filled, tmp_path, "tasks", "--workflow", filled.workflow_id)
@@ -102,7 +102,7 @@ def test_trace_prints_a_tree_of_spans_with_durations(filled: Prepared, tmp_path:
     assert result.returncode == 0, result.stderr
     lines = [line.rstrip() for line in result.stdout.splitlines()]
     assert lines == [
-        f"trace {filled.trace_id} — 6 span(s), 1.5 s",
+        f"trace {filled.trace_id} — 6 spans, 1.5 s",
         "agent turn agent ok 1.5 s",
         "  └─ chat gpt-x llm ok 600 ms",
         "  └─ run_tests tool error 780 ms",
