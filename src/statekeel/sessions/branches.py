@@ -116,7 +116,8 @@ class SessionBranches:
         if found is None:
             raise NotFound(f"session {key!r} does not exist", key=key)
         return {
-            seq: ModelUsage(u["model"], u["input_tokens"], u["output_tokens"], u["cost"], 1) for seq, u in found
+            seq: ModelUsage(u["model"], u["input_tokens"], u["output_tokens"], u["cost"], 1)
+            for seq, u in found
         }
 
     async def rewinds(self, key: str) -> list[Rewind]:

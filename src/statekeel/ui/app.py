@@ -161,7 +161,9 @@ def check_files_root(root: str | os.PathLike[str] | None) -> str | None:
         return None
     path = os.path.abspath(os.fspath(root))
     if not os.path.isdir(path):
-        raise InvalidArgument(f"--root {path} is not a directory; pass the directory the ledger's paths are under")
+        raise InvalidArgument(
+            f"--root {path} is not a directory; pass the directory the file ledger's paths are relative to"
+        )
     return path
 
 

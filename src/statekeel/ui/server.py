@@ -109,9 +109,7 @@ async def serve(
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.
-        app = create_app(
-            store, token=token, allowed_hosts=None if token else LOOPBACK_NAMES, files_root=root
-        )
+        app = create_app(store, token=token, allowed_hosts=None if token else LOOPBACK_NAMES, files_root=root)
         config = uvicorn.Config(
             app,
             lifespan="off",

@@ -54,9 +54,8 @@ async def op_message_usages(tx: Tx, key: str) -> list[tuple[int, dict[str, Any]]
         parts += await chain(tx, record.parent_key, record.parent_seq, record.last_consolidated)
     usages: list[tuple[int, dict[str, Any]]] = []
     for part_key, lo, hi in parts:
-        usages += [
-            (int(r["seq"]), tx.json_out(r["usage"])) for r in await tx.fetchall("usage_rows", part_key, lo, hi)
-        ]
+        rows = await tx.fetchall("usage_rows", part_key, lo, hi)
+        usages += [(int(r["seq"]), tx.json_out(r["usage"])) for r in rows]
     # A fork's own part is stored from its fork point on and its ancestors' parts below it: one history.
     return sorted(usages, key=lambda u: u[0])
 
