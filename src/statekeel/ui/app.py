@@ -141,7 +141,7 @@ def make_templates(token: str | None) -> jinja2.Environment:
         lstrip_blocks=True,
     )
 
-    def url(path: str, **params: Any) -> str:
+    def url(path: str, /, **params: Any) -> str:
         query = [(k, str(v)) for k, v in params.items() if v is not None and v != ""]
         if token is not None:
             query.append(("token", token))

@@ -172,7 +172,7 @@ def ledger_pages(ui: Ui) -> list[tuple[str, Page]]:
                 request,
                 "file.html",
                 title=f"File {path}",
-                path=path,
+                file_path=path,
                 history=history,
                 current=file_rows(history[-1:], drifts)[0] if history else None,
                 root=ui.files_root,
