@@ -572,6 +572,7 @@ def test_every_new_page_of_an_empty_store_says_there_is_nothing(tmp_path: Path) 
         ("/workflows", "workflows"),
         ("/approvals", "approvals"),
         ("/threads", "LangGraph checkpoints"),
+        ("/recovery", "every kind the health checks read"),
     ],
 )
 def test_a_page_of_a_kind_the_store_does_not_hold_says_so(nats_url: str, path: str, what: str) -> None:

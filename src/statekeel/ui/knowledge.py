@@ -39,9 +39,10 @@ def _checked(value: str | None, name: str) -> str | None:
     return None if value is None else check_key(value, name)
 
 
-def unheld(ui: Ui, request: Request, title: str, what: str) -> Response:
-    """The page of a kind the store's backend does not hold (a plain ``nats://`` store's memories …)."""
-    return ui.render(request, "unheld.html", title=title, what=what)
+def unheld(ui: Ui, request: Request, title: str, what: str, detail: str | None = None) -> Response:
+    """The page of a kind the store's backend does not hold (a plain ``nats://`` store's memories …);
+    ``detail``: the error the store raised, when there was one."""
+    return ui.render(request, "unheld.html", title=title, what=what, detail=detail)
 
 
 def memory_state(memory: Memory, now: dt.datetime) -> str:

@@ -19,7 +19,7 @@ from ..backends.records import (
     WORKFLOW_STATUSES,
     StepRecord,
 )
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Unsupported
 from ..validation import check_key
 from .app import PageError, Ui
 from .knowledge import knowledge_pages, unheld
@@ -307,7 +307,12 @@ def routes(ui: Ui) -> list[BaseRoute]:
     async def recovery(request: Request) -> Response:
         # The checks of `statekeel doctor` (store.health(), over recover(repair=False)): the banner says
         # what doctor says, from the same findings.
-        health = await ui.store.health(files_root=ui.files_root)
+        try:
+            health = await ui.store.health(files_root=ui.files_root)
+        except Unsupported as exc:
+            # store.health() (and so `statekeel doctor`) visits every kind: a plain nats:// store holds
+            # some of them only.
+            return unheld(ui, request, "Recovery report", "every kind the health checks read", str(exc))
         return ui.render(
             request, "recovery.html", title="Recovery report", health=health, files_root=ui.files_root
         )
