@@ -386,7 +386,6 @@ document.body.appendChild(pre);
 
 
 def test_the_memories_files_vectors_and_branch_pages_fit_the_window(browser: str, tmp_path: Path) -> None:
-    # STATEKEEL_UI_SCREENSHOTS=DIR keeps the screenshots.
     import asyncio
 
     from helpers import LONG_PATH, fill_kinds_store
@@ -394,7 +393,7 @@ def test_the_memories_files_vectors_and_branch_pages_fit_the_window(browser: str
     root = tmp_path / "project"
     root.mkdir()
     kinds = asyncio.run(fill_kinds_store(f"sqlite:///{tmp_path / 'kinds.db'}", root))
-    target = Path(os.environ.get("STATEKEEL_UI_SCREENSHOTS") or tmp_path).resolve()
+    target = tmp_path  # they show this machine's paths (the store's, the root's): not for the docs
     pages = {
         "ui-memories.png": "memories?all=1",
         "ui-memory.png": f"memory?id={kinds.long}",
