@@ -73,17 +73,34 @@ def test_a_name_that_is_not_unicode_text_is_an_invalid_key() -> None:
         encode_token("half a surrogate \ud800")
 
 
-def test_a_plain_nats_store_refuses_the_kinds_it_does_not_hold_on_first_use() -> None:
+def test_a_plain_nats_store_refuses_a_kind_it_does_not_hold_when_it_is_opened() -> None:
     store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
     assert store.holds("sessions") and store.holds("audit") and store.holds("traces")
+    first_missing = {"tasks": "tasks", "workflows": "tasks", "approvals": "approvals", "memory": "memory"}
     for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
         assert not store.holds(manager)
-        with pytest.raises(statekeel.Unsupported, match=f"store.{manager}.") as caught:
-            getattr(store, manager).list()
-        assert "rest=sqlite" in str(caught.value)
-    with pytest.raises(statekeel.Unsupported, match="transactions"):
-        store.backend.atomic()
+        with pytest.raises(statekeel.Unsupported, match=f"store.{manager} is not available") as caught:
+            getattr(store, manager)  # opening the manager, before any of its operations
+        error = caught.value
+        assert error.kind == first_missing.get(manager, manager)  # type: ignore[attr-defined]
+        assert error.holds == ["audit", "erasure", "lifecycle", "sessions", "tool_calls", "traces"]  # type: ignore[attr-defined]
+        assert "nats://127.0.0.1:4222?prefix=never_opened&rest=sqlite:///state.db" in str(error)
     assert issubclass(statekeel.Unsupported, statekeel.StatekeelError)
+
+
+def test_holds_answers_for_managers_and_state_kinds_without_raising() -> None:
+    store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
+    assert store.holds("tool_calls") and store.holds("erasure") and not store.holds("checkpoints")
+    with pytest.raises(statekeel.InvalidArgument, match="neither a manager"):
+        store.holds("tables")
+
+
+def test_the_refusal_names_the_composite_url_without_the_password() -> None:
+    store = Store("nats://me:secret@127.0.0.1:4222", StoreOptions())
+    with pytest.raises(statekeel.Unsupported) as caught:
+        store.memory  # noqa: B018 - opening it is what raises
+    assert "secret" not in str(caught.value)
+    assert "nats://me:***@127.0.0.1:4222?rest=sqlite:///state.db" in str(caught.value)
 
 
 async def test_an_operation_of_a_kind_not_held_is_refused_by_the_backend_itself() -> None:
