@@ -461,6 +461,9 @@ class Store:
         report = await store.purge(dry_run=True)
         print(report.counts, report.longest_batch_seconds)
         """
+        if not self.holds("retention"):
+            # Refused whole, before the first batch: a purge is never done for some kinds only.
+            raise unheld(self.url, "purge()", frozenset({"retention"}), self.backend.kinds)
         return await purge(self, self.options.retention, now, dry_run, on_batch)
 
     async def erase(

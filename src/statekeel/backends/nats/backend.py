@@ -205,8 +205,11 @@ class NatsBackend(NatsErasure, NatsAudit, StorageBackend):
         return []
 
     async def count_state(self) -> StateCounts:
+        sessions = dict.fromkeys(SESSION_STATUSES, 0)
+        for row in await self._indexed():
+            sessions[row["status"]] = sessions.get(row["status"], 0) + 1
         return StateCounts(
-            sessions=dict.fromkeys(SESSION_STATUSES, 0),
+            sessions=sessions,
             tasks=dict.fromkeys(TASK_STATUSES, 0),
             workflows=dict.fromkeys(WORKFLOW_STATUSES, 0),
             audit_entries=await self.audit_count(),
