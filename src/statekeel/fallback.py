@@ -85,7 +85,7 @@ def default_dir(url: str) -> str | None:
         if rest is not None:
             return default_dir(rest)
         parsed = parse_nats_url(url)
-        servers = ",".join(sorted(s.rpartition("@")[2] for s in parsed.servers))
+        servers = ",".join(sorted(s.partition("://")[2].rpartition("@")[2] for s in parsed.servers))
         return _state_dir(file_stem(f"nats_{servers}_{parsed.prefix}"))
     if parts.scheme == "sqlite":
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
