@@ -330,14 +330,23 @@ class Store:
     ``Unsupported`` when it is opened; :meth:`holds` says beforehand."""
 
     sessions = _Manager[SessionManager]()
+    """:class:`SessionManager`: sessions, their messages, locks and tool calls."""
     tasks = _Manager[TaskManager]()
+    """:class:`TaskManager`: tasks, their leases and steps."""
     workflows = _Manager[WorkflowEngine]()
+    """:class:`WorkflowEngine`: workflows of tasks."""
     audit = _Manager[AuditLog]()
+    """:class:`AuditLog`: the audit chain."""
     approvals = _Manager[ApprovalLog]()
+    """:class:`ApprovalLog`: approvals (with their audit entries)."""
     memory = _Manager[MemoryStore]()
+    """:class:`MemoryStore`: long-term memory, episodes and the graph."""
     files = _Manager[FileLedger]()
+    """:class:`FileLedger`: the file ledger."""
     traces = _Manager[TraceLog]()
+    """:class:`TraceLog`: trace spans."""
     vectors = _Manager[VectorIndex]()
+    """:class:`VectorIndex`: vectors and search."""
 
     def __init__(self, url: str, options: StoreOptions) -> None:
         self.url = url

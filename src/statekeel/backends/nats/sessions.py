@@ -1,18 +1,21 @@
 """Sessions on JetStream: a session is a subject, every change one conditional publish on it.
 
 Each session has one subject, ``<prefix>.s.<key>`` on the ``<prefix>_sessions`` stream. Every change —
-create, append, metadata or status, compression, lease, tool step, delete — is one event published with
-``Nats-Expected-Last-Subject-Sequence`` = the sequence of the last event read: the server stores it only if
-nothing changed the session in between (the conditional append, as ``WHERE head_seq = ?`` is on SQL), so
-the conditions of a write (head, version, incarnation, the lease's fence) are checked against exactly the
-state it changes. A writer that lost the race reads the new events and decides again. An append is one
-event holding all its messages: it is stored whole or not at all, and its seqs are dense. The state of a
-session is the fold of its events (kept per process, read on from the last sequence it saw).
+create, append, metadata or status, compression, tool step, a new lease holder's fence, delete — is one
+event published with ``Nats-Expected-Last-Subject-Sequence`` = the sequence of the last event read: the
+server stores it only if nothing changed the session in between (the conditional append, as
+``WHERE head_seq = ?`` is on SQL), so the conditions of a write (head, version, incarnation, the lease's
+fence) are checked against exactly the state it changes. A writer that lost the race reads the new events
+and decides again. An append is one event holding all its messages: it is stored whole or not at all,
+and its seqs are dense. The state of a session is the fold of its events (kept per process, read on from
+the last sequence it saw). Leases themselves are KV entries (lease_entries.py, leases.py); inside an
+``atomic()`` block the writes of the block's session are decided on its copy and published together at
+its end (blocks.py).
 
-Deleting a session publishes a tombstone (which keeps the lease) and then purges the subject's events
+Deleting a session publishes a tombstone (which keeps the fence) and then purges the subject's events
 before it. The ``<prefix>_index`` stream keeps one message per session (its row, for listing by
-``updated_at``, by status and by waiting tool calls), written after each event and only forward (an
-index message names the event it reflects, and an older one never replaces a newer one).
+``updated_at``, by status and by waiting tool calls), written after each event that changes the row and
+only forward (an index message names the event it reflects, and an older one never replaces a newer one).
 """
 
 from __future__ import annotations
