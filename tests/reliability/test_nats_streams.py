@@ -499,3 +499,26 @@ async def test_an_atomic_block_refuses_to_write_a_second_session_before_writing_
                 await backend.create_session("one")
                 await backend.create_session("two")
         assert await backend.load_session("one") is None and await backend.load_session("two") is None
+
+
+async def test_a_plain_store_opens_for_its_own_kinds_and_refuses_another_when_it_is_opened(
+    nats_url: str, tmp_path: Any
+) -> None:
+    async with statekeel.open_store(nats_url, fallback_dir=str(tmp_path)) as store:
+        async with store.sessions.open("chat") as session:
+            session.add_message("user", "hi")
+        await store.audit.append("note", "me", "chat", {"n": 1})
+        store.traces.record("t1", {"span_id": "s1", "name": "tool"})
+        for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
+            assert not store.holds(manager)
+            with pytest.raises(statekeel.Unsupported, match="rest=sqlite") as caught:
+                getattr(store, manager)
+            assert "sessions" in caught.value.holds  # type: ignore[attr-defined]
+        info = await store.info()
+        assert info.ok and info.counts is not None and info.counts.sessions["active"] == 1
+        assert (await store.health()).ok
+        report = await store.recover()
+        assert report.ok and report.audit is not None and report.audit.count == 1
+    # close() flushed the span: the store's own kinds were closed, the others never opened.
+    async with statekeel.open_store(nats_url, fallback_dir=str(tmp_path)) as again:
+        assert [s.span_id for s in await again.traces.get("t1")] == ["s1"]
