@@ -572,7 +572,6 @@ def test_every_new_page_of_an_empty_store_says_there_is_nothing(tmp_path: Path) 
         ("/workflows", "workflows"),
         ("/approvals", "approvals"),
         ("/threads", "LangGraph checkpoints"),
-        ("/recovery", "every kind the health checks read"),
     ],
 )
 def test_a_page_of_a_kind_the_store_does_not_hold_says_so(nats_url: str, path: str, what: str) -> None:
@@ -585,6 +584,23 @@ def test_a_page_of_a_kind_the_store_does_not_hold_says_so(nats_url: str, path: s
         page = c.get(path)
     assert page.status_code == 200
     assert f"does not hold {what}:" in text(page.text)
+
+
+def test_the_recovery_report_of_a_plain_nats_store_covers_the_kinds_it_holds(nats_url: str) -> None:
+    async def create() -> None:
+        async with statekeel.open_store(nats_url) as store:
+            s = await store.sessions.get_or_create("on-nats")
+            s.add_message("user", "run it")
+            s.add_message("assistant", None, tool_calls=[{"id": "call_gone", "type": "function"}])
+            await store.sessions.save(s)
+
+    asyncio.run(create())
+    with TestClient(create_app(nats_url), base_url=BASE) as c:
+        page = c.get("/recovery")
+    assert page.status_code == 200
+    report = text(page.text)
+    assert "Tool calls without a result 1" in report and "call_gone" in report
+    assert "verifies (0 entries" in report and "does not hold" not in report
 
 
 def test_a_session_of_a_store_without_branches_or_usage_still_shows_its_transcript(nats_url: str) -> None:
