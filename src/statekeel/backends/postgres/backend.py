@@ -420,7 +420,7 @@ class PostgresBackend(
                     failure = exc
                     raise
                 finally:
-                    await self._release(pool, conn, failure, in_statement=True)
+                    await self._release(pool, conn, failure)
             except CONNECTION_ERRORS as exc:
                 lost = exc
                 await self._lost(exc, retries)
@@ -454,19 +454,17 @@ class PostgresBackend(
             await self._pool.expire_connections()
 
     async def _release(
-        self,
-        pool: asyncpg.Pool,
-        conn: asyncpg.Connection,
-        failure: BaseException | None = None,
-        in_statement: bool = False,
+        self, pool: asyncpg.Pool, conn: asyncpg.Connection, failure: BaseException | None = None
     ) -> None:
         if isinstance(failure, CONNECTION_ERRORS + WRONG_NODE_ERRORS) or (
-            isinstance(failure, asyncio.CancelledError) and (in_statement or conn.is_in_transaction())
+            isinstance(failure, asyncio.CancelledError) and conn.is_in_transaction()
         ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
             # hook does not probe it (see _keep_session). A call cancelled inside its transaction (its
-            # COMMIT or ROLLBACK may be on the wire), or during a statement that commits on its own,
-            # leaves it in the same unknown state.
+            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state. A statement
+            # cancelled outside a transaction is cancelled on the server by the pool's release, which
+            # waits for the server's answer (it may have committed already: the outcome is the caller's
+            # to re-read, as for any cancelled write).
             try:
                 conn.terminate()
             except asyncpg.InterfaceError:

@@ -64,4 +64,3 @@ async def op_save_in_one_statement(
         await check_fence(tx, key, lease)
         await refuse_append(tx, key, expected_head, expected_created_at, expected_version, expected_rewinds)
     return session_from_row(tx, row)
-
