@@ -129,6 +129,15 @@ class KeyRing:
         self._wrappers = {key_id(k): aead_for(k) for k in keys}
         self._current = key_id(keys[0])
         self._cache: dict[str, Any] = {}
+        self._version = -1
+
+    def _fresh(self) -> None:
+        # Another process committed to the ring (a key made, or destroyed by an erasure): forget what is
+        # remembered, so that a destroyed key opens nothing here either. Under the lock.
+        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._version:
+            self._cache.clear()
+            self._version = version
 
     def close(self) -> None:
         with self._lock:
@@ -182,6 +191,7 @@ class KeyRing:
         process destroyed is never sealed under again."""
         owner = owner_digest(name)
         with self._lock:
+            self._fresh()
             row = self._conn.execute(
                 "SELECT key_id, wrapped_by, wrapped FROM data_keys WHERE owner = ?", (owner,)
             ).fetchone()
@@ -206,6 +216,7 @@ class KeyRing:
     def opening_key(self, kid: str) -> Any | None:
         """The AEAD of data key ``kid``, or None if the ring does not hold it (see :meth:`destroyed`)."""
         with self._lock:
+            self._fresh()
             aead = self._cache.get(kid)
             if aead is not None:
                 return aead
@@ -225,9 +236,10 @@ class KeyRing:
 
     def holds(self, kid: str) -> bool:
         """Whether ``kid`` is one of the ring's data keys."""
-        if kid in self._cache:
-            return True
         with self._lock:
+            self._fresh()
+            if kid in self._cache:
+                return True
             return (
                 self._conn.execute("SELECT 1 FROM data_keys WHERE key_id = ?", (kid,)).fetchone() is not None
             )

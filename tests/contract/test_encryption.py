@@ -27,6 +27,7 @@ from helpers import database_write_locked, kill9_when, mariadb_raw
 from statekeel.codec import Codec
 from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
 from statekeel.fallback import FallbackDir, file_stem
+from statekeel.keyring import open_keyring
 
 Store = statekeel.Store
 KEY_A = bytes(range(32))
@@ -788,3 +789,21 @@ async def test_a_key_ring_altered_outside_statekeel_fails_to_authenticate(tmp_pa
     async with statekeel.open_store(url, encryption_key=KEY_A, keyring=ring) as store:
         with pytest.raises(statekeel.KeyRingError, match="does not authenticate"):
             await store.backend.read_messages("s", start=0)
+
+
+async def test_a_data_key_another_process_destroyed_opens_nothing_and_is_never_sealed_under_again(
+    tmp_path: Path,
+) -> None:
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    here, there = open_keyring(ring, KEY_A), open_keyring(ring, KEY_A)
+    try:
+        first, _ = here.sealing_key("s")
+        assert here.opening_key(first) is not None  # unwrapped and remembered here
+        there.mark("erasure-1", ["s"])
+        assert there.destroy("erasure-1") == 1
+        assert here.opening_key(first) is None and here.destroyed(first)
+        second, _ = here.sealing_key("s")  # a session of that key started afterwards: a new key
+        assert second != first and there.opening_key(second) is not None
+    finally:
+        here.close()
+        there.close()
