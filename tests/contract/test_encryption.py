@@ -807,3 +807,28 @@ async def test_a_data_key_another_process_destroyed_opens_nothing_and_is_never_s
     finally:
         here.close()
         there.close()
+
+
+def ring_files(root: Path) -> tuple[bytes, set[int]]:
+    """The bytes of the ring file and its log, and their modes."""
+    paths = list(root.glob("ring.db*"))
+    return b"".join(p.read_bytes() for p in paths), {stat.S_IMODE(p.stat().st_mode) for p in paths}
+
+
+async def test_a_destroyed_data_key_is_gone_from_the_ring_file_and_its_log(tmp_path: Path) -> None:
+    ring_path = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    ring = open_keyring(ring_path, KEY_A)
+    try:
+        for name in ("alice", "bob"):
+            ring.sealing_key(name)
+        conn = sqlite3.connect(ring_path)
+        wrapped = dict(conn.execute("SELECT key_id, wrapped FROM data_keys").fetchall())
+        conn.close()
+        ring.mark("erasure-1", ["alice"])
+        assert ring.destroy("erasure-1") == 1
+        on_disk, modes = ring_files(tmp_path)
+        kept = [kid for kid, blob in wrapped.items() if blob in on_disk]
+        assert len(kept) == 1 and not ring.destroyed(kept[0])  # bob's stays; alice's is nowhere
+        assert modes == {0o600}
+    finally:
+        ring.close()

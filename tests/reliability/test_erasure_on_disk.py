@@ -1,6 +1,7 @@
 """After store.erase, the subject's text is not in the SQLite database file, its WAL or the fallback
 directory any more: the rows are overwritten (secure_delete), the WAL checkpointed and truncated, the
-fallback files removed. The test reads the bytes on disk."""
+fallback files removed. The test reads the bytes on disk. With a key ring, an erasure killed by SIGKILL
+at any point is finished by the next run, and a backup taken before no longer opens the subject's data."""
 
 from __future__ import annotations
 
