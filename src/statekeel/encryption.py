@@ -18,6 +18,11 @@ store was opened with ``encrypt_existing=True`` (the migration mode, in which
 :meth:`~statekeel.Store.rotate_encryption_key` also encrypts plaintext rows).
 
 A key id is derived from the key (:func:`key_id`): the store never holds a key, only the ids.
+
+With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.keyring`),
+messages and memories are sealed under per-subject data keys instead, named by their own key ids in the
+same envelope; a value under a data key that an erasure destroyed raises
+:class:`~statekeel.errors.SubjectErased`.
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ class KeyRing:
         self._lock = threading.Lock()
         self._wrappers = {key_id(k): aead_for(k) for k in keys}
         self._current = key_id(keys[0])
-        self._cache: dict[str, Any] = {}
+        self._cache: dict[str, Any] = {}  # key id -> AEAD
+        self._owners: dict[str, str] = {}  # owner -> key id
         self._version = -1
 
     def _fresh(self) -> None:
@@ -139,6 +140,7 @@ class KeyRing:
         version = self._conn.execute("PRAGMA data_version").fetchone()[0]
         if version != self._version:
             self._cache.clear()
+            self._owners.clear()
             self._version = version
 
     def close(self) -> None:
@@ -189,11 +191,14 @@ class KeyRing:
 
     def sealing_key(self, name: str) -> tuple[str, Any]:
         """The id and AEAD of the data key of ``name`` (a session key or a memory scope), made and
-        committed to the ring first if it has none. Looked up in the ring each time, so that a key another
-        process destroyed is never sealed under again."""
+        committed to the ring first if it has none. What is remembered is forgotten as soon as another
+        process commits to the ring, so that a key it destroyed is never sealed under again."""
         owner = owner_digest(name)
         with self._lock:
             self._fresh()
+            known = self._owners.get(owner)
+            if known is not None and known in self._cache:
+                return known, self._cache[known]
             row = self._conn.execute(
                 "SELECT key_id, wrapped_by, wrapped FROM data_keys WHERE owner = ?", (owner,)
             ).fetchone()
@@ -213,6 +218,9 @@ class KeyRing:
             aead = self._cache.get(kid)
             if aead is None:
                 aead = self._remember(kid, self._unwrap(kid, owner, wrapped_by, wrapped))
+            if len(self._owners) >= _CACHE:
+                self._owners.pop(next(iter(self._owners)))
+            self._owners[owner] = kid
             return kid, aead
 
     def opening_key(self, kid: str) -> Any | None:
@@ -304,6 +312,7 @@ class KeyRing:
                 raise
             for kid in kids:
                 self._cache.pop(kid, None)
+            self._owners.clear()
             self._scrub()
             return len(kids)
 

@@ -316,7 +316,12 @@ class Store:
                 options.encryption_key, encrypt_existing=options.encrypt_existing, keyring=options.keyring
             ),
         )
-        self.backend: StorageBackend = make_backend(url, options, self.codec)
+        try:
+            self.backend: StorageBackend = make_backend(url, options, self.codec)
+        except BaseException:
+            if self.codec.cipher is not None and self.codec.cipher.ring is not None:
+                self.codec.cipher.ring.close()  # opened first (a bad ring is refused before the backend)
+            raise
         fallback_dir = options.fallback_dir if options.fallback_dir is not None else default_fallback_dir(url)
         self.sessions = SessionManager(
             self.backend, self.codec, fallback_dir=fallback_dir, cache_size=options.cache_size
