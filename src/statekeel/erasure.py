@@ -265,8 +265,11 @@ async def erase(
             break
 
     if ring is not None and not dry_run:
-        # After the rows: the data keys (marked above, by this run or a killed one) go, synced.
-        data_keys = await asyncio.to_thread(ring.destroy, digest)
+        # After the rows: the data keys (marked above, by this run or a killed one) go, synced — but not
+        # the key of a session that stayed because it no longer names the subject.
+        marked = await asyncio.to_thread(ring.pending, digest)
+        stayed = [k for k in marked if k != subject and await backend.load_session(k) is not None]
+        data_keys = await asyncio.to_thread(ring.destroy, digest, stayed)
     counts = {kind: tally.counts[kind] for kind in KINDS}
     audit_seq = None
     if not dry_run:

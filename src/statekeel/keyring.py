@@ -49,7 +49,10 @@ _SCHEMA = (
     "CREATE TABLE data_keys (key_id TEXT PRIMARY KEY, owner TEXT NOT NULL UNIQUE, wrapped_by TEXT NOT NULL, "
     "wrapped BLOB NOT NULL, created_at TEXT NOT NULL)",
     "CREATE TABLE destroyed (key_id TEXT PRIMARY KEY, destroyed_at TEXT NOT NULL)",
-    "CREATE TABLE erasing (subject TEXT NOT NULL, owner TEXT NOT NULL, PRIMARY KEY (subject, owner))",
+    # An erasure's owners, with their names sealed under the store key: the next run of an erasure killed
+    # after the rows went reads them back to spare a session that stayed (its metadata changed meanwhile).
+    "CREATE TABLE erasing (subject TEXT NOT NULL, owner TEXT NOT NULL, name BLOB NOT NULL, "
+    "PRIMARY KEY (subject, owner))",
 )
 
 
@@ -269,24 +272,62 @@ class KeyRing:
         """Record, before the rows go, that an erasure of ``subject`` (its SHA-256) destroys the data keys
         of ``names``: a run killed after deleting the rows (which named them) still knows, in the next
         run, which keys to destroy."""
-        rows = [(subject, owner_digest(n)) for n in names]
+        rows = [(subject, o, self._seal_name(subject, o, n)) for n in names for o in (owner_digest(n),)]
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany(
-                    "INSERT INTO erasing (subject, owner) VALUES (?, ?) ON CONFLICT DO NOTHING", rows
+                    "INSERT INTO erasing (subject, owner, name) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", rows
                 )
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
 
-    def destroy(self, subject: str) -> int:
+    def _seal_name(self, subject: str, owner: str, name: str) -> bytes:
+        nonce = os.urandom(NONCE_BYTES)
+        ad = b"statekeel erasing\x00" + subject.encode("ascii") + b"\x00" + owner.encode("ascii")
+        sealed: bytes = self._wrappers[self._current].encrypt(nonce, name.encode("utf-8"), ad)
+        return self._current.encode("ascii") + nonce + sealed
+
+    def _open_name(self, subject: str, owner: str, blob: bytes) -> str:
+        from cryptography.exceptions import InvalidTag
+
+        wrapped_by = blob[:16].decode("ascii", "replace")
+        wrapper = self._wrappers.get(wrapped_by)
+        ad = b"statekeel erasing\x00" + subject.encode("ascii") + b"\x00" + owner.encode("ascii")
+        try:
+            if wrapper is None:
+                raise InvalidTag
+            name: bytes = wrapper.decrypt(blob[16 : 16 + NONCE_BYTES], blob[16 + NONCE_BYTES :], ad)
+        except InvalidTag:
+            raise KeyRingError(
+                f"an erasure recorded in the key ring {self.path} cannot be read under the keys given "
+                f"(sealed under store key id {wrapped_by}): open the store with that key too",
+                path=self.path,
+                key_id=wrapped_by,
+                hint="",
+            ) from None
+        return name.decode("utf-8")
+
+    def pending(self, subject: str) -> list[str]:
+        """The names (session keys, scopes) whose data keys an erasure of ``subject`` marked."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT owner, name FROM erasing WHERE subject = ? ORDER BY owner", (subject,)
+            ).fetchall()
+        return [self._open_name(subject, owner, blob) for owner, blob in rows]
+
+    def destroy(self, subject: str, spare: Iterable[str] = ()) -> int:
         """Destroy the data keys an erasure of ``subject`` marked (committed and synced, overwritten in
-        the file), keeping their ids as destroyed; the number destroyed."""
+        the file), keeping their ids as destroyed, except those of ``spare`` (sessions that stayed); the
+        number destroyed."""
+        kept = [(subject, owner_digest(n)) for n in spare]
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                # A session that stayed (it no longer names the subject) keeps its key.
+                self._conn.executemany("DELETE FROM erasing WHERE subject = ? AND owner = ?", kept)
                 kids = [
                     kid
                     for (kid,) in self._conn.execute(
@@ -348,6 +389,19 @@ class KeyRing:
                         "UPDATE data_keys SET wrapped_by = ?, wrapped = ? WHERE key_id = ?",
                         (self._current, self._wrap(key, owner, kid), kid),
                     )
+                marks = self._conn.execute(
+                    "SELECT subject, owner, name FROM erasing WHERE substr(name, 1, 16) != ?",
+                    (self._current.encode("ascii"),),
+                ).fetchall()
+                for subject, owner, blob in marks:
+                    self._conn.execute(
+                        "UPDATE erasing SET name = ? WHERE subject = ? AND owner = ?",
+                        (
+                            self._seal_name(subject, owner, self._open_name(subject, owner, blob)),
+                            subject,
+                            owner,
+                        ),
+                    )
                 self._conn.execute(
                     "UPDATE ring SET value = ? WHERE name = 'check'",
                     (_check_value(self._wrappers, self._current),),
@@ -397,7 +451,7 @@ def _verify(ring: KeyRing, conn: sqlite3.Connection, name: str) -> None:
         values = dict(conn.execute("SELECT name, value FROM ring"))
         conn.execute("SELECT key_id, owner, wrapped_by, wrapped FROM data_keys LIMIT 0")
         conn.execute("SELECT key_id FROM destroyed LIMIT 0")
-        conn.execute("SELECT subject, owner FROM erasing LIMIT 0")
+        conn.execute("SELECT subject, owner, name FROM erasing LIMIT 0")
     except sqlite3.DatabaseError as exc:
         raise KeyRingError(
             f"{name} is not a statekeel key ring, or it is damaged ({exc})", path=name

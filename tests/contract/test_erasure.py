@@ -448,7 +448,7 @@ async def test_an_erasure_interrupted_between_the_rows_and_the_keys_is_finished_
     await store.backup(tmp_path / "before.db")
     assert store.codec.cipher is not None and store.codec.cipher.ring is not None
 
-    def dies(subject: str) -> int:
+    def dies(subject: str, spare: Any = ()) -> int:
         raise statekeel.BackendUnavailable("injected: the process died before the keys went")
 
     monkeypatch.setattr(store.codec.cipher.ring, "destroy", dies)
@@ -494,3 +494,29 @@ async def test_without_a_key_ring_erasure_deletes_rows_and_a_backup_keeps_what_i
     async with statekeel.open_store(f"sqlite:///{tmp_path / 'before.db'}", encryption_key=KEY) as old:
         kept = await old.sessions.load("chat-7")
         assert kept is not None and [m["content"] for m in kept.messages] == ["chat-7 2", "chat-7 3"]
+
+
+async def test_a_session_that_stopped_naming_the_subject_during_the_erasure_keeps_its_data_key(
+    ringed: tuple[statekeel.Store, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, _ = ringed
+    await fill(store)
+    real = store.backend.erase_sessions
+
+    async def changed_first(subject: str, keys: Any, **kwargs: Any) -> Any:
+        # Listed as the subject's, then given to someone else before its batch runs.
+        session = await store.sessions.load("chat-7")
+        assert session is not None
+        session.metadata["subject"] = "carol"
+        await store.sessions.save(session)
+        return await real(subject, keys, **kwargs)
+
+    monkeypatch.setattr(store.backend, "erase_sessions", changed_first)
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    monkeypatch.undo()
+    assert report.sessions == 1 and report.data_keys == 1  # only "user:alice"'s
+    store.sessions.evict("chat-7")
+    kept = await store.backend.read_messages("chat-7", start=0)
+    assert [m.payload["content"] for m in kept] == ["chat-7 2", "chat-7 3"]
+    loaded = await store.sessions.load("chat-7")
+    assert loaded is not None and loaded.metadata["subject"] == "carol" and len(loaded.messages) == 2

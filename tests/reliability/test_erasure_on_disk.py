@@ -89,7 +89,7 @@ async def main():
             hang()
         store.backend.erase_sessions = stuck
     if point == "before-keys":  # the rows are gone; the keys are not destroyed
-        KeyRing.destroy = lambda self, subject: hang()
+        KeyRing.destroy = lambda self, *args: hang()
     if point == "before-audit":  # the keys are destroyed; the audit entry is not written
         real = store.audit.append
         async def append(kind, *args, **kwargs):
