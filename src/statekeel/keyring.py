@@ -413,11 +413,6 @@ class KeyRing:
             self._scrub()  # the keys wrapped by the old store key go from the log too
             return len(rows)
 
-    def wrapped_by(self) -> dict[str, int]:
-        """Data keys per store key id wrapping them (for reports and tests)."""
-        with self._lock:
-            return dict(self._conn.execute("SELECT wrapped_by, count(*) FROM data_keys GROUP BY wrapped_by"))
-
 
 def _check_value(wrappers: Mapping[str, Any], current: str) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
