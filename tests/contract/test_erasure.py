@@ -656,3 +656,21 @@ async def test_a_session_that_stopped_naming_the_subject_during_the_erasure_keep
     assert [m.payload["content"] for m in kept] == ["chat-7 2", "chat-7 3"]
     loaded = await store.sessions.load("chat-7")
     assert loaded is not None and loaded.metadata["subject"] == "carol" and len(loaded.messages) == 2
+
+
+async def test_with_a_key_ring_the_forks_of_the_subjects_sessions_lose_their_data_keys_too(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path
+) -> None:
+    store, ring = ringed
+    await fill(store)
+    fork = await store.sessions.fork("chat-7", 3, new_key="chat-7-fork")
+    fork.add_message("user", "the fork's own words")
+    await store.sessions.save(fork)
+    await store.backup(tmp_path / "before.db")
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.data_keys == 3  # "user:alice", "chat-7" and its fork
+    async with statekeel.open_store(
+        f"sqlite:///{tmp_path / 'before.db'}", encryption_key=KEY, keyring=ring
+    ) as old:
+        with pytest.raises(statekeel.SubjectErased):
+            await old.backend.read_messages("chat-7-fork", start=3)
