@@ -231,10 +231,10 @@ SELECT kind FROM compressions WHERE session_key = $1 AND compression_id = $2;
 
 -- name: usage_rows
 -- The usages recorded with a session's messages [$2, $3), live or archived (rewound ones are not).
-SELECT usage::text AS usage FROM messages
+SELECT seq, usage::text AS usage FROM messages
 WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL
 UNION ALL
-SELECT usage::text AS usage FROM message_archive
+SELECT seq, usage::text AS usage FROM message_archive
 WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL;
 
 -- name: message_payload_range

@@ -235,9 +235,9 @@ SELECT kind FROM compressions WHERE session_key = ?1 AND compression_id = ?2;
 
 -- name: usage_rows
 -- The usages recorded with a session's messages [?2, ?3), live or archived (rewound ones are not).
-SELECT usage FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL
+SELECT seq, usage FROM messages WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL
 UNION ALL
-SELECT usage FROM message_archive WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL;
+SELECT seq, usage FROM message_archive WHERE session_key = ?1 AND seq >= ?2 AND seq < ?3 AND usage IS NOT NULL;
 
 -- name: message_payload_range
 -- Live messages [?2, ?3) as one JSON array (an ancestor's part of a fork's history, none of it archived).
