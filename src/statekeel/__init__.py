@@ -32,6 +32,7 @@ from .errors import (
     InvalidImportSource,
     InvalidKey,
     InvalidTransition,
+    KeyRingError,
     LeaseLost,
     LockTimeout,
     MigrationError,
@@ -44,6 +45,7 @@ from .errors import (
     StepInDoubt,
     StepInTransaction,
     StorageCorrupt,
+    SubjectErased,
     SyncCallRefused,
     ToolCallAlreadyAnswered,
     TranscriptError,
@@ -55,6 +57,7 @@ from .export import ExportReport, export_store
 from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .imports import ImportReport, import_store
+from .keyring import create_keyring
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager
@@ -100,6 +103,7 @@ __all__ = [
     "InvalidImportSource",
     "InvalidKey",
     "InvalidTransition",
+    "KeyRingError",
     "Lag",
     "LeaseLost",
     "LockTimeout",
@@ -132,6 +136,7 @@ __all__ = [
     "StorageCorrupt",
     "Store",
     "StoreInfo",
+    "SubjectErased",
     "SyncCallRefused",
     "TableCopy",
     "Task",
@@ -150,6 +155,7 @@ __all__ = [
     "WorkflowStep",
     "checksum_file",
     "copy_store",
+    "create_keyring",
     "export_store",
     "import_store",
     "key_id",
