@@ -32,6 +32,7 @@ from .errors import (
     InvalidImportSource,
     InvalidKey,
     InvalidTransition,
+    KeyRingError,
     LeaseLost,
     LockTimeout,
     MigrationError,
@@ -44,6 +45,7 @@ from .errors import (
     StepInDoubt,
     StepInTransaction,
     StorageCorrupt,
+    SubjectErased,
     SyncCallRefused,
     ToolCallAlreadyAnswered,
     TranscriptError,
@@ -56,6 +58,7 @@ from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .health import StoreInfo
 from .imports import ImportReport, import_store
+from .keyring import create_keyring
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager
@@ -101,6 +104,7 @@ __all__ = [
     "InvalidImportSource",
     "InvalidKey",
     "InvalidTransition",
+    "KeyRingError",
     "Lag",
     "LeaseLost",
     "LockTimeout",
@@ -133,6 +137,7 @@ __all__ = [
     "StorageCorrupt",
     "Store",
     "StoreInfo",
+    "SubjectErased",
     "SyncCallRefused",
     "TableCopy",
     "Task",
@@ -151,6 +156,7 @@ __all__ = [
     "WorkflowStep",
     "checksum_file",
     "copy_store",
+    "create_keyring",
     "export_store",
     "import_store",
     "key_id",

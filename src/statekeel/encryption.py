@@ -18,6 +18,11 @@ store was opened with ``encrypt_existing=True`` (the migration mode, in which
 :meth:`~statekeel.Store.rotate_encryption_key` also encrypts plaintext rows).
 
 A key id is derived from the key (:func:`key_id`): the store never holds a key, only the ids.
+
+With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.keyring`),
+messages and memories are sealed under per-subject data keys instead, named by their own key ids in the
+same envelope; a value under a data key that an erasure destroyed raises
+:class:`~statekeel.errors.SubjectErased`.
 """
 
 from __future__ import annotations
@@ -34,11 +39,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import DecryptionError, EncryptionError, InvalidArgument, PlaintextRefused, StatekeelError
+from .errors import (
+    DecryptionError,
+    EncryptionError,
+    InvalidArgument,
+    PlaintextRefused,
+    StatekeelError,
+    SubjectErased,
+)
 
 if TYPE_CHECKING:
     from .codec import Codec
     from .fallback import FallbackDir
+    from .keyring import KeyRing
     from .resealing import Resealer
 
 VERSION = 1
@@ -151,7 +164,8 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
     return tuple(keys)
 
 
-def _aead(key: bytes) -> Any:
+def aead_for(key: bytes) -> Any:
+    """The AES-256-GCM cipher of ``key`` (raises ``EncryptionError`` without the cryptography package)."""
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError:
@@ -178,27 +192,69 @@ def is_envelope(parsed: Any) -> bool:
 class Cipher:
     """Seals and opens the values of encrypted fields. One per store, made from its ``encryption_key``."""
 
-    __slots__ = ("_aeads", "_current", "_header", "_invalid_tag", "allow_plaintext", "key_id", "key_ids")
+    __slots__ = (
+        "_aeads", "_current", "_header", "_invalid_tag", "allow_plaintext", "key_id", "key_ids", "ring",
+    )  # fmt: skip
 
-    def __init__(self, keys: Sequence[bytes], *, allow_plaintext: bool = False) -> None:
+    def __init__(
+        self, keys: Sequence[bytes], *, allow_plaintext: bool = False, ring: KeyRing | None = None
+    ) -> None:
         keys = check_keys(list(keys))
-        self._aeads = {key_id(k): _aead(k) for k in keys}
+        self._aeads = {key_id(k): aead_for(k) for k in keys}
         self.key_ids = tuple(self._aeads)
         self.key_id = self.key_ids[0]
         self._current = self._aeads[self.key_id]
         kid = self.key_id.encode("ascii")
         self._header = bytes((VERSION, len(kid))) + kid
         self.allow_plaintext = allow_plaintext
+        # With a key ring, the values of a subject are sealed under its data key (see statekeel.keyring).
+        self.ring = ring
         from cryptography.exceptions import InvalidTag
 
         self._invalid_tag = InvalidTag
 
-    def seal(self, plaintext: bytes, kind: str, identity: Identity) -> bytes:
-        """The stored JSON form of ``plaintext`` (codec bytes) for the record ``kind`` + ``identity``."""
+    def _owner(self, kind: str, identity: Identity, subject: str | None) -> str | None:
+        # Whose data key seals a value: a message's session, a memory's scope (given as ``subject``).
+        if self.ring is None:
+            return None
+        if subject is not None:
+            return subject
+        return str(identity[0]) if kind == "message" else None
+
+    def _sealer(self, kind: str, identity: Identity, subject: str | None) -> tuple[bytes, Any]:
+        owner = self._owner(kind, identity, subject)
+        if owner is None or self.ring is None:
+            return self._header, self._current
+        kid, aead = self.ring.sealing_key(owner)
+        raw = kid.encode("ascii")
+        return bytes((VERSION, len(raw))) + raw, aead
+
+    def seal(self, plaintext: bytes, kind: str, identity: Identity, subject: str | None = None) -> bytes:
+        """The stored JSON form of ``plaintext`` (codec bytes) for the record ``kind`` + ``identity``:
+        under the data key of its session (a message) or of ``subject`` (a memory's scope) when the store
+        has a key ring, else under the current store key."""
+        header, aead = self._sealer(kind, identity, subject)
         nonce = os.urandom(NONCE_BYTES)
-        sealed = self._current.encrypt(nonce, plaintext, _associated(self._header, kind, identity))
-        envelope = binascii.b2a_base64(self._header + nonce + sealed, newline=False)
+        sealed = aead.encrypt(nonce, plaintext, _associated(header, kind, identity))
+        envelope = binascii.b2a_base64(header + nonce + sealed, newline=False)
         return b'{"$sk":"enc","v":"' + envelope + b'"}'
+
+    def sealing_key_id(self, kind: str, identity: Identity, subject: str | None = None) -> str:
+        """The key id :meth:`seal` would seal this record under now."""
+        owner = self._owner(kind, identity, subject)
+        if owner is None or self.ring is None:
+            return self.key_id
+        return str(self.ring.sealing_key(owner)[0])
+
+    def settled(self, stored: str | None, kind: str, identity: Identity, subject: str | None = None) -> bool:
+        """Whether a value stored under key id ``stored`` needs no re-sealing by a rotation: it is under
+        the key :meth:`seal` would use, or under a data key of the ring (rotation re-wraps those keys
+        instead of re-encrypting what they seal)."""
+        if stored is None:
+            return False
+        if stored == self.sealing_key_id(kind, identity, subject):
+            return True
+        return stored not in self._aeads and self.ring is not None and self.ring.holds(stored)
 
     def stored_key_id(self, parsed: Any, kind: str, identity: Identity) -> str | None:
         """The key id a parsed stored value is sealed under, or None for plaintext."""
@@ -242,10 +298,21 @@ class Cipher:
             )
         header, kid, rest = self._split(parsed, kind, identity)
         aead = self._aeads.get(kid)
+        if aead is None and self.ring is not None:
+            aead = self.ring.opening_key(kid)
+            if aead is None and self.ring.destroyed(kid):
+                raise SubjectErased(
+                    f"the {_record(kind, identity)} is sealed under data key {kid}, which an erasure "
+                    "destroyed: it is a copy of erased data and can no longer be read",
+                    kind=kind,
+                    record=list(identity),
+                    key_id=kid,
+                )
         if aead is None:
             raise DecryptionError(
                 f"the {_record(kind, identity)} is encrypted under key id {kid}, which is not among the keys "
-                f"given (key ids {', '.join(self.key_ids)})",
+                f"given (key ids {', '.join(self.key_ids)})"
+                + ("" if self.ring is None else " nor in the key ring"),
                 kind=kind,
                 record=list(identity),
                 key_id=kid,
@@ -270,11 +337,23 @@ class Cipher:
         return codec.decode(self.open_raw(parsed, kind, identity))
 
 
-def make_cipher(encryption_key: Any, *, encrypt_existing: bool = False) -> Cipher | None:
-    """The store's cipher for its ``encryption_key`` option (None without a key)."""
+def make_cipher(
+    encryption_key: Any, *, encrypt_existing: bool = False, keyring: str | os.PathLike[str] | None = None
+) -> Cipher | None:
+    """The store's cipher for its ``encryption_key`` option (None without a key), with the data keys of
+    the key ring at ``keyring`` if given (opened here: a bad ring raises ``KeyRingError`` before the store
+    writes anything)."""
     if encryption_key is None:
+        if keyring is not None:
+            raise InvalidArgument("keyring needs an encryption_key: the store key wraps the ring's data keys")
         return None
-    return Cipher(check_keys(encryption_key), allow_plaintext=encrypt_existing)
+    keys = check_keys(encryption_key)
+    ring = None
+    if keyring is not None:
+        from .keyring import open_keyring  # keyring imports this module
+
+        ring = open_keyring(keyring, keys)
+    return Cipher(keys, allow_plaintext=encrypt_existing, ring=ring)
 
 
 # What rotate_encryption_key walks, in this order: a message moved to the archive, a memory event copied
@@ -294,8 +373,10 @@ ROTATION_TABLES = (
 class RotationReport:
     """What :meth:`~statekeel.Store.rotate_encryption_key` did: the current ``key_id``; per table the rows
     read (``scanned``) and the rows re-encrypted under the current key (``rewritten``, which counts
-    plaintext rows encrypted in ``encrypt_existing`` mode too); the fallback files read
-    (``fallback_files``) and those re-sealed under the current key (``fallback_resealed``)."""
+    plaintext rows encrypted in ``encrypt_existing`` mode too, and, with a key ring, rows moved from a
+    store key to their subject's data key); the fallback files read (``fallback_files``) and those
+    re-sealed under the current key (``fallback_resealed``); the key ring's data keys re-wrapped under
+    the current key (``data_keys_rewrapped``)."""
 
     key_id: str
     scanned: Mapping[str, int] = field(default_factory=dict)
@@ -303,6 +384,8 @@ class RotationReport:
     # The sessions' fallback files (saves made while the backend was unavailable) read, and re-sealed.
     fallback_files: int = 0
     fallback_resealed: int = 0
+    # The key ring's data keys wrapped anew under the current key (what they seal is not re-encrypted).
+    data_keys_rewrapped: int = 0
 
     @property
     def total_rewritten(self) -> int:
@@ -341,6 +424,7 @@ async def rotate(
     batch_size: int,
     on_batch: RotationProgress | None = None,
     fallback: FallbackDir | None = None,
+    ring: KeyRing | None = None,
 ) -> RotationReport:
     """Re-seal every table's encrypted fields under the current key, batch by batch, then every fallback
     file (see :meth:`statekeel.Store.rotate_encryption_key`)."""
@@ -358,12 +442,14 @@ async def rotate(
                 break
             after = page.after
     files, resealed = await asyncio.to_thread(reseal_fallback_files, fallback)
+    rewrapped = 0 if ring is None else await asyncio.to_thread(ring.rewrap)
     return RotationReport(
         key_id=current,
         scanned=scanned,
         rewritten=rewritten,
         fallback_files=files,
         fallback_resealed=resealed,
+        data_keys_rewrapped=rewrapped,
     )
 
 

@@ -34,6 +34,12 @@ row is still the subject's. A process killed midway leaves whole batches done; r
 it finishes (the audit entry is written by the run that finishes). On SQLite deleted rows are overwritten
 (``secure_delete``) and the WAL is checkpointed and truncated at the end, so the subject's text is gone
 from the database file and its WAL; on PostgreSQL see ``docs/retention.md`` (VACUUM).
+
+With a key ring (``open_store(keyring=...)``, see :mod:`statekeel.keyring`) the erasure also destroys the
+data keys of the subject and of each session it erases, after their rows are gone, so the copies of
+those rows in backups taken before can no longer be read (:class:`~statekeel.errors.SubjectErased`). The
+keys to destroy are recorded in the ring before the first row goes, so a run killed between the rows and
+the keys is finished by the next. Without a ring, erasure deletes rows only: a backup keeps what it held.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from .validation import check_bool, check_int, check_key, check_text
 
 if TYPE_CHECKING:
     from .audit import AuditLog
+    from .codec import Codec
     from .memory import MemoryStore
     from .sessions import SessionManager
     from .traces import TraceLog
@@ -62,7 +69,8 @@ _QUARANTINED = SUFFIX + ".corrupt-"
 
 class Erasable(Protocol):
     """What an erasure needs of a store (a :class:`statekeel.Store` has it): its backend, the buffered
-    tiers to flush, the sessions' cache and fallback files, and the audit log its entry goes to."""
+    tiers to flush, the sessions' cache and fallback files, the audit log its entry goes to, and its
+    codec (whose key ring holds the subject's data keys)."""
 
     @property
     def backend(self) -> StorageBackend: ...
@@ -74,6 +82,8 @@ class Erasable(Protocol):
     def sessions(self) -> SessionManager: ...
     @property
     def audit(self) -> AuditLog: ...
+    @property
+    def codec(self) -> Codec: ...
 
     def holds(self, kind: str) -> bool:
         """Whether the store's backend holds ``kind`` (a manager's name or a state kind)."""
@@ -86,9 +96,10 @@ class ErasureReport:
 
     ``subject_sha256`` names the subject as the audit entry does; ``audit_seq`` is that entry's sequence
     number (None in a dry run). ``leases_held`` counts sessions whose lease row was kept because a live
-    process holds it. ``batches`` counts the transactions, ``longest_batch_seconds`` the longest one
-    (on SQLite: how long it held the write lock). ``session_keys`` lists the keys erased as the subject's
-    (its sessions', and the subject itself).
+    process holds it. ``data_keys`` counts the data keys destroyed in the key ring (would be, in a dry
+    run; always 0 for a store without one). ``batches`` counts the transactions,
+    ``longest_batch_seconds`` the longest one (on SQLite: how long it held the write lock).
+    ``session_keys`` lists the keys erased as the subject's (its sessions', and the subject itself).
     """
 
     subject_sha256: str
@@ -110,6 +121,7 @@ class ErasureReport:
     checkpoints: int = 0
     file_changes: int = 0
     leases_held: int = 0
+    data_keys: int = 0
     batches: int = 0
     seconds: float = 0.0
     longest_batch_seconds: float = 0.0
@@ -210,6 +222,7 @@ async def erase(
     check_int(batch_size, "batch_size", minimum=1)
     began = time.perf_counter()
     now = dt.datetime.now(dt.UTC)
+    data_keys = 0
     backend = store.backend
     tally = _Tally(backend, dry_run)
     # Buffered tiers first: spans and accesses the process still holds are erased with the rest.
@@ -228,12 +241,21 @@ async def erase(
             break
         after = page[-1]
     files = store.sessions.fallback
+    found = [] if files is None else await asyncio.to_thread(_fallback_matches, files, subject, keys)
+    ordered = sorted(keys)
+    digest = subject_digest(subject)
+    ring = None if store.codec.cipher is None else store.codec.cipher.ring
+    if ring is not None:
+        if dry_run:
+            data_keys = await asyncio.to_thread(ring.count, ordered)
+        else:
+            # Before any row goes: a run killed once the rows (which name the sessions) are gone still
+            # knows, in the next run, whose data keys to destroy.
+            await asyncio.to_thread(ring.mark, digest, ordered)
     if files is not None:
         # Files before rows: a crash in between leaves the rows, which the next run finds again.
-        found = await asyncio.to_thread(_fallback_matches, files, subject, keys)
         removed = len(found) if dry_run else await asyncio.to_thread(_remove_files, files, found)
         tally.counts["fallback_files"] += removed
-    ordered = sorted(keys)
 
     span_after: tuple[str, str] | None = None
     while True:
@@ -272,7 +294,12 @@ async def erase(
         if (cursor := batch.after) is None:
             break
 
-    digest = subject_digest(subject)
+    if ring is not None and not dry_run:
+        # After the rows: the data keys (marked above, by this run or a killed one) go, synced — but not
+        # the key of a session that stayed because it no longer names the subject.
+        marked = await asyncio.to_thread(ring.pending, digest)
+        stayed = [k for k in marked if k != subject and await backend.load_session(k) is not None]
+        data_keys = await asyncio.to_thread(ring.destroy, digest, stayed)
     counts = {kind: tally.counts[kind] for kind in KINDS}
     audit_seq = None
     if not dry_run:
@@ -285,6 +312,7 @@ async def erase(
                 "reason": reason,
                 "counts": counts,
                 "leases_held": tally.counts["leases_held"],
+                "data_keys": data_keys,
             },
         )
         audit_seq = entry.seq
@@ -293,6 +321,7 @@ async def erase(
         subject_sha256=digest,
         dry_run=dry_run,
         leases_held=tally.counts["leases_held"],
+        data_keys=data_keys,
         batches=tally.batches,
         seconds=time.perf_counter() - began,
         longest_batch_seconds=tally.longest,

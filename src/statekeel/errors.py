@@ -235,6 +235,28 @@ class DecryptionError(EncryptionError):
     )
 
 
+class SubjectErased(DecryptionError):
+    """A stored value was sealed under a subject's data key that an erasure destroyed: it is a copy (a
+    backup, a restored file) of data the store erased, and can no longer be read by anyone. Fields:
+    ``kind``, ``record``, ``key_id`` (the destroyed data key's id)."""
+
+    hint = (
+        "The subject was erased (store.erase): its data cannot be read from any copy taken before; "
+        "restore nothing of it, or drop the record"
+    )
+
+
+class KeyRingError(EncryptionError):
+    """The key ring (the file of per-subject data keys, ``open_store(keyring=...)``) cannot be used as
+    configured: it is missing, too open, damaged, or its data keys are wrapped by a store key that is not
+    among the keys given. Nothing was written. Fields: ``path``, and ``key_id`` when a store key is named."""
+
+    hint = (
+        "Restore the key ring from its own backup (it is not in the database's backups), open the store "
+        "with the store key the ring was made with, or create a new ring with statekeel.create_keyring()"
+    )
+
+
 class PlaintextRefused(EncryptionError):
     """A value that should be encrypted was found stored in plaintext while a key is configured: it was
     written without encryption (or planted). Fields: ``kind``, ``record``."""

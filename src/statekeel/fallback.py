@@ -377,7 +377,11 @@ class FallbackDir:
             lines = data.split(b"\n")
             signature = _signature(lines[0], st)
             if all(
-                cipher.stored_key_id(orjson.loads(line), "message", (snap.key, seq)) == cipher.key_id
+                cipher.settled(
+                    cipher.stored_key_id(orjson.loads(line), "message", (snap.key, seq)),
+                    "message",
+                    (snap.key, seq),
+                )
                 for seq, line in enumerate(lines[1:-1], snap.base_head)
             ):
                 return False

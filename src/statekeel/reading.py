@@ -92,11 +92,13 @@ async def open_for_reading(
     audit_key: bytes | None = None,
     retention: Retention | None = None,
     encrypt_existing: bool = False,
+    keyring: str | os.PathLike[str] | None = None,
 ) -> Store:
     """Open the existing store at ``url`` without changing its schema (see the module documentation),
     with its ``encryption_key`` if it is encrypted and its ``audit_key`` if its audit chain is keyed
     (``retention`` and ``encrypt_existing`` as for :func:`statekeel.open_store`, for the commands that
-    purge or re-encrypt it). Raises ``InvalidArgument`` (see :func:`check_url`, :func:`require_existing`)
+    purge or re-encrypt it; ``keyring``, the file of per-subject data keys, as for ``open_store``).
+    Raises ``InvalidArgument`` (see :func:`check_url`, :func:`require_existing`)
     before anything connects, and the store's own errors when it does not open."""
     check_url(url)
     await asyncio.to_thread(require_existing, url)
@@ -107,6 +109,7 @@ async def open_for_reading(
         encryption_key=encryption_key,
         encrypt_existing=encrypt_existing,
         audit_key=audit_key,
+        keyring=keyring,
     )
 
 

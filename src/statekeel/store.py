@@ -55,6 +55,8 @@ class StoreOptions:
     # Never in a repr (logs, tracebacks): the keys are the secret.
     encryption_key: bytes | tuple[bytes, ...] | None = field(default=None, repr=False)
     encrypt_existing: bool = False
+    # The key ring of per-subject data keys (statekeel.keyring): a file outside the database's backups.
+    keyring: str | os.PathLike[str] | None = None
     migrate: bool = True
     audit_key: bytes | None = None
     retention: Retention = field(default_factory=Retention)
@@ -75,6 +77,13 @@ class StoreOptions:
             check_keys(self.encryption_key)
         elif self.encrypt_existing:
             raise InvalidArgument("encrypt_existing=True needs an encryption_key to encrypt with")
+        if self.keyring is not None:
+            if not isinstance(self.keyring, (str, os.PathLike)):
+                raise InvalidArgument(f"keyring must be a path, got {type(self.keyring).__name__}")
+            if self.encryption_key is None:
+                raise InvalidArgument(
+                    "keyring needs an encryption_key: the store key wraps the ring's data keys"
+                )
         if self.audit_key is not None and (
             type(self.audit_key) is not bytes or len(self.audit_key) < MIN_AUDIT_KEY_BYTES
         ):
@@ -315,9 +324,16 @@ class Store:
         self.options = options
         self.codec = Codec(
             max_record_bytes=options.max_record_bytes,
-            cipher=make_cipher(options.encryption_key, encrypt_existing=options.encrypt_existing),
+            cipher=make_cipher(
+                options.encryption_key, encrypt_existing=options.encrypt_existing, keyring=options.keyring
+            ),
         )
-        self.backend: StorageBackend = make_backend(url, options, self.codec)
+        try:
+            self.backend: StorageBackend = make_backend(url, options, self.codec)
+        except BaseException:
+            if self.codec.cipher is not None and self.codec.cipher.ring is not None:
+                self.codec.cipher.ring.close()  # opened first (a bad ring is refused before the backend)
+            raise
         fallback_dir = options.fallback_dir if options.fallback_dir is not None else default_fallback_dir(url)
         # Made for every store (making one touches no state); opened only where the backend holds them.
         self._managers: dict[str, Any] = {}
@@ -496,8 +512,9 @@ class Store:
             raise InvalidArgument(f"on_batch must be callable, got {type(on_batch).__name__}")
         if self.codec.cipher is None:
             raise InvalidArgument("rotate_encryption_key needs a store opened with an encryption_key")
+        cipher = self.codec.cipher
         return await rotate(
-            self.backend, self.codec.cipher.key_id, batch_size, on_batch, self.sessions.fallback
+            self.backend, cipher.key_id, batch_size, on_batch, self.sessions.fallback, ring=cipher.ring
         )
 
     async def vacuum(self) -> int | None:
@@ -560,7 +577,11 @@ class Store:
                 if self.holds("traces"):
                     await self.traces.close()
         finally:
-            await self.backend.close()
+            try:
+                await self.backend.close()
+            finally:
+                if self.codec.cipher is not None and self.codec.cipher.ring is not None:
+                    self.codec.cipher.ring.close()
 
     async def __aenter__(self) -> Store:
         return self
@@ -602,6 +623,7 @@ def open_store(
     migrate: bool = True,
     audit_key: bytes | None = None,
     retention: Retention | None = None,
+    keyring: str | os.PathLike[str] | None = None,
 ) -> _Opener:
     """Open (creating and migrating if needed) the store at ``url``; with no ``url``, at
     ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db`` (as the ``statekeel`` command does).
@@ -627,6 +649,14 @@ def open_store(
     them and writes under the first; :meth:`Store.rotate_encryption_key` moves everything to the first. With
     a key, plaintext found on read is refused unless ``encrypt_existing=True`` (to encrypt a store written
     without a key). See :mod:`statekeel.encryption`.
+
+    ``keyring`` (a path, with ``encryption_key``; made once by :func:`statekeel.create_keyring`) seals each
+    session's messages and each memory scope's memories under a data key of their own, kept in that file
+    wrapped by the store key: :meth:`Store.erase` then destroys the subject's data keys, so copies of the
+    database taken before (backups) can no longer be read for it. Back the ring up apart from the
+    database, and open the same ring from every process of the store. A missing, too open or damaged
+    ring, or one made with another store key, raises ``KeyRingError`` before anything is written. See
+    :mod:`statekeel.keyring`.
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,
@@ -639,6 +669,7 @@ def open_store(
         migrate=migrate,
         audit_key=audit_key,
         retention=Retention() if retention is None else retention,
+        keyring=keyring,
     )
     # Here, not at the await: a bad call fails where it is made.
     return _Opener(resolve_url(url), options)

@@ -100,3 +100,40 @@ def test_erase_counts_deletes_and_records_the_erasure(tmp_path: Path) -> None:
     assert nothing.returncode == 0 and json.loads(nothing.stdout)["sessions"] == 0
     no_reason = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", cwd=tmp_path)
     assert "--reason" in one_line_error(no_reason)
+
+
+def test_erase_with_a_key_ring_destroys_the_subjects_data_keys_so_a_backup_no_longer_reads(
+    tmp_path: Path,
+) -> None:
+    key = bytes(range(32))
+    key_file = tmp_path / "store.key"
+    key_file.write_text(key.hex() + "\n")
+    key_file.chmod(0o600)
+    ring = tmp_path / "keys" / "ring.db"
+    made = run_statekeel("create-keyring", str(ring), "--key-file", str(key_file), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE(ring.stat().st_mode) == 0o600
+    again = run_statekeel("create-keyring", str(ring), "--key-file", str(key_file), cwd=tmp_path)
+    assert "never overwritten" in one_line_error(again)
+    assert "needs the store's keys" in one_line_error(run_statekeel("create-keyring", "x.db", cwd=tmp_path))
+    url = f"sqlite:///{tmp_path / 'src.db'}"
+
+    async def fill_and_back_up() -> None:
+        async with statekeel.open_store(url, encryption_key=key, keyring=str(ring)) as store:
+            async with store.sessions.open("chat-1") as session:
+                session.metadata["subject"] = SUBJECT
+                session.add_message("user", "alice's words")
+            await store.backup(tmp_path / "before.db")
+
+    asyncio.run(fill_and_back_up())
+    env = {"STATEKEEL_KEY_FILE": str(key_file), "STATEKEEL_KEYRING": str(ring)}
+    done = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", "--reason", "r1", "--json",
+                         cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["data_keys"] == 1
+    old = f"sqlite:///{tmp_path / 'before.db'}"
+    show = run_statekeel("--keyring", str(ring), "show", "chat-1", "--db", old, cwd=tmp_path, env=env)
+    assert "erased" in one_line_error(show)
+    missing = run_statekeel("--keyring", str(tmp_path / "nowhere.db"), "show", "chat-1", "--db", old,
+                            cwd=tmp_path, env={"STATEKEEL_KEY_FILE": str(key_file)})  # fmt: skip
+    assert "does not exist" in one_line_error(missing)

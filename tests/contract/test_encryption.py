@@ -12,12 +12,14 @@ import logging
 import os
 import re
 import sqlite3
+import stat
 import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import statekeel
@@ -25,6 +27,7 @@ from helpers import database_write_locked, kill9_when, mariadb_raw
 from statekeel.codec import Codec
 from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
 from statekeel.fallback import FallbackDir, file_stem
+from statekeel.keyring import open_keyring
 
 Store = statekeel.Store
 KEY_A = bytes(range(32))
@@ -43,13 +46,20 @@ class Opener:
         self.fallback = str(tmp_path / "fallback")
         self.store: Store | None = None
 
-    async def open(self, key: Any = None, *, encrypt_existing: bool = False) -> Store:
+    async def open(self, key: Any = None, *, encrypt_existing: bool = False, keyring: Any = None) -> Store:
         if self.url == "memory://" and self.store is not None:
-            self.store.codec.cipher = make_cipher(key, encrypt_existing=encrypt_existing)
+            old = self.store.codec.cipher
+            if old is not None and old.ring is not None:
+                old.ring.close()
+            self.store.codec.cipher = make_cipher(key, encrypt_existing=encrypt_existing, keyring=keyring)
             return self.store
         await self.close()
         self.store = await statekeel.open_store(
-            self.url, fallback_dir=self.fallback, encryption_key=key, encrypt_existing=encrypt_existing
+            self.url,
+            fallback_dir=self.fallback,
+            encryption_key=key,
+            encrypt_existing=encrypt_existing,
+            keyring=keyring,
         )
         return self.store
 
@@ -609,3 +619,216 @@ async def test_rotation_reseals_rewound_messages_and_forks_copies(opener: Opener
     loaded = await store.sessions.load(fork.key)
     assert loaded is not None
     assert [m["content"] for m in loaded.messages] == [f"{SECRET}-turn-{i}" for i in range(3)]
+
+
+# --- the key ring: per-subject data keys -----------------------------------------------------------------
+
+
+def stored_key_ids(values: list[str]) -> set[str]:
+    """The key ids that stored envelopes (JSON text) name."""
+    ids = set()
+    for value in values:
+        parsed = orjson.loads(value)
+        if isinstance(parsed, dict) and parsed.get("$sk") == "enc":
+            blob = base64.b64decode(parsed["v"])
+            ids.add(blob[2 : 2 + blob[1]].decode())
+    return ids
+
+
+async def sealed_under(opener: Opener, sql: str) -> set[str]:
+    return stored_key_ids([v for (v,) in await opener.raw(sql) if v is not None])
+
+
+MESSAGE_VALUES = (
+    "SELECT CAST(payload AS TEXT) FROM messages UNION ALL SELECT CAST(payload AS TEXT) FROM message_archive"
+)
+MEMORY_VALUES = "SELECT CAST(content AS TEXT) FROM memories"
+STORE_KEY_VALUES = (
+    "SELECT CAST(result AS TEXT) FROM task_steps UNION ALL SELECT CAST(args AS TEXT) FROM approvals"
+)
+
+
+async def test_with_a_key_ring_sessions_and_scopes_are_sealed_under_data_keys_of_their_own(
+    opener: Opener, tmp_path: Path
+) -> None:
+    ring = await statekeel.create_keyring(tmp_path / "keys" / "ring.db", KEY_A)
+    store = await opener.open(KEY_A, keyring=ring)
+    ids = await fill(store)
+    async with store.sessions.open("t") as other:
+        other.add_message("user", "another session")
+    await check_all(store, ids)
+    store = await opener.open(KEY_A, keyring=ring)  # another process with the same key and ring
+    await check_all(store, ids)
+    store_key = statekeel.key_id(KEY_A)
+    # Two sessions, two data keys; memories of scope "global" under a third; neither is the store key.
+    messages = await sealed_under(opener, MESSAGE_VALUES)
+    memories = await sealed_under(opener, MEMORY_VALUES)
+    assert len(messages) == 2 and len(memories) == 1 and store_key not in messages | memories
+    assert not messages & memories
+    # Step results and approval arguments belong to no subject: the store key seals them, as before.
+    assert await sealed_under(opener, STORE_KEY_VALUES) == {store_key}
+    assert all(SECRET not in v for (v,) in await opener.raw(ENCRYPTED) if v is not None)
+    assert stat.S_IMODE(os.stat(ring).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "keys").st_mode) == 0o700
+
+
+async def test_rotation_rewraps_data_keys_so_the_new_store_key_alone_reads_everything(
+    opener: Opener, tmp_path: Path
+) -> None:
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    store = await opener.open(KEY_A, keyring=ring)
+    ids = await fill(store)
+    before = await sealed_under(opener, MESSAGE_VALUES + " UNION ALL " + MEMORY_VALUES)
+    store = await opener.open([KEY_B, KEY_A], keyring=ring)
+    report = await store.rotate_encryption_key()
+    assert report.data_keys_rewrapped == 2  # session "s" and scope "global"
+    # The payloads under data keys are not re-encrypted; only the store key's rows are.
+    assert {t: n for t, n in report.rewritten.items() if n} == {"task_steps": 2, "approvals": 2}
+    assert await sealed_under(opener, MESSAGE_VALUES + " UNION ALL " + MEMORY_VALUES) == before
+    assert (await store.rotate_encryption_key()).data_keys_rewrapped == 0  # done
+    store = await opener.open(KEY_B, keyring=ring)
+    await check_all(store, ids)
+    await opener.close()
+    with pytest.raises(statekeel.KeyRingError, match=statekeel.key_id(KEY_B)) as info:
+        await opener.open(KEY_A, keyring=ring)  # the old store key no longer unwraps the ring
+    assert info.value.key_id == statekeel.key_id(KEY_B)
+
+
+async def test_a_store_encrypted_before_its_key_ring_reads_as_before_and_rotation_moves_it_to_data_keys(
+    opener: Opener, tmp_path: Path
+) -> None:
+    store = await opener.open(KEY_A)
+    ids = await fill(store)
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    store = await opener.open(KEY_A, keyring=ring)
+    await check_all(store, ids)  # values under the store key still open
+    report = await store.rotate_encryption_key()
+    assert report.rewritten["messages"] == 3 and report.rewritten["memories"] == 2
+    assert report.rewritten["memory_events"] == 3 and report.rewritten["task_steps"] == 0
+    assert statekeel.key_id(KEY_A) not in await sealed_under(
+        opener, MESSAGE_VALUES + " UNION ALL " + MEMORY_VALUES
+    )
+    store = await opener.open(KEY_A, keyring=ring)
+    await check_all(store, ids)
+
+
+async def test_with_a_key_ring_a_fallback_file_is_sealed_under_its_sessions_data_key(tmp_path: Path) -> None:
+    db, fb = tmp_path / "store.db", tmp_path / "fallback"
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    url = f"sqlite:///{db}"
+    async with statekeel.open_store(
+        url, fallback_dir=str(fb), busy_timeout_ms=50, encryption_key=KEY_A, keyring=ring
+    ) as store:
+        session = await store.sessions.get_or_create("s")
+        session.add_message("user", "before")
+        await store.sessions.save(session)
+        (data_key,) = await sealed_under_file(db, "SELECT CAST(payload AS TEXT) FROM messages")
+        with database_write_locked(db):
+            session.add_message("assistant", f"{SECRET}-during")
+            await store.sessions.save(session)  # the database is locked: the fallback file takes it
+            (name,) = os.listdir(fb)
+            lines = (fb / name).read_bytes().split(b"\n")[1:-1]
+        assert SECRET.encode() not in b"".join(lines)
+        assert stored_key_ids([line.decode() for line in lines]) == {data_key}
+        assert data_key != statekeel.key_id(KEY_A)
+        assert (await store.sessions.replay_fallback()).replayed == {"s": 1}
+        assert [m.payload["content"] for m in await store.backend.read_messages("s")] == [
+            "before",
+            f"{SECRET}-during",
+        ]
+
+
+async def sealed_under_file(db: Path, sql: str) -> set[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return stored_key_ids([v for (v,) in conn.execute(sql).fetchall() if v is not None])
+    finally:
+        conn.close()
+
+
+async def test_a_key_ring_that_is_missing_too_open_damaged_or_made_with_another_key_is_refused(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with pytest.raises(statekeel.KeyRingError, match=r"does not exist.*create_keyring"):
+        await statekeel.open_store(url, encryption_key=KEY_A, keyring=tmp_path / "none.db")
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    os.chmod(ring, 0o644)
+    with pytest.raises(statekeel.KeyRingError, match="chmod 600"):
+        await statekeel.open_store(url, encryption_key=KEY_A, keyring=ring)
+    os.chmod(ring, 0o600)
+    with pytest.raises(statekeel.KeyRingError, match="made with store key id") as info:
+        await statekeel.open_store(url, encryption_key=KEY_B, keyring=ring)
+    assert info.value.key_id == statekeel.key_id(KEY_A) and info.value.path == ring
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"not a key ring at all" * 100)
+    damaged.chmod(0o600)
+    with pytest.raises(statekeel.KeyRingError, match=r"not a statekeel key ring|cannot be opened"):
+        await statekeel.open_store(url, encryption_key=KEY_A, keyring=damaged)
+    with pytest.raises(statekeel.InvalidArgument, match="keyring needs an encryption_key"):
+        statekeel.open_store(url, keyring=ring)
+    with pytest.raises(statekeel.InvalidArgument, match="keyring must be a path"):
+        statekeel.open_store(url, encryption_key=KEY_A, keyring=3)  # type: ignore[arg-type]
+    with pytest.raises(statekeel.InvalidArgument, match="never overwritten"):
+        await statekeel.create_keyring(ring, KEY_A)
+    assert not (tmp_path / "store.db").exists()  # nothing was written by any of the refused opens
+    assert not (tmp_path / "none.db").exists()
+
+
+async def test_a_key_ring_altered_outside_statekeel_fails_to_authenticate(tmp_path: Path) -> None:
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = await statekeel.open_store(url, encryption_key=KEY_A, keyring=ring)
+    async with store.sessions.open("s") as session:
+        session.add_message("user", "hello")
+    await store.close()
+    conn = sqlite3.connect(ring)
+    conn.execute("UPDATE data_keys SET wrapped = zeroblob(60)")
+    conn.commit()
+    conn.close()
+    async with statekeel.open_store(url, encryption_key=KEY_A, keyring=ring) as store:
+        with pytest.raises(statekeel.KeyRingError, match="does not authenticate"):
+            await store.backend.read_messages("s", start=0)
+
+
+async def test_a_data_key_another_process_destroyed_opens_nothing_and_is_never_sealed_under_again(
+    tmp_path: Path,
+) -> None:
+    ring = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    here, there = open_keyring(ring, KEY_A), open_keyring(ring, KEY_A)
+    try:
+        first, _ = here.sealing_key("s")
+        assert here.opening_key(first) is not None  # unwrapped and remembered here
+        there.mark("erasure-1", ["s"])
+        assert there.destroy("erasure-1") == 1
+        assert here.opening_key(first) is None and here.destroyed(first)
+        second, _ = here.sealing_key("s")  # a session of that key started afterwards: a new key
+        assert second != first and there.opening_key(second) is not None
+    finally:
+        here.close()
+        there.close()
+
+
+def ring_files(root: Path) -> tuple[bytes, set[int]]:
+    """The bytes of the ring file and its log, and their modes."""
+    paths = list(root.glob("ring.db*"))
+    return b"".join(p.read_bytes() for p in paths), {stat.S_IMODE(p.stat().st_mode) for p in paths}
+
+
+async def test_a_destroyed_data_key_is_gone_from_the_ring_file_and_its_log(tmp_path: Path) -> None:
+    ring_path = await statekeel.create_keyring(tmp_path / "ring.db", KEY_A)
+    ring = open_keyring(ring_path, KEY_A)
+    try:
+        for name in ("alice", "bob"):
+            ring.sealing_key(name)
+        conn = sqlite3.connect(ring_path)
+        wrapped = dict(conn.execute("SELECT key_id, wrapped FROM data_keys").fetchall())
+        conn.close()
+        ring.mark("erasure-1", ["alice"])
+        assert ring.destroy("erasure-1") == 1
+        on_disk, modes = ring_files(tmp_path)
+        kept = [kid for kid, blob in wrapped.items() if blob in on_disk]
+        assert len(kept) == 1 and not ring.destroyed(kept[0])  # bob's stays; alice's is nowhere
+        assert modes == {0o600}
+    finally:
+        ring.close()

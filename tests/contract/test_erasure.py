@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import statekeel
 from statekeel.erasure import subject_digest
 
 SUBJECT = "user:alice"
+KEY = bytes(range(32))
 
 
 async def fill(store: statekeel.Store) -> dict[str, Any]:
@@ -545,3 +547,182 @@ def test_erase_removes_exactly_the_subjects_records_whatever_the_mix(
         assert real.sessions == removed
 
     asyncio.run(run())
+
+
+# --- with a key ring: erasure destroys the subject's data keys, so old backups no longer open -------------
+
+
+@pytest.fixture
+async def ringed(store_url: str, tmp_path: Path) -> AsyncIterator[tuple[statekeel.Store, str]]:
+    """An encrypted store with a key ring on each backend, and the ring's path."""
+    ring = await statekeel.create_keyring(tmp_path / "keys" / "ring.db", KEY)
+    s = await statekeel.open_store(
+        store_url, fallback_dir=str(tmp_path / "fallback"), encryption_key=KEY, keyring=ring
+    )
+    try:
+        yield s, ring
+    finally:
+        await s.close()
+
+
+async def _subjects_memory(store: statekeel.Store) -> str:
+    return (await store.memory.query(scope=SUBJECT, include_superseded=True)).items[0].id
+
+
+async def check_backup(path: Path, ring: str, ids: dict[str, Any], mine: str) -> None:
+    """The copy taken before the erasure: the subject's values raise SubjectErased, the others read."""
+    async with statekeel.open_store(f"sqlite:///{path}", encryption_key=KEY, keyring=ring) as old:
+        for key in (SUBJECT, "chat-7"):
+            with pytest.raises(statekeel.SubjectErased) as info:
+                await old.backend.read_messages(key, start=0)
+            assert info.value.kind == "message" and info.value.record[0] == key
+            with pytest.raises(statekeel.SubjectErased):
+                await old.sessions.load(key)
+        with pytest.raises(statekeel.SubjectErased):
+            await old.sessions.archived("chat-7")
+        with pytest.raises(statekeel.SubjectErased) as info:
+            await old.memory.get(mine)
+        assert info.value.kind == "memory"
+        bob = await old.sessions.load("chat-8")
+        assert bob is not None and [m["content"] for m in bob.messages] == [f"chat-8 {i}" for i in range(3)]
+        theirs = await old.memory.get(ids["theirs"])
+        assert theirs is not None and theirs.content == "Bob"
+
+
+async def test_with_a_key_ring_a_backup_taken_before_the_erasure_no_longer_opens_the_subjects_data(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path
+) -> None:
+    store, ring = ringed
+    ids = await fill(store)
+    mine = await _subjects_memory(store)
+    await store.backup(tmp_path / "before.db")
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.counts == EXPECTED
+    # "user:alice" (its session and its memories' scope share one key) and "chat-7".
+    assert report.data_keys == 2
+    entry = (await store.audit.query(kind="erasure"))[-1]
+    assert entry.data["data_keys"] == 2 and entry.data["counts"] == EXPECTED
+    await check_backup(tmp_path / "before.db", ring, ids, mine)
+    bob = await store.sessions.load("chat-8")  # the store itself reads the others as before
+    assert bob is not None and len(bob.messages) == 3
+    # A session of the erased key started afterwards gets a new data key, and reads.
+    async with store.sessions.open(SUBJECT) as again:
+        again.add_message("user", "new start")
+    fresh = await store.backend.read_messages(SUBJECT, start=0)
+    assert [m.payload["content"] for m in fresh] == ["new start"]
+    assert (await store.erase(SUBJECT, actor="dpo", reason="again")).data_keys == 1
+
+
+async def test_a_dry_run_counts_the_data_keys_and_destroys_none(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path
+) -> None:
+    store, ring = ringed
+    await fill(store)
+    await store.backup(tmp_path / "before.db")
+    dry = await store.erase(SUBJECT, dry_run=True, actor="dpo", reason="preview")
+    assert dry.data_keys == 2 and dry.counts == EXPECTED
+    async with statekeel.open_store(
+        f"sqlite:///{tmp_path / 'before.db'}", encryption_key=KEY, keyring=ring
+    ) as old:
+        assert len(await old.backend.read_messages("chat-7", start=0)) == 2  # 2 of 4 were archived
+
+
+async def test_an_erasure_interrupted_between_the_rows_and_the_keys_is_finished_by_the_next_run(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, ring = ringed
+    ids = await fill(store)
+    mine = await _subjects_memory(store)
+    await store.backup(tmp_path / "before.db")
+    assert store.codec.cipher is not None and store.codec.cipher.ring is not None
+
+    def dies(subject: str, spare: Any = ()) -> int:
+        raise statekeel.BackendUnavailable("injected: the process died before the keys went")
+
+    monkeypatch.setattr(store.codec.cipher.ring, "destroy", dies)
+    with pytest.raises(statekeel.BackendUnavailable, match="injected"):
+        await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    monkeypatch.undo()
+    assert await store.sessions.load("chat-7") is None  # the rows went; no session names the keys now
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.total == 0 and report.data_keys == 2  # the keys marked by the first run
+    assert [e.data["data_keys"] for e in await store.audit.query(kind="erasure")] == [2]
+    await check_backup(tmp_path / "before.db", ring, ids, mine)
+
+
+async def test_an_erasure_interrupted_after_the_keys_is_finished_by_the_next_run(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, ring = ringed
+    ids = await fill(store)
+    mine = await _subjects_memory(store)
+    await store.backup(tmp_path / "before.db")
+
+    async def dies(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("injected: the process died before the audit entry")
+
+    monkeypatch.setattr(store.audit, "append", dies)
+    with pytest.raises(statekeel.BackendUnavailable, match="injected"):
+        await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    monkeypatch.undo()
+    await check_backup(tmp_path / "before.db", ring, ids, mine)  # the keys are gone already
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.total == 0 and report.data_keys == 0 and report.audit_seq is not None
+
+
+async def test_without_a_key_ring_erasure_deletes_rows_and_a_backup_keeps_what_it_held(
+    store_url: str, tmp_path: Path
+) -> None:
+    async with statekeel.open_store(store_url, encryption_key=KEY) as store:
+        await fill(store)
+        await store.backup(tmp_path / "before.db")
+        report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+        assert report.counts == EXPECTED and report.data_keys == 0
+        assert await store.sessions.load("chat-7") is None
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'before.db'}", encryption_key=KEY) as old:
+        kept = await old.sessions.load("chat-7")
+        assert kept is not None and [m["content"] for m in kept.messages] == ["chat-7 2", "chat-7 3"]
+
+
+async def test_a_session_that_stopped_naming_the_subject_during_the_erasure_keeps_its_data_key(
+    ringed: tuple[statekeel.Store, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, _ = ringed
+    await fill(store)
+    real = store.backend.erase_sessions
+
+    async def changed_first(subject: str, keys: Any, **kwargs: Any) -> Any:
+        # Listed as the subject's, then given to someone else before its batch runs.
+        session = await store.sessions.load("chat-7")
+        assert session is not None
+        session.metadata["subject"] = "carol"
+        await store.sessions.save(session)
+        return await real(subject, keys, **kwargs)
+
+    monkeypatch.setattr(store.backend, "erase_sessions", changed_first)
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    monkeypatch.undo()
+    assert report.sessions == 1 and report.data_keys == 1  # only "user:alice"'s
+    store.sessions.evict("chat-7")
+    kept = await store.backend.read_messages("chat-7", start=0)
+    assert [m.payload["content"] for m in kept] == ["chat-7 2", "chat-7 3"]
+    loaded = await store.sessions.load("chat-7")
+    assert loaded is not None and loaded.metadata["subject"] == "carol" and len(loaded.messages) == 2
+
+
+async def test_with_a_key_ring_the_forks_of_the_subjects_sessions_lose_their_data_keys_too(
+    ringed: tuple[statekeel.Store, str], tmp_path: Path
+) -> None:
+    store, ring = ringed
+    await fill(store)
+    fork = await store.sessions.fork("chat-7", 3, new_key="chat-7-fork")
+    fork.add_message("user", "the fork's own words")
+    await store.sessions.save(fork)
+    await store.backup(tmp_path / "before.db")
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.data_keys == 3  # "user:alice", "chat-7" and its fork
+    async with statekeel.open_store(
+        f"sqlite:///{tmp_path / 'before.db'}", encryption_key=KEY, keyring=ring
+    ) as old:
+        with pytest.raises(statekeel.SubjectErased):
+            await old.backend.read_messages("chat-7-fork", start=3)

@@ -1,13 +1,17 @@
 """After store.erase, the subject's text is not in the SQLite database file, its WAL or the fallback
 directory any more: the rows are overwritten (secure_delete), the WAL checkpointed and truncated, the
-fallback files removed. The test reads the bytes on disk."""
+fallback files removed. The test reads the bytes on disk. With a key ring, an erasure killed by SIGKILL
+at any point is finished by the next run, and a backup taken before no longer opens the subject's data."""
 
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
+import pytest
+
 import statekeel
+from helpers import kill9_when
 from statekeel.fallback import FallbackSnapshot
 
 MARK = "Zanzibar-Quokka-7f3a"  # the subject's text: its name, in its key, metadata, messages, memories
@@ -63,3 +67,67 @@ async def test_the_subjects_text_is_gone_from_the_database_file_wal_and_fallback
         others = await store.sessions.load("chat-20")
         assert others is not None and len(others.messages) == 20
     assert _holders(root) == []
+
+
+ERASE_CHILD = """
+import asyncio, os, sys, time
+import statekeel
+from statekeel.keyring import KeyRing
+
+url, ring, point, reached = sys.argv[1:5]
+
+
+def hang():
+    open(reached, "w").close()  # the parent kills this process now
+    time.sleep(120)
+
+
+async def main():
+    store = await statekeel.open_store(url, encryption_key=bytes(range(32)), keyring=ring)
+    if point == "before-rows":  # the keys to destroy are marked; no row has gone
+        async def stuck(*args, **kwargs):
+            hang()
+        store.backend.erase_sessions = stuck
+    if point == "before-keys":  # the rows are gone; the keys are not destroyed
+        KeyRing.destroy = lambda self, *args: hang()
+    if point == "before-audit":  # the keys are destroyed; the audit entry is not written
+        real = store.audit.append
+        async def append(kind, *args, **kwargs):
+            if kind == "erasure":
+                hang()
+            return await real(kind, *args, **kwargs)
+        store.audit.append = append
+    await store.erase("user:alice", actor="dpo", reason="request 113")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("point", ["before-rows", "before-keys", "before-audit"])
+async def test_an_erasure_with_a_key_ring_killed_by_sigkill_is_finished_by_the_next_run(
+    shared_url: str, tmp_path: Path, point: str
+) -> None:
+    key = bytes(range(32))
+    ring = await statekeel.create_keyring(tmp_path / "keys" / "ring.db", key)
+    async with statekeel.open_store(shared_url, encryption_key=key, keyring=ring) as store:
+        for name, subject in (("user:alice", "user:alice"), ("chat-1", "user:alice"), ("chat-2", "bob")):
+            async with store.sessions.open(name) as session:
+                session.metadata["subject"] = subject
+                session.add_message("user", f"{MARK} from {name}")
+        await store.backup(tmp_path / "before.db")
+    reached = tmp_path / "reached"
+    kill9_when([ERASE_CHILD, shared_url, ring, point, str(reached)], reached.exists, point)
+    async with statekeel.open_store(shared_url, encryption_key=key, keyring=ring) as store:
+        report = await store.erase("user:alice", actor="dpo", reason="request 113")
+        assert report.sessions == (2 if point == "before-rows" else 0)
+        assert report.data_keys == (0 if point == "before-audit" else 2)
+        assert len(await store.audit.query(kind="erasure")) == 1
+        assert await store.sessions.load("chat-1") is None
+    async with statekeel.open_store(
+        f"sqlite:///{tmp_path / 'before.db'}", encryption_key=key, keyring=ring
+    ) as old:
+        for name in ("user:alice", "chat-1"):
+            with pytest.raises(statekeel.SubjectErased):
+                await old.sessions.load(name)
+        bob = await old.sessions.load("chat-2")
+        assert bob is not None and [m["content"] for m in bob.messages] == [f"{MARK} from chat-2"]

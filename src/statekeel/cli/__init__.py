@@ -8,7 +8,8 @@ Every command takes ``--db URL`` (also accepted before the command name; the com
 ``$STATEKEEL_URL``, else ``sqlite:///statekeel.db``. Read commands never create, migrate or change a store;
 read commands print JSON with ``--json``. An encrypted store's keys are read from the file named by
 ``--key-file PATH`` (else ``$STATEKEEL_KEY_FILE``), never from the command line; a store whose audit
-chain is keyed, its audit key from ``--audit-key-file PATH`` (else ``$STATEKEEL_AUDIT_KEY_FILE``). Errors
+chain is keyed, its audit key from ``--audit-key-file PATH`` (else ``$STATEKEEL_AUDIT_KEY_FILE``); a
+store with a key ring, its ring from ``--keyring PATH`` (else ``$STATEKEEL_KEYRING``). Errors
 are one line on stderr and a non-zero exit.
 """
 
@@ -68,14 +69,22 @@ class _Cli(click.Group):
     show_default="$STATEKEEL_KEY_FILE, else no key",
     help="Encryption keys of the store for commands that open one (a command's own --key-file wins).",
 )
+@click.option(
+    "--keyring",
+    "keyring",
+    default=None,
+    metavar="PATH",
+    show_default="$STATEKEEL_KEYRING, else none",
+    help="Key ring of the store's per-subject data keys (open_store(keyring=...)), used with its keys.",
+)
 @group_audit_key_option
 @click.version_option(package_name="statekeel")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, key_file: str | None) -> None:
+def main(ctx: click.Context, url: str | None, key_file: str | None, keyring: str | None) -> None:
     """statekeel: a recoverable state layer for long-running, tool-executing AI agents."""
     # The library logs its findings as warnings for applications; a command prints them itself.
     logging.getLogger("statekeel").setLevel(logging.ERROR)
-    ctx.obj = {"url": resolve_url(url), "key_file": key_file}
+    ctx.obj = {"url": resolve_url(url), "key_file": key_file, "keyring": keyring}
 
 
 from . import admin as _admin  # noqa: E402  (commands register themselves on ``main``)

@@ -34,6 +34,7 @@ from .common import (
     Failure,
     Keys,
     command_audit_key,
+    command_keyring,
     console,
     echo_json,
     json_option,
@@ -301,7 +302,9 @@ async def _schema_version(url: str, keys: Keys | None) -> tuple[int, list[int]]:
 
 
 async def _migrate(url: str, keys: Keys | None) -> int:
-    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
+    async with open_store(
+        url, encryption_key=keys, audit_key=command_audit_key(), keyring=command_keyring(keys)
+    ) as store:
         return (await store.info(check_integrity=False)).schema_version
 
 

@@ -39,6 +39,7 @@ T = TypeVar("T")
 Keys = tuple[bytes, ...]
 KEY_FILE_ENV = "STATEKEEL_KEY_FILE"
 AUDIT_KEY_FILE_ENV = "STATEKEEL_AUDIT_KEY_FILE"
+KEYRING_ENV = "STATEKEEL_KEYRING"
 _AUDIT_KEY_FILE = "statekeel.audit_key_file"  # ctx.meta (shared by the group and its command)
 _AUDIT_KEY = "statekeel.audit_key"
 _AUDIT_KEY_FILE_MAX_BYTES = 4096
@@ -290,6 +291,17 @@ def store_keys(key_file: str | None) -> Keys | None:
         raise Failure(f"{what}: {exc}") from None
 
 
+def command_keyring(keys: Keys | None) -> str | None:
+    """The key ring a command opens its store with (``open_store(keyring=...)``): the group's
+    ``--keyring``, else ``$STATEKEEL_KEYRING``, else none — and none without keys (a store opened without
+    its keys reads no sealed value, so it needs no ring)."""
+    if keys is None:
+        return None
+    root = click.get_current_context().find_root().obj
+    path: str | None = (root or {}).get("keyring") or os.environ.get(KEYRING_ENV) or None
+    return path
+
+
 def json_option(fn: F) -> F:
     """``--json``: print the result as JSON instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
@@ -340,6 +352,7 @@ async def open_for_reading(
         audit_key=command_audit_key(),
         retention=retention,
         encrypt_existing=encrypt_existing,
+        keyring=command_keyring(keys),
     )
     async with store:
         yield store

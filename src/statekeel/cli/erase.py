@@ -1,4 +1,5 @@
-"""``statekeel erase SUBJECT``: delete everything about one subject (``Store.erase``)."""
+"""``statekeel erase SUBJECT``: delete everything about one subject (``Store.erase``); ``statekeel
+create-keyring PATH``: the key ring that lets erasure reach old backups (``statekeel.create_keyring``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import click
 from rich.table import Table
 
 from ..erasure import ErasureReport
+from ..keyring import create_keyring
 from ..store import redact_url
 from ..wording import counted
 from . import main
@@ -17,6 +19,7 @@ from .common import (
     console,
     echo_json,
     json_option,
+    key_file_option,
     open_for_reading,
     run,
     store_keys,
@@ -66,6 +69,7 @@ def erase(
             {
                 **report.counts,
                 "leases_held": report.leases_held,
+                "data_keys": report.data_keys,
                 "dry_run": report.dry_run,
                 "audit_seq": report.audit_seq,
                 "subject_sha256": report.subject_sha256,
@@ -84,6 +88,12 @@ def erase(
     out.print(
         f"{verb} {counted(report.total, 'record')} and files in {report.seconds:.2f} s{tail}", markup=False
     )
+    if report.data_keys:
+        out.print(
+            f"{'would destroy' if dry_run else 'destroyed'} {counted(report.data_keys, 'data key')} in the "
+            "key ring: copies taken before (backups) can no longer be read for this subject",
+            markup=False,
+        )
     if report.leases_held:
         out.print(
             f"{counted(report.leases_held, 'session lease')} held by a live agent "
@@ -91,3 +101,24 @@ def erase(
             "once it has stopped",
             markup=False,
         )
+
+
+@main.command("create-keyring")
+@key_file_option
+@click.argument("path")
+def create_keyring_command(key_file: str | None, path: str) -> None:
+    """Create a new key ring at PATH for the store whose keys are in --key-file (the first one wraps the
+    ring's data keys): then open the store with --keyring PATH (or $STATEKEEL_KEYRING), and each session's
+    messages and each memory scope are sealed under data keys of their own, which "erase" destroys, so
+    backups taken before can no longer be read for the erased subject.
+
+    The file is created owner-only (0600; a missing directory 0700) and never overwritten. Back it up apart
+    from the database, never in the same archive.
+    """
+    keys = store_keys(key_file)
+    if keys is None:
+        raise Failure(
+            "create-keyring needs the store's keys: pass --key-file PATH (or set $STATEKEEL_KEY_FILE)"
+        )
+    made = run(create_keyring(path, list(keys)), f"cannot create the key ring {path}")
+    console().print(f"created the key ring {made}: back it up apart from the database", markup=False)

@@ -23,6 +23,7 @@ from . import main
 from .common import (
     Keys,
     command_audit_key,
+    command_keyring,
     console,
     echo_json,
     json_option,
@@ -132,7 +133,9 @@ def export_command(
 
 
 async def _import(url: str, keys: Keys | None, path: str) -> ImportReport:
-    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
+    async with open_store(
+        url, encryption_key=keys, audit_key=command_audit_key(), keyring=command_keyring(keys)
+    ) as store:
         with _progress() as on_batch:
             return await import_store(store, path, on_batch=on_batch)
 

@@ -19,6 +19,7 @@ from ..wording import counted
 from . import main
 from .common import (
     command_audit_key,
+    command_keyring,
     console,
     echo_json,
     json_option,
@@ -37,7 +38,9 @@ async def _from_source(
 ) -> Any:
     from ..integrations.importers import import_from
 
-    async with open_store(url, encryption_key=keys, audit_key=command_audit_key()) as store:
+    async with open_store(
+        url, encryption_key=keys, audit_key=command_audit_key(), keyring=command_keyring(keys)
+    ) as store:
         if not show:
             return await import_from(store, source, path, session_id=session_id)
         with Progress(

@@ -9,7 +9,15 @@ import click
 
 from ..errors import StatekeelError
 from . import main, redact_url
-from .common import audit_key_option, command_audit_key, failure, key_file_option, store_keys, store_url
+from .common import (
+    audit_key_option,
+    command_audit_key,
+    command_keyring,
+    failure,
+    key_file_option,
+    store_keys,
+    store_url,
+)
 
 
 @main.command()
@@ -77,6 +85,7 @@ def ui(
                 on_ready=ready,
                 encryption_key=keys,
                 audit_key=command_audit_key(),
+                keyring=command_keyring(keys),
                 files_root=root,
             )
         )

@@ -7,6 +7,7 @@ loopback interface without a token, a store that does not exist or does not open
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Callable, Sequence
 
@@ -74,13 +75,15 @@ async def serve(
     on_ready: Callable[[str], None] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
     audit_key: bytes | None = None,
+    keyring: str | os.PathLike[str] | None = None,
     files_root: str | None = None,
 ) -> None:
     """Open the store read-only (with its ``encryption_key``, for an encrypted store: without it, pages
     that show encrypted values say a key is needed; with its ``audit_key``, the audit chain's MACs are
-    checked too), bind, call ``on_ready`` with the address, and serve
-    until interrupted. ``files_root``: the directory the file ledger's paths are relative to (the files
-    page and the recovery report compare the recorded files with it).
+    checked too; with its ``keyring``, the values under per-subject data keys open), bind, call
+    ``on_ready`` with the address, and serve until interrupted. ``files_root``: the directory the file
+    ledger's paths are relative to (the files page and the recovery report compare the recorded files
+    with it).
 
     Raises before serving: ``InvalidArgument`` (binding, token, no such store, a ``files_root`` that is
     not a directory), the store's errors when it
@@ -90,7 +93,7 @@ async def serve(
 
     check_binding(host, token)
     root = check_files_root(files_root)
-    store = await open_for_reading(url, encryption_key=encryption_key, audit_key=audit_key)
+    store = await open_for_reading(url, encryption_key=encryption_key, audit_key=audit_key, keyring=keyring)
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.

@@ -123,6 +123,10 @@ class Tx(abc.ABC):
         """Codec output (JSON bytes) as the dialect's JSON parameter."""
         return raw.decode("utf-8")
 
+    def array_in(self, values: list[str | None]) -> Any:
+        """A list of texts as the dialect's array parameter (a JSON array unless it has arrays)."""
+        return orjson.dumps(values).decode("utf-8")
+
     def json_out(self, value: Any) -> Any:
         """A stored JSON column back to Python values (tagged types restored)."""
         return self.codec.decode(value)
@@ -130,10 +134,11 @@ class Tx(abc.ABC):
     # Encrypted fields (see statekeel.encryption): ``kind`` and ``identity`` name the record, and are
     # authenticated with the ciphertext, so a value moved to another row does not open.
 
-    def sealed_in(self, raw: bytes, kind: str, *identity: str | int) -> Any:
-        """:meth:`json_in` of an encrypted field: sealed under the store's current key, if it has one."""
+    def sealed_in(self, raw: bytes, kind: str, *identity: str | int, subject: str | None = None) -> Any:
+        """:meth:`json_in` of an encrypted field: sealed under the store's current key, if it has one (with
+        a key ring: under the data key of the message's session, or of ``subject``)."""
         cipher = self.codec.cipher
-        return self.json_in(raw if cipher is None else cipher.seal(raw, kind, identity))
+        return self.json_in(raw if cipher is None else cipher.seal(raw, kind, identity, subject))
 
     def sealed_out(self, value: Any, kind: str, *identity: str | int) -> Any:
         """:meth:`json_out` of an encrypted field: opened with the store's keys, if it has any."""

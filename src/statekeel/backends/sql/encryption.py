@@ -19,28 +19,30 @@ from ...errors import InvalidArgument
 from ..base import EncryptionBackend, ResealPage
 from . import Row, SqlBackend, Tx
 
-Sealing = tuple[str, Identity]
+# The record's kind and identity, and whose data key seals it with a key ring (a memory's scope; a
+# message's session is its identity's first part).
+Sealing = tuple[str, Identity, str | None]
 
 
 def _message(row: Row, column: str) -> Sealing:
-    return "message", (row["session_key"], row["seq"])
+    return "message", (row["session_key"], row["seq"]), None
 
 
 def _step(row: Row, column: str) -> Sealing:
-    return "step", (row["task_id"], row["step_key"])
+    return "step", (row["task_id"], row["step_key"]), None
 
 
 def _approval(row: Row, column: str) -> Sealing:
-    return "approval", (row["id"],)
+    return "approval", (row["id"],), None
 
 
 def _memory(row: Row, column: str) -> Sealing:
-    return "memory", (row["id"], column)
+    return "memory", (row["id"], column), row["scope"]
 
 
 def _memory_event(row: Row, column: str) -> Sealing:
     # An event's state carries its memory's sealed content and data as they were (same identity).
-    return "memory", (row["memory_id"], column)
+    return "memory", (row["memory_id"], column), row["scope"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +71,13 @@ _TABLES = {
 assert tuple(_TABLES) == ROTATION_TABLES
 
 
-def _reseal(cipher: Cipher, parsed: Any, kind: str, identity: Identity) -> Any | None:
-    """``parsed`` re-sealed under the current key (parsed JSON), or None if it already is."""
-    if cipher.stored_key_id(parsed, kind, identity) == cipher.key_id:
+def _reseal(cipher: Cipher, parsed: Any, sealing: Sealing) -> Any | None:
+    """``parsed`` re-sealed under the current key (parsed JSON), or None if it already is (or is under a
+    data key of the key ring, which the rotation re-wraps instead)."""
+    kind, identity, subject = sealing
+    if cipher.settled(cipher.stored_key_id(parsed, kind, identity), kind, identity, subject):
         return None
-    return orjson.loads(cipher.seal(cipher.open_raw(parsed, kind, identity), kind, identity))
+    return orjson.loads(cipher.seal(cipher.open_raw(parsed, kind, identity), kind, identity, subject))
 
 
 def _resealed_row(tx: Tx, cipher: Cipher, spec: _Table, row: Row) -> list[Any] | None:
@@ -84,8 +88,7 @@ def _resealed_row(tx: Tx, cipher: Cipher, spec: _Table, row: Row) -> list[Any] |
         for column in spec.columns:
             if state.get(column) is None:
                 continue
-            kind, identity = spec.sealing(row, column)
-            new = _reseal(cipher, state[column], kind, identity)
+            new = _reseal(cipher, state[column], spec.sealing(row, column))
             if new is not None:
                 state[column], changed = new, True
         return [tx.json_in(orjson.dumps(state))] if changed else None
@@ -94,8 +97,7 @@ def _resealed_row(tx: Tx, cipher: Cipher, spec: _Table, row: Row) -> list[Any] |
     for column in spec.columns:
         stored = row[column]
         if stored is not None:
-            kind, identity = spec.sealing(row, column)
-            new = _reseal(cipher, orjson.loads(stored), kind, identity)
+            new = _reseal(cipher, orjson.loads(stored), spec.sealing(row, column))
             if new is not None:
                 stored, changed = tx.json_in(orjson.dumps(new)), True
         values.append(stored)

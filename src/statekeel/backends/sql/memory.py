@@ -168,8 +168,13 @@ async def op_put_memory(tx: Tx, put: MemoryPut) -> tuple[Memory, str | None]:
 
     def sealed(memory_id: str) -> tuple[Any, Any]:
         # Sealed under the id of the row they go to: this put's new id, or the live memory's it updates.
-        content = tx.sealed_in(put.content, "memory", memory_id, "content")
-        data = None if put.data is None else tx.sealed_in(put.data, "memory", memory_id, "data")
+        # With a key ring, under the data key of the memory's scope: erasing the scope destroys it.
+        content = tx.sealed_in(put.content, "memory", memory_id, "content", subject=put.scope)
+        data = (
+            None
+            if put.data is None
+            else tx.sealed_in(put.data, "memory", memory_id, "data", subject=put.scope)
+        )
         return content, data
 
     for _ in range(_TRIES):

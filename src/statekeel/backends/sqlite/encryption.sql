@@ -37,14 +37,15 @@ SELECT id, args FROM approvals WHERE id > ?1 ORDER BY id LIMIT ?2;
 UPDATE approvals SET args = ?1 WHERE id = ?2;
 
 -- name: reseal_scan_memories
-SELECT id, version, content, data FROM memories WHERE id > ?1 ORDER BY id LIMIT ?2;
+SELECT id, version, scope, content, data FROM memories WHERE id > ?1 ORDER BY id LIMIT ?2;
 
 -- A memory changed since it was read keeps its new content.
 -- name: reseal_update_memories
 UPDATE memories SET content = ?1, data = ?2 WHERE id = ?3 AND version = ?4;
 
 -- name: reseal_scan_memory_events
-SELECT memory_id, version, state FROM memory_events
+SELECT memory_id, version, state, (SELECT m.scope FROM memories m WHERE m.id = memory_events.memory_id) AS scope
+FROM memory_events
 WHERE (memory_id, version) > (?1, ?2) ORDER BY memory_id, version LIMIT ?3;
 
 -- name: reseal_update_memory_events
