@@ -391,26 +391,15 @@ class SessionBook:
     for that event. Public to the package, not to callers: the manager, :mod:`.writes`, :mod:`.fallback`
     and :mod:`.tools` read and change a session's bookkeeping only through it."""
 
-    __slots__ = ("_s",)
+    __slots__ = ("_s", "codec", "owner", "saving")
 
     def __init__(self, session: Session) -> None:
         self._s = session
+        self.owner = session._owner  # the manager that made the session
+        self.codec = session._codec
+        self.saving = session._saving  # held while a write of this session object runs: one at a time
 
     # --- what the session knows of the store ------------------------------------------------------------
-
-    @property
-    def owner(self) -> object:
-        """The manager that made the session."""
-        return self._s._owner
-
-    @property
-    def codec(self) -> Codec:
-        return self._s._codec
-
-    @property
-    def saving(self) -> asyncio.Lock:
-        """Held while a write of this session object runs: one at a time."""
-        return self._s._saving
 
     @property
     def in_backend(self) -> bool:
