@@ -35,7 +35,7 @@ from ..fallback import FallbackSnapshot, ReplayReport
 from .changes import Changes, message_batch
 from .fallback import SessionFallback
 from .heartbeat import Heartbeat
-from .session import Session, book
+from .session import Session, SessionBook, book
 
 log = logging.getLogger("statekeel.sessions")
 
@@ -101,15 +101,20 @@ class SessionWrites:
 
     def owned(self, session: Any) -> Session:
         """``session``, checked to be a session of this manager (``InvalidArgument`` otherwise)."""
-        if not isinstance(session, Session) or book(session).owner is not self._owner:
+        self._book_of(session)
+        return session  # type: ignore[no-any-return]
+
+    def _book_of(self, session: Any) -> SessionBook:
+        b = book(session) if isinstance(session, Session) else None
+        if b is None or b.owner is not self._owner:
             raise InvalidArgument(
                 "this Session was not loaded from this store; load it from this store first"
             )
-        return session
+        return b
 
-    async def counted(self, session: Session) -> tuple[int, str | None]:
+    async def counted(self, session: Session, b: SessionBook | None = None) -> tuple[int, str | None]:
         """The session's waiting calls and their owner, as a save records them (heartbeat ensured)."""
-        count = len(book(session).index().outstanding())
+        count = len((b or book(session)).index().outstanding())
         if not count:
             return 0, None
         await self.heartbeat.ensure()
@@ -120,20 +125,23 @@ class SessionWrites:
     async def save(self, session: Session) -> bool:
         """Save; True when the backend took it, False when it went to the fallback file. Saves of one
         session object run one at a time: each writes what the one before it left unsaved."""
-        session = self.owned(session)
-        async with book(session).saving:
-            return await self.save_held(session)
+        b = self._book_of(session)
+        async with b.saving:
+            return await self.save_held(session, b=b)
 
-    async def save_held(self, session: Session, changes: Changes | None = None) -> bool:
+    async def save_held(
+        self, session: Session, changes: Changes | None = None, *, b: SessionBook | None = None
+    ) -> bool:
         """:meth:`save` for a caller that holds the session's write lock (``changes``: its snapshot, when
-        the caller took it already)."""
+        the caller took it already; ``b``: its book)."""
         if self.closed:
             raise BackendUnavailable(
                 f"the store is closed: session {session.key!r} was not saved (nor written to a fallback "
                 "file); open the store again, load the session and re-apply the change",
                 key=session.key,
             )
-        b = book(session)
+        if b is None:
+            b = book(session)
         if changes is None:
             changes = b.changes()
         if changes.empty:
@@ -141,7 +149,7 @@ class SessionWrites:
         key = session.key
         if self.files.may_exist(key):
             await self.files.check_before_save(session)
-        calls = await self.counted(session)
+        calls = await self.counted(session, b)
         in_block = self.backend.in_atomic()
         write_id = f"{self._write_prefix}{next(self._write_seq)}"
         if not in_block:  # in a block, the block's outcome decides
@@ -179,7 +187,7 @@ class SessionWrites:
                 not b.unheard or not await self.settled(session, await self.backend.load_session(key))
             ):
                 raise
-            return await self.save_held(session)
+            return await self.save_held(session, b=b)
         except StatekeelError:
             if not in_block:
                 b.attempt_failed(write_id)
@@ -225,10 +233,12 @@ class SessionWrites:
         holds (its view of the call is current) and fenced by its lease."""
         b = book(session)
         changes = b.changes()
-        count, owner = await self.counted(session)  # the heartbeat, before the block that may name it
+        count, owner = await self.counted(session, b)  # the heartbeat, before the block that may name it
         async with self.backend.atomic():
             if not changes.empty:
-                await self.save_held(session, changes)  # in the block: undone in the session if it rolls back
+                await self.save_held(
+                    session, changes, b=b
+                )  # in the block: undone in the session if it rolls back
             elif not await self.backend.set_open_calls(
                 session.key,
                 expected_head=session.saved_head,
