@@ -130,10 +130,15 @@ class SessionWrites:
             return await self.save_held(session, b=b)
 
     async def save_held(
-        self, session: Session, changes: Changes | None = None, *, b: SessionBook | None = None
+        self,
+        session: Session,
+        changes: Changes | None = None,
+        *,
+        b: SessionBook | None = None,
+        calls: tuple[int, str | None] | None = None,
     ) -> bool:
-        """:meth:`save` for a caller that holds the session's write lock (``changes``: its snapshot, when
-        the caller took it already; ``b``: its book)."""
+        """:meth:`save` for a caller that holds the session's write lock (``changes``: its snapshot, and
+        ``calls``: its waiting calls counted, when the caller took them already; ``b``: its book)."""
         if self.closed:
             raise BackendUnavailable(
                 f"the store is closed: session {session.key!r} was not saved (nor written to a fallback "
@@ -149,7 +154,8 @@ class SessionWrites:
         key = session.key
         if self.files.may_exist(key):
             await self.files.check_before_save(session)
-        calls = await self.counted(session, b)
+        if calls is None:
+            calls = await self.counted(session, b)
         in_block = self.backend.in_atomic()
         write_id = f"{self._write_prefix}{next(self._write_seq)}"
         if not in_block:  # in a block, the block's outcome decides
@@ -233,18 +239,17 @@ class SessionWrites:
         holds (its view of the call is current) and fenced by its lease."""
         b = book(session)
         changes = b.changes()
-        count, owner = await self.counted(session, b)  # the heartbeat, before the block that may name it
+        calls = await self.counted(session, b)  # the heartbeat, before the block that may name it
         async with self.backend.atomic():
             if not changes.empty:
-                await self.save_held(
-                    session, changes, b=b
-                )  # in the block: undone in the session if it rolls back
+                # In the block: undone in the session if it rolls back.
+                await self.save_held(session, changes, b=b, calls=calls)
             elif not await self.backend.set_open_calls(
                 session.key,
                 expected_head=session.saved_head,
                 expected_created_at=session.created_at,
-                open_calls=count,
-                calls_owner=owner,
+                open_calls=calls[0],
+                calls_owner=calls[1],
                 lease=self.lease_for(session.key),
             ):
                 raise ConflictError(
@@ -254,7 +259,7 @@ class SessionWrites:
                 )
             done = await record()
         if changes.empty:
-            b.calls_stored(count, owner)
+            b.calls_stored(*calls)
         return done
 
     # --- replay of fallback files ---------------------------------------------------------------------
