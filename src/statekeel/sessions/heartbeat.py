@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import datetime as dt
 import logging
+from collections.abc import Callable
 
 from ..backends.base import StorageBackend
 from ..errors import StatekeelError
@@ -25,12 +26,13 @@ def utcnow() -> dt.datetime:
 
 
 class Heartbeat:
-    """The heartbeat row of ``owner`` (a manager's owner id), kept valid for ``lease_seconds`` at a time."""
+    """The heartbeat row of ``owner`` (a manager's owner id), kept valid for ``lease_seconds()`` at a time
+    (asked each time: the manager's ``lease_seconds`` may change while it runs)."""
 
-    def __init__(self, backend: StorageBackend, owner: str, lease_seconds: float) -> None:
+    def __init__(self, backend: StorageBackend, owner: str, lease_seconds: Callable[[], float]) -> None:
         self.backend = backend
         self.owner = owner
-        self.lease_seconds = lease_seconds
+        self._lease_seconds = lease_seconds
         self._until: dt.datetime | None = None  # the row, as last committed
         self._written = False
         self._beater: asyncio.Task[None] | None = None
@@ -38,7 +40,7 @@ class Heartbeat:
     async def ensure(self) -> None:
         """Make the row valid for a while, before a write names this owner the owner of waiting calls
         (committed first: a reader never sees the owner without its heartbeat)."""
-        ttl = dt.timedelta(seconds=self.lease_seconds)
+        ttl = dt.timedelta(seconds=self._lease_seconds())
         now = utcnow()
         if self._until is None or self._until - now < ttl / 2:
             until = now + ttl
@@ -55,16 +57,17 @@ class Heartbeat:
             )
 
     async def _beat(self) -> None:
-        interval = self.lease_seconds / 3
+        interval = self._lease_seconds() / 3
         while True:
             await asyncio.sleep(interval)
-            until = utcnow() + dt.timedelta(seconds=self.lease_seconds)
+            lease_seconds = self._lease_seconds()
+            until = utcnow() + dt.timedelta(seconds=lease_seconds)
             try:
                 await self.backend.put_heartbeat(self.owner, until)
                 self._until = until
-                interval = self.lease_seconds / 3
+                interval = lease_seconds / 3
             except StatekeelError as exc:
-                interval = max(self.lease_seconds / 10, 0.05)  # retry sooner: it is ours until it expires
+                interval = max(lease_seconds / 10, 0.05)  # retry sooner: it is ours until it expires
                 log.warning("could not renew the heartbeat of %s: %s", self.owner, exc)
 
     async def alive(self, owner: str | None, *, own_counts: bool = True) -> bool:

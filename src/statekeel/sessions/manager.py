@@ -114,7 +114,7 @@ class SessionManager(SessionListing, SessionBranches):
         self._held: dict[str, SessionLock] = {}
         self._evicting = asyncio.Lock()
         self._fallback = SessionFallback(backend, self.fallback, lambda key: self._new(key, None))
-        heartbeat = Heartbeat(backend, self.owner_id, self.lease_seconds)
+        heartbeat = Heartbeat(backend, self.owner_id, lambda: self.lease_seconds)
         # Every write of a session goes through _writes, which reads the held leases and the cache.
         self._writes = SessionWrites(
             backend,
