@@ -26,7 +26,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from ..backends.base import SessionLease, SessionRecord, StorageBackend
 from ..codec import Codec
@@ -102,7 +102,7 @@ class SessionWrites:
     def owned(self, session: Any) -> Session:
         """``session``, checked to be a session of this manager (``InvalidArgument`` otherwise)."""
         self._book_of(session)
-        return session  # type: ignore[no-any-return]
+        return cast(Session, session)  # checked by _book_of
 
     def _book_of(self, session: Any) -> SessionBook:
         b = book(session) if isinstance(session, Session) else None
