@@ -40,10 +40,13 @@ async def fill(url: str, sessions: int, theirs: int) -> float:
             for n in range(start, min(sessions, start + 5000)):
                 who = SUBJECT if n % step == 0 and n // step < theirs else f"user:{n}"
                 key = f"chat-{n:07d}"
-                rows.append((key, "active", f'{{"subject": "{who}"}}', 0, 4, 2, T0, T0, 0, None, None))
+                meta = f'{{"subject": "{who}"}}'
+                # key, status, metadata, last_consolidated, head, version, created, updated, open_calls,
+                # calls_owner, write_id, parent_key, parent_seq, rewinds
+                rows.append((key, "active", meta, 0, 4, 2, T0, T0, 0, None, None, None, None, 0))
                 for seq in range(4):
                     payload = f'{{"role": "user", "content": "message {seq} of {key} by {who}"}}'
-                    messages.append((key, seq, "user", payload, T0))
+                    messages.append((key, seq, "user", payload, T0, None))  # no usage
             async with backend.atomic():
                 await backend.import_rows("sessions", rows)
                 await backend.import_rows("messages", messages)

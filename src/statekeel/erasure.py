@@ -12,7 +12,9 @@ What is the subject's:
   (and their vectors); their file ledger records; the spans of the trace named after them, and spans whose
   attributes' ``session_key`` (or ``session.id``) is one of them; the LangGraph checkpoints of the thread
   named after them; the vectors of a source named after them; their lease rows, unless a live process
-  holds one (counted as ``leases_held``: run the erasure again once it is gone);
+  holds one (counted as ``leases_held``: run the erasure again once it is gone); and the forks of those
+  sessions, and forks of forks, whatever their key or metadata (a fork's history is its parent's
+  prefix), each erased in its parent's batch before it;
 - what is named after the subject itself even without a session of that key: the spans of the trace,
   the LangGraph checkpoints of the thread, the episodes and file ledger records of that key;
 - spans whose attributes' ``subject`` is the subject;

@@ -223,6 +223,142 @@ async def test_what_is_named_after_the_subject_goes_without_a_session_of_that_ke
     assert [s.trace_id for s in (await store.traces.query()).items] == ["other"]
 
 
+async def _chat(store: statekeel.Store, key: str, n: int, subject: str | None = None) -> None:
+    session = await store.sessions.get_or_create(key)
+    if subject is not None:
+        session.metadata["subject"] = subject
+    for i in range(n):
+        session.add_message("user", f"{key} {i}")
+    await store.sessions.save(session)
+
+
+async def _fork(store: statekeel.Store, key: str, at: int, new_key: str, metadata: Any = None) -> None:
+    fork = await store.sessions.fork(key, at, new_key=new_key)
+    if metadata is not None:
+        fork.metadata.clear()
+        fork.metadata.update(metadata)
+    fork.add_message("user", f"{new_key} own")
+    await store.sessions.save(fork)
+
+
+async def _forks_of_the_subject(store: statekeel.Store) -> None:
+    """The subject's session (named by its key alone), a fork of it, a fork of that fork that names
+    someone else, a fork of a session that names the subject by metadata, and bob's own session."""
+    await _chat(store, SUBJECT, 4)
+    await _fork(store, SUBJECT, 2, "retry")  # its metadata is the parent's: empty
+    await _fork(store, "retry", 3, "retry-2", {"subject": "bob"})
+    await _chat(store, "chat-7", 3, SUBJECT)
+    await _fork(store, "chat-7", 1, "chat-7b", {})
+    await _chat(store, "chat-8", 2, "bob")
+    await store.memory.add_episode("retry-2", "a fork's episode")
+    await store.files.record("notes/r.txt", "ef" * 32, 3, session_key="retry")
+
+
+async def test_erasing_a_session_erases_its_forks_and_their_forks(store: statekeel.Store) -> None:
+    await _forks_of_the_subject(store)
+    report = await store.erase(SUBJECT, actor="dpo", reason="x")
+    # Each fork is counted with its own messages (what it inherited is its parent's rows).
+    assert (report.sessions, report.messages, report.episodes, report.file_changes) == (
+        5,
+        4 + 1 + 1 + 3 + 1,
+        1,
+        1,
+    )
+    assert set(report.session_keys) == {SUBJECT, "retry", "retry-2", "chat-7", "chat-7b"}
+    for key in report.session_keys:
+        assert await store.sessions.load(key) is None  # gone, not left failing with StorageCorrupt
+        assert await store.sessions.branches(key) == []
+    assert await store.memory.episodes() == [] and await store.files.list() == []
+    bob = await store.sessions.load("chat-8")
+    assert bob is not None and len(bob.messages) == 2
+    assert [r.key for r in (await store.sessions.list()).items] == ["chat-8"]
+    assert (await store.erase(SUBJECT, actor="dpo", reason="again")).total == 0
+
+
+async def test_a_dry_run_counts_the_forks_erase_deletes(store: statekeel.Store) -> None:
+    await _forks_of_the_subject(store)
+    dry = await store.erase(SUBJECT, dry_run=True, actor="dpo", reason="preview")
+    assert dry.sessions == 5 and dry.messages == 10
+    assert (await store.sessions.load("retry-2")) is not None
+    assert (await store.erase(SUBJECT, actor="dpo", reason="now")).counts == dry.counts
+
+
+async def test_erasing_a_fork_leaves_its_parent_and_its_siblings_whole(store: statekeel.Store) -> None:
+    await _chat(store, "chat-8", 4, "bob")
+    await _fork(store, "chat-8", 2, SUBJECT)
+    await _fork(store, "chat-8", 3, "sibling")
+    await _fork(store, SUBJECT, 3, "grandchild")
+    report = await store.erase(SUBJECT, actor="dpo", reason="x")
+    assert report.sessions == 2 and report.messages == 2
+    parent = await store.sessions.load("chat-8")
+    assert parent is not None and [m["content"] for m in parent.messages] == [f"chat-8 {i}" for i in range(4)]
+    sibling = await store.sessions.load("sibling")
+    assert sibling is not None and [m["content"] for m in sibling.messages][-1] == "sibling own"
+    assert [b.key for b in await store.sessions.branches("chat-8")] == ["sibling"]
+    assert await store.sessions.load("grandchild") is None
+
+
+async def test_a_fork_made_after_the_candidates_were_listed_goes_with_its_parent(
+    store: statekeel.Store,
+) -> None:
+    await _chat(store, SUBJECT, 3)
+    keys = await store.backend.erasure_sessions(SUBJECT, after=None, limit=100)
+    assert keys == [SUBJECT]
+    await _fork(store, SUBJECT, 2, "late")
+    await _fork(store, "late", 3, "later")
+    batch = await store.backend.erase_sessions(SUBJECT, keys, now=dt.datetime.now(dt.UTC), dry_run=False)
+    assert batch.counts["sessions"] == 3
+    store.sessions.evict("late")
+    store.sessions.evict("later")
+    assert await store.sessions.load("late") is None and await store.sessions.load("later") is None
+
+
+async def test_a_fork_of_a_session_named_by_the_subject_through_an_ancestor_is_kept_once_it_no_longer_is(
+    store: statekeel.Store,
+) -> None:
+    # Listed as the subject's (a fork of chat-7), then chat-7 stopped naming the subject: both stay.
+    await _chat(store, "chat-7", 3, SUBJECT)
+    await _fork(store, "chat-7", 2, "fork-7", {})
+    keys = await store.backend.erasure_sessions(SUBJECT, after=None, limit=100)
+    assert keys == ["chat-7", "fork-7"]
+    session = await store.sessions.load("chat-7")
+    assert session is not None
+    session.metadata["subject"] = "carol"
+    await store.sessions.save(session)
+    batch = await store.backend.erase_sessions(SUBJECT, keys, now=dt.datetime.now(dt.UTC), dry_run=False)
+    assert batch.counts.get("sessions", 0) == 0
+    fork = await store.sessions.load("fork-7")
+    assert fork is not None and [m["content"] for m in fork.messages] == [
+        "chat-7 0",
+        "chat-7 1",
+        "fork-7 own",
+    ]
+
+
+async def test_forks_made_while_the_erasure_runs_are_erased_or_refused(store: statekeel.Store) -> None:
+    await _chat(store, SUBJECT, 3)
+    await _fork(store, SUBJECT, 2, "f0")
+
+    async def fork(parent: str, new_key: str) -> str:
+        try:
+            await store.sessions.fork(parent, 1, new_key=new_key)
+        except statekeel.errors.NotFound:
+            return "refused"
+        return "made"
+
+    outcomes = await asyncio.gather(
+        store.erase(SUBJECT, actor="dpo", reason="x"),
+        *(fork(SUBJECT if i % 2 else "f0", f"race-{i}") for i in range(8)),
+    )
+    assert set(outcomes[1:]) <= {"made", "refused"}
+    # Whatever the interleaving: a fork made before the erasure listed its candidates is one of them, one
+    # made before its parent's batch is erased in that batch, and one made after it finds its parent gone.
+    for i in range(8):
+        store.sessions.evict(f"race-{i}")
+        assert await store.sessions.load(f"race-{i}") is None
+    assert (await store.sessions.list()).items == []
+
+
 KEYS = (SUBJECT, "chat-1", "chat-2", "chat-3")
 erasure_mix = st.fixed_dictionaries(
     {

@@ -209,6 +209,50 @@ async def test_forking_an_earlier_checkpoint_keeps_both_branches(store: statekee
     assert (await graph.aget_state(after_plan.config)).values["n"] == 1
 
 
+async def _lineage(graph: Any, config: Any) -> list[str]:
+    """The checkpoint ids from ``config``'s checkpoint back to the thread's first, by parent links."""
+    ids: list[str] = []
+    snap = await graph.aget_state(config)
+    while True:
+        ids.append(snap.config["configurable"]["checkpoint_id"])
+        if snap.parent_config is None:
+            return ids
+        snap = await graph.aget_state(snap.parent_config)
+
+
+async def test_two_forks_of_one_checkpoint_keep_their_own_histories_and_resume_on_their_own(
+    store: statekeel.Store,
+) -> None:
+    graph = _build([]).compile(checkpointer=StatekeelSaver(store))
+    await graph.ainvoke({"log": [], "n": 0}, CFG)
+    done = await graph.ainvoke(Command(resume="yes"), CFG)
+    original = (await graph.aget_state(CFG)).config
+    after_plan = next(
+        s for s in [s async for s in graph.aget_state_history(CFG)] if set(s.next) == {"draft", "research"}
+    )
+    point = after_plan.config["configurable"]["checkpoint_id"]
+    tips = []
+    for n in (100, 200):
+        fork = await graph.aupdate_state(after_plan.config, {"n": n})
+        out = await graph.ainvoke(None, fork)
+        assert out["__interrupt__"][0].value["n"] == n
+        tips.append((await graph.aget_state(CFG)).config)  # the thread's newest: this branch's tip
+    lines = [await _lineage(graph, c) for c in (original, *tips)]
+    # Each branch reads back through the fork point to the start; none passes through another's steps.
+    for line in lines:
+        assert point in line and line[-1] == lines[0][-1]
+        assert line[line.index(point) :] == lines[0][lines[0].index(point) :]
+    own = [set(line[: line.index(point)]) for line in lines]
+    assert not (own[0] & own[1]) and not (own[0] & own[2]) and not (own[1] & own[2])
+    # The first fork resumes from its own tip while the second is newer; the second still waits.
+    finished = await graph.ainvoke(Command(resume="no"), tips[0])
+    assert finished["n"] == 100 and finished["log"][-2:] == ["review:no", "publish"]
+    waiting = await graph.aget_state(tips[1])
+    assert waiting.next == ("review",) and waiting.values["n"] == 200
+    assert (await graph.aget_state(original)).values == done
+    assert _sorted_log(done) == FINAL
+
+
 async def test_sync_api_works_from_another_thread_and_is_refused_on_the_loop(store: statekeel.Store) -> None:
     saver = StatekeelSaver(store)
     graph = _build([]).compile(checkpointer=saver)

@@ -1,6 +1,6 @@
 """Branches on every backend: a fork shares its parent's prefix without copying it, forks of forks, the
-fork's own messages, branches(), compression of either side, and deleting, purging or erasing a parent
-without breaking its forks."""
+fork's own messages, branches(), compression of either side, and deleting, expiring, archiving or purging
+a parent without breaking its forks (erasing a parent erases its forks: tests/contract/test_erasure.py)."""
 
 from __future__ import annotations
 
@@ -225,6 +225,22 @@ async def test_purging_an_archived_parent_keeps_its_forks_whole(store: statekeel
     assert await store.sessions.load("p") is None
     f2 = await fresh(store, "f")
     assert contents(f2.messages) == ["m0", "m1", "m2", "f3"] and f2.parent is None
+
+
+async def test_expiring_or_archiving_a_parent_changes_nothing_for_its_forks(store: statekeel.Store) -> None:
+    await make(store, "p", 4)
+    f = await store.sessions.fork("p", 3, new_key="f")
+    f.add_message("user", "f3")
+    await store.sessions.save(f)
+    await store.sessions.expire("p")
+    assert (await fresh(store, "f")).parent == ("p", 3)
+    await store.sessions.archive("p")
+    f2 = await fresh(store, "f")
+    assert contents(f2.messages) == ["m0", "m1", "m2", "f3"] and f2.parent == ("p", 3)
+    assert [b.key for b in await store.sessions.branches("p")] == ["f"]
+    f2.add_message("user", "f4")
+    await store.sessions.save(f2)
+    assert await view(store, "f") == ["m0", "m1", "m2", "f3", "f4"]
 
 
 async def test_a_dry_run_purge_leaves_the_fork_pointing_at_its_parent(store: statekeel.Store) -> None:

@@ -65,6 +65,43 @@ async def test_rewind_moves_the_tail_to_the_archive_and_the_next_append_takes_it
     assert await store.sessions.rewinds("s") == [rw]
 
 
+async def test_seqs_are_dense_in_the_live_view_and_never_held_twice_within_one_number_space(
+    store: statekeel.Store,
+) -> None:
+    # A seq is a position in a transcript. The live transcript (with what compression archived of it) is
+    # one number space, dense from 0; each rewind record is one of its own, holding the seqs its messages
+    # had. So after a rewind a seq is held by the live message and by the rewound one, each named by its
+    # number space: (None, seq) live or compressed, (rewind's compression_id, seq) rewound. Nothing is
+    # ever renumbered, and no (number space, seq) is ever held by two messages.
+    s = await make(store, "s", 6)
+    await store.sessions.compress("s", 2, "first two")
+    first = await store.sessions.rewind("s", 4, reason="retry 4")
+    s = await fresh(store, "s")
+    s.add_message("user", "a4")
+    s.add_message("assistant", "a5")
+    await store.sessions.save(s)
+    second = await store.sessions.rewind("s", 5, reason="retry 5")
+    s = await fresh(store, "s")
+    s.add_message("assistant", "b5")
+    await store.sessions.save(s)
+    live = await rows(store, "s")  # dense from 0 (checked in rows)
+    assert live == [(0, "m0"), (1, "m1"), (2, "m2"), (3, "m3"), (4, "a4"), (5, "b5")]
+    compressed = [a.seq for a in await store.sessions.archived("s")]
+    assert compressed == [0, 1] and [seq for seq, _ in live[2:]] == [2, 3, 4, 5]  # disjoint, no gap
+    held: dict[tuple[str | None, int], Any] = {(None, seq): text for seq, text in live}
+    for rw in (first, second):
+        for a in await store.sessions.archived("s", rw.compression_id):
+            assert (rw.compression_id, a.seq) not in held
+            held[(rw.compression_id, a.seq)] = a.payload["content"]
+    assert {k: v for k, v in held.items() if k[0] is not None} == {
+        (first.compression_id, 4): "m4",
+        (first.compression_id, 5): "m5",
+        (second.compression_id, 5): "a5",
+    }
+    # The rewound messages keep the seqs they had; the live ones at those positions are other messages.
+    assert held[(None, 5)] == "b5" and held[(first.compression_id, 5)] == "m5"
+
+
 async def test_the_cached_session_follows_its_rewind(store: statekeel.Store) -> None:
     s = await make(store, "s", 5)
     await store.sessions.rewind("s", 2, reason="undo")

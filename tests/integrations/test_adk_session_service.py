@@ -294,6 +294,82 @@ async def test_adks_runner_keeps_the_conversation_in_the_service(service: Any) -
     assert got.state["last_answer"] == "France"
 
 
+async def test_adks_rewind_takes_the_invocation_and_what_followed_out_of_the_conversation(
+    service: Any,
+) -> None:
+    model = ScriptedLlm(model="scripted", replies=["Paris", "France", "Lyon"], seen=[])
+    agent = LlmAgent(name="geo", model=model, instruction="answer", output_key="last_answer")
+    runner = Runner(agent=agent, app_name="geo", session_service=service)
+    await service.create_session(app_name="geo", user_id="u1", session_id="s1")
+
+    async def ask(text: str) -> list[Event]:
+        message = types.Content(role="user", parts=[types.Part(text=text)])
+        return [e async for e in runner.run_async(user_id="u1", session_id="s1", new_message=message)]
+
+    await ask("capital?")
+    second = await ask("country?")
+    await runner.rewind_async(
+        user_id="u1", session_id="s1", rewind_before_invocation_id=second[0].invocation_id
+    )
+    got = await service.get_session(app_name="geo", user_id="u1", session_id="s1")
+    assert got.state["last_answer"] == "Paris"  # the state as it was before the rewound invocation
+    await ask("second city?")
+    # The model sees the conversation without the rewound invocation, whatever the service.
+    assert model.seen[2] == ["capital?", "Paris", "second city?"]
+    got = await service.get_session(app_name="geo", user_id="u1", session_id="s1")
+    assert got.state["last_answer"] == "Lyon"
+    live = [t for t in texts(got.events) if t]
+    if isinstance(service, StatekeelSessionService):
+        # A statekeel rewind: the rewound events are out of the live transcript, under a rewind record.
+        assert live == ["capital?", "Paris", "second city?", "Lyon"]
+        store = await service.store()
+        (rewind,) = await store.sessions.rewinds("adk/geo/u1/s1")
+        archived = await store.sessions.archived("adk/geo/u1/s1", rewind.compression_id)
+        assert [a.payload["event"]["content"]["parts"][0]["text"] for a in archived] == ["country?", "France"]
+        assert rewind.reason == f"ADK rewind before invocation {second[0].invocation_id}"
+    else:
+        assert live == ["capital?", "Paris", "country?", "France", "second city?", "Lyon"]
+
+
+async def test_a_rewind_of_an_invocation_that_is_not_live_only_appends_the_event(tmp_path: Path) -> None:
+    service = StatekeelSessionService(f"sqlite:///{tmp_path / 'adk.db'}")
+    try:
+        session = await service.create_session(app_name="a", user_id="u", session_id="s")
+        await service.append_event(session, event("hello"))
+        rewind = Event(
+            invocation_id="inv-r", author="user", actions=EventActions(rewind_before_invocation_id="inv-gone")
+        )
+        await service.append_event(session, rewind)
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert [e.invocation_id for e in got.events] == ["inv-1", "inv-r"]
+        assert await (await service.store()).sessions.rewinds("adk/a/u/s") == []
+    finally:
+        await service.aclose()
+
+
+async def test_a_rewind_whose_state_cannot_be_stored_rewinds_nothing(tmp_path: Path) -> None:
+    service = StatekeelSessionService(f"sqlite:///{tmp_path / 'adk.db'}")
+    try:
+        session = await service.create_session(app_name="a", user_id="u", session_id="s")
+        await service.append_event(session, event("hello", delta={"k": 1}))
+        again = event("again")
+        again.invocation_id = "inv-2"
+        await service.append_event(session, again)
+        bad = Event(
+            invocation_id="inv-r",
+            author="user",
+            actions=EventActions(rewind_before_invocation_id="inv-2", state_delta={"k": float("nan")}),
+        )
+        with pytest.raises(statekeel.UnserializableValue):
+            await service.append_event(session, bad)
+        # The rewind and the event are one transaction: neither happened.
+        got = await service.get_session(app_name="a", user_id="u", session_id="s")
+        assert texts(got.events) == ["hello", "again"] and got.state == {"k": 1}
+        assert await (await service.store()).sessions.rewinds("adk/a/u/s") == []
+    finally:
+        await service.aclose()
+
+
 # --- a run killed inside a tool ---------------------------------------------------------------------------
 
 KILLED_IN_A_TOOL = """

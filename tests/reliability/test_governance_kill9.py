@@ -128,3 +128,45 @@ async def test_an_erasure_killed_between_batches_is_finished_by_running_it_again
         assert (await store.audit.verify()).ok
         kept = await store.sessions.load("s10")
         assert kept is not None and len(kept.messages) == 5
+
+
+async def test_an_erasure_killed_between_batches_leaves_no_fork_without_its_parent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'forks.db'}"
+    async with statekeel.open_store(url) as store:
+        for key, meta in ((SUBJECT, {}), ("chat", {"subject": SUBJECT}), ("other", {})):
+            session = await store.sessions.get_or_create(key)
+            session.metadata.update(meta)
+            for t in range(4):
+                session.add_message("user", f"{key} turn {t}")
+            await store.sessions.save(session)
+        for parent, key in (("chat", "chat-f"), (SUBJECT, "f1"), ("f1", "f1-x"), ("other", "other-f")):
+            fork = await store.sessions.fork(parent, 2, new_key=key)
+            fork.add_message("user", f"{key} own")
+            await store.sessions.save(fork)
+    marker = tmp_path / "marker"
+    script = _HOOK + (
+        "async def main():\n"
+        "    async with statekeel.open_store(sys.argv[1]) as store:\n"
+        "        erase = store.backend.erase_sessions\n"
+        "        async def first_then_hold(*args, **kwargs):\n"
+        "            batch = await erase(*args, **kwargs)\n"
+        "            hold()\n"
+        "        store.backend.erase_sessions = first_then_hold\n"
+        "        await store.erase(sys.argv[2], actor='dpo', reason='r', batch_size=1)\n"
+        "asyncio.run(main())\n"
+    )
+    await asyncio.to_thread(kill9_when, [script, url, SUBJECT, str(marker)], marker.exists, "one batch")
+    async with statekeel.open_store(url) as store:
+        # The first batch (chat) took its fork with it, in its one transaction; the rest is untouched and
+        # every session left loads whole.
+        left = await store.backend.erasure_sessions(SUBJECT, after=None, limit=100)
+        assert left == ["f1", "f1-x", SUBJECT]
+        assert await store.sessions.load("chat") is None and await store.sessions.load("chat-f") is None
+        for key in (*left, "other", "other-f"):
+            session = await store.sessions.load(key)
+            assert session is not None and len(session.messages) >= 3
+        report = await store.erase(SUBJECT, actor="dpo", reason="r")
+        assert report.sessions == 3 and report.messages == 4 + 1 + 1
+        assert await store.backend.erasure_sessions(SUBJECT, after=None, limit=100) == []
+        kept = await store.sessions.load("other-f")
+        assert kept is not None and [m["content"] for m in kept.messages][-1] == "other-f own"

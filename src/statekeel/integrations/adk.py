@@ -19,7 +19,12 @@ session's lock; a session object older than what the store holds — another wri
 read — raises :class:`StaleSession` (ADK's ``StaleSessionError``, and a statekeel ``ConflictError``):
 two writers on one session conflict, never interleave. Function calls a process that is gone (killed
 inside a tool) left without a response are answered with an interrupted response when the session is next
-read, so that the next model call is valid. Rewinding a session (``sessions.rewind``) is not offered yet.
+read, so that the next model call is valid.
+
+ADK's rewind (``Runner.rewind_async``, which appends an event whose ``rewind_before_invocation_id`` names
+an invocation) is a statekeel rewind (``sessions.rewind``): in the append's transaction, the events from
+that invocation's first one on leave the live transcript for a rewind record (``store.sessions.rewinds``
+and ``archived`` read them), then the rewind event and the state it restores are appended.
 """
 
 from __future__ import annotations
@@ -143,6 +148,18 @@ def _track_calls(stored: StoredSession, event: Event, owner: str) -> None:
     else:
         stored.metadata.pop(_OPEN, None)
         stored.metadata.pop(_OWNER, None)
+
+
+def _rewind_point(stored: StoredSession, invocation_id: str | None) -> int | None:
+    """The seq of the first live event of ``invocation_id`` (an ADK rewind goes back to before it), or
+    None: no rewind, or none of that invocation's events is in the live transcript (then ADK's own rule,
+    which skips the events of a rewound invocation when it reads them, is all there is to do)."""
+    if not invocation_id:
+        return None
+    for i, m in enumerate(stored.messages):
+        if m.get("role") == EVENT_ROLE and m.get("event", {}).get("invocationId") == invocation_id:
+            return stored.head_seq - len(stored.messages) + i
+    return None
 
 
 def _state_of(session: StoredSession | None) -> dict[str, Any]:
@@ -438,15 +455,31 @@ class StatekeelSessionService(BaseSessionService):
                 payload = event.model_dump(mode="json", by_alias=True, exclude_none=True)
             except Exception as exc:
                 raise UnserializableValue(f"event {event.id!r} cannot be serialized: {exc}") from exc
-            stored.add_item({"role": EVENT_ROLE, "event": payload})
-            _track_calls(stored, event, store.sessions.owner_id)
-            state = _state_of(stored)
-            state.update(own)
-            stored.metadata[_STATE] = state
-            stamp = max(event.timestamp, float(updated) if isinstance(updated, int | float) else 0.0)
-            stored.metadata[_UPDATED] = stamp
-            scopes = await self._scope_updates(store, session.app_name, session.user_id, app, user)
-            await self._save(store, [stored, *scopes])
+            target = event.actions.rewind_before_invocation_id if event.actions else None
+            at = _rewind_point(stored, target)
+            # The rewind (the invocation's events and all after it leave the live transcript for a rewind
+            # record), the rewind event and the state it restores: one transaction.
+            async with store.backend.atomic():
+                if at is not None:
+                    await store.sessions.rewind(key, at, reason=f"ADK rewind before invocation {target}")
+                    if stored.head_seq != at:  # the cached session was not brought along: read it again
+                        again = await store.sessions.load(key, repair=False)
+                        assert again is not None  # its row is locked by this transaction
+                        stored = again
+                stored.add_item({"role": EVENT_ROLE, "event": payload})
+                _track_calls(stored, event, store.sessions.owner_id)
+                state = _state_of(stored)
+                state.update(own)
+                stored.metadata[_STATE] = state
+                stamp = max(event.timestamp, float(updated) if isinstance(updated, int | float) else 0.0)
+                stored.metadata[_UPDATED] = stamp
+                scopes = await self._scope_updates(store, session.app_name, session.user_id, app, user)
+                await self._save(store, [stored, *scopes])
+        if at is not None:
+            # As the store now holds it: the rewound events are no longer the session's.
+            first = next((i for i, e in enumerate(session.events) if e.invocation_id == target), None)
+            if first is not None:
+                del session.events[first:]
         self._commit_event_to_session(session, event)
         session.last_update_time = stamp
         return event

@@ -417,25 +417,28 @@ class ErasureBatch:
 class ErasureBackend(abc.ABC):
     """Deleting everything about one subject (``store.erase``), in short transactions.
 
-    A session is the subject's when its key is the subject or its metadata's ``"subject"`` is; a memory
-    when its scope is; a graph relation when the subject is one of its two entities. Every delete checks
-    again, in its own statement, what made its row the subject's. With ``dry_run`` nothing is deleted and
-    the counts are what a real batch would delete.
+    A session is the subject's when its key is the subject or its metadata's ``"subject"`` is, or when it
+    is a fork (or a fork of a fork) of such a session; a memory when its scope is; a graph relation when
+    the subject is one of its two entities. Every delete checks again, in its own statement, what made its
+    row the subject's. With ``dry_run`` nothing is deleted and the counts are what a real batch would
+    delete.
     """
 
     @abc.abstractmethod
     async def erasure_sessions(self, subject: str, *, after: str | None, limit: int) -> list[str]:
-        """Up to ``limit`` keys of the subject's sessions after ``after``, in key order (reads only)."""
+        """Up to ``limit`` keys of the subject's sessions and their forks after ``after``, in key order
+        (reads only)."""
 
     @abc.abstractmethod
     async def erase_sessions(
         self, subject: str, keys: Sequence[str], *, now: dt.datetime, dry_run: bool
     ) -> ErasureBatch:
-        """Delete the sessions ``keys`` that still are the subject's, in one transaction, with their
-        messages, summaries, archive, tool-call journal, episodes (and their vectors), file ledger
-        records, the spans of the trace named after them, the LangGraph checkpoints of the thread named
-        after them, the vectors of a source named after them, and their lease rows nobody holds
-        (``leases_held`` counts those kept because a live process holds them)."""
+        """Delete the sessions ``keys`` that still are the subject's and their forks (listed again in the
+        transaction and deleted first, deepest first: a fork made since ``erasure_sessions`` goes too), in
+        one transaction, with their messages, summaries, archive, tool-call journal, episodes (and their
+        vectors), file ledger records, the spans of the trace named after them, the LangGraph checkpoints
+        of the thread named after them, the vectors of a source named after them, and their lease rows
+        nobody holds (``leases_held`` counts those kept because a live process holds them)."""
 
     @abc.abstractmethod
     async def erasure_spans(

@@ -54,30 +54,56 @@ async def op_erase_sessions(
         )
         if check is not None and not check["mine"]:
             continue  # the session no longer names the subject: it and what belongs to it stay
-        row = await tx.fetchone("erase_session_counts", key)
-        assert row is not None  # an aggregate always returns one row
-        found = {kind: int(row[kind]) for kind in SESSION_KINDS}
-        episodes = [r["id"] for r in await tx.fetchall("erase_session_episodes", key)]
-        vectors = 0
-        for source in (*episodes, key):
-            vectors += await delete_source_vectors(tx, source, dry_run)
-        held = await tx.fetchone("erase_session_lease_held", key, tx.ts_in(now))
-        if not dry_run:
-            await tx.execute("erase_session_episodes_delete", key)
-            await tx.execute("erase_session_files", key)
-            await tx.execute("erase_session_traces", key)
-            await tx.execute("erase_session_checkpoint_writes", key)
-            await tx.execute("erase_session_checkpoint_blobs", key)
-            await tx.execute("erase_session_checkpoints", key)
-            await tx.execute("erase_session_lease", key, tx.ts_in(now))
-            # Checked above (and locked, on PostgreSQL): the session is the subject's, or there is none.
-            found["sessions"] = await tx.execute("erase_session_delete", key, subject)
-        for kind, n in found.items():
-            _add(counts, kind, n)
-        _add(counts, "episodes", len(episodes))
-        _add(counts, "vectors", vectors)
-        _add(counts, "leases_held", int(held["n"]) if held is not None else 0)
+        if check is not None and not dry_run:
+            # Its forks go first, deepest first, in this transaction: none is left pointing at nothing,
+            # and a fork made while the erasure runs either is erased here or finds its parent gone. (A
+            # dry run counts each fork in its own turn: the candidates include every fork.)
+            for fork in await _forks(tx, key):
+                await _erase_session(tx, fork, subject, now, dry_run, counts)
+        await _erase_session(tx, key, subject, now, dry_run, counts)
     return ErasureBatch(counts, None, time.perf_counter() - began)
+
+
+async def _forks(tx: Tx, key: str) -> list[str]:
+    """Every fork of ``key`` (and forks of forks), deepest first, locked where the dialect locks rows.
+    Listed again until the list no longer changes: a fork committed while the first listing waited on a
+    lock is seen by the next one, and once they are all locked no further fork of them can be made."""
+    listed: list[str] = []
+    while True:
+        again = [str(r["key"]) for r in await tx.fetchall("erase_session_forks", key)]
+        if again == listed:
+            return listed
+        listed = again
+
+
+async def _erase_session(
+    tx: Tx, key: str, subject: str, now: dt.datetime, dry_run: bool, counts: dict[str, int]
+) -> None:
+    """Erase (or count) one session of the subject with what belongs to it."""
+    row = await tx.fetchone("erase_session_counts", key)
+    assert row is not None  # an aggregate always returns one row
+    found = {kind: int(row[kind]) for kind in SESSION_KINDS}
+    episodes = [r["id"] for r in await tx.fetchall("erase_session_episodes", key)]
+    vectors = 0
+    for source in (*episodes, key):
+        vectors += await delete_source_vectors(tx, source, dry_run)
+    held = await tx.fetchone("erase_session_lease_held", key, tx.ts_in(now))
+    if not dry_run:
+        await tx.execute("erase_session_episodes_delete", key)
+        await tx.execute("erase_session_files", key)
+        await tx.execute("erase_session_traces", key)
+        await tx.execute("erase_session_checkpoint_writes", key)
+        await tx.execute("erase_session_checkpoint_blobs", key)
+        await tx.execute("erase_session_checkpoints", key)
+        await tx.execute("erase_session_lease", key, tx.ts_in(now))
+        # Checked above (and locked, on PostgreSQL and MariaDB): the session is the subject's, or a
+        # fork of one of the subject's, or there is none. The delete checks it again in its WHERE.
+        found["sessions"] = await tx.execute("erase_session_delete", key, subject)
+    for kind, n in found.items():
+        _add(counts, kind, n)
+    _add(counts, "episodes", len(episodes))
+    _add(counts, "vectors", vectors)
+    _add(counts, "leases_held", int(held["n"]) if held is not None else 0)
 
 
 async def op_erasure_spans(

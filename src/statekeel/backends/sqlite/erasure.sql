@@ -3,19 +3,48 @@
 -- memory is still in the subject's scope). Parameters are numbered in the same order as PostgreSQL's.
 
 -- name: erase_sessions_page
--- Sessions whose key is the subject or whose metadata names it as "subject" (a string), after a key.
-SELECT key FROM sessions
-WHERE key > ?2 AND (key = ?1 OR (json_type(metadata, '$.subject') = 'text'
-                                 AND json_extract(metadata, '$.subject') = ?1))
-ORDER BY key LIMIT ?3;
+-- Sessions whose key is the subject or whose metadata names it as "subject" (a string), and their forks
+-- (and forks of forks: a fork's history is its parent's prefix), after a key.
+WITH RECURSIVE tree (key) AS (
+    SELECT key FROM sessions WHERE key = ?1 OR parent_key = ?1 OR (json_type(metadata, '$.subject') = 'text' AND json_extract(metadata, '$.subject') = ?1)
+    UNION
+    SELECT s.key FROM sessions s JOIN tree t ON s.parent_key = t.key
+)
+SELECT key FROM tree WHERE key > ?2 ORDER BY key LIMIT ?3;
 
 -- name: erase_session_check
 -- Whether the session of a key is still the subject's (no row: none; then only what is named after the
--- key goes). SQLite runs one writer at a time: nothing changes the row before the batch commits.
-SELECT (key = ?2 OR (json_type(metadata, '$.subject') = 'text' AND json_extract(metadata, '$.subject') = ?2)) AS mine FROM sessions WHERE key = ?1;
+-- key goes): its key or metadata names the subject, or one of its ancestors' does (it is a fork, or a
+-- fork of a fork, of the subject's session). SQLite runs one writer at a time: nothing changes the rows
+-- before the batch commits.
+SELECT EXISTS (
+    WITH RECURSIVE up (key, parent_key, metadata) AS (
+        SELECT key, parent_key, metadata FROM sessions WHERE key = ?1
+        UNION ALL
+        SELECT s.key, s.parent_key, s.metadata FROM sessions s JOIN up u ON s.key = u.parent_key
+    )
+    SELECT 1 FROM up WHERE up.key = ?2 OR up.parent_key = ?2 OR (json_type(up.metadata, '$.subject') = 'text' AND json_extract(up.metadata, '$.subject') = ?2)
+) AS mine FROM sessions WHERE key = ?1;
 
 -- name: erase_session_check_lock
-SELECT (key = ?2 OR (json_type(metadata, '$.subject') = 'text' AND json_extract(metadata, '$.subject') = ?2)) AS mine FROM sessions WHERE key = ?1;
+SELECT EXISTS (
+    WITH RECURSIVE up (key, parent_key, metadata) AS (
+        SELECT key, parent_key, metadata FROM sessions WHERE key = ?1
+        UNION ALL
+        SELECT s.key, s.parent_key, s.metadata FROM sessions s JOIN up u ON s.key = u.parent_key
+    )
+    SELECT 1 FROM up WHERE up.key = ?2 OR up.parent_key = ?2 OR (json_type(up.metadata, '$.subject') = 'text' AND json_extract(up.metadata, '$.subject') = ?2)
+) AS mine FROM sessions WHERE key = ?1;
+
+-- name: erase_session_forks
+-- Every fork of a session, and forks of forks, deepest first: each is erased before the session it
+-- forks from, so that its delete can still check its ancestry. SQLite: the writer holds the write lock.
+WITH RECURSIVE tree (key, depth) AS (
+    SELECT key, 1 FROM sessions WHERE parent_key = ?1
+    UNION ALL
+    SELECT s.key, t.depth + 1 FROM sessions s JOIN tree t ON s.parent_key = t.key
+)
+SELECT key FROM tree ORDER BY depth DESC, key;
 
 -- name: erase_session_counts
 SELECT (SELECT count(*) FROM sessions WHERE key = ?1) AS sessions,
@@ -59,10 +88,18 @@ DELETE FROM session_leases WHERE session_key = ?1 AND (owner IS NULL OR expires_
 SELECT count(*) AS n FROM session_leases WHERE session_key = ?1 AND owner IS NOT NULL AND expires_at >= ?2;
 
 -- name: erase_session_delete
--- Messages, summaries, the archive and the tool-call journal follow by cascade.
+-- Messages, summaries, the archive and the tool-call journal follow by cascade. The reason, checked in
+-- the statement: the session's key or metadata names the subject, or one of its ancestors' does (its
+-- forks were deleted before it, so an ancestor is always still there to be checked).
 DELETE FROM sessions
-WHERE key = ?1 AND (key = ?2 OR (json_type(metadata, '$.subject') = 'text'
-                                 AND json_extract(metadata, '$.subject') = ?2));
+WHERE key = ?1 AND EXISTS (
+    WITH RECURSIVE up (key, parent_key, metadata) AS (
+        SELECT key, parent_key, metadata FROM sessions WHERE key = ?1
+        UNION ALL
+        SELECT s.key, s.parent_key, s.metadata FROM sessions s JOIN up u ON s.key = u.parent_key
+    )
+    SELECT 1 FROM up WHERE up.key = ?2 OR up.parent_key = ?2 OR (json_type(up.metadata, '$.subject') = 'text' AND json_extract(up.metadata, '$.subject') = ?2)
+);
 
 -- name: erase_traces_page
 -- Spans whose attributes name the subject or one of its sessions (?4: a JSON array of session keys).
