@@ -32,7 +32,7 @@ import pydantic
 import pytest
 
 import statekeel
-from helpers import Prepared, fill_ui_store, strict_provider_types
+from helpers import Kinds, Prepared, fill_kinds_store, fill_ui_store, strict_provider_types
 from statekeel.backends.base import KIND_CONTRACTS
 from statekeel.store import NATS_PAIRED_KINDS
 from statekeel.transcripts import Dialect
@@ -495,3 +495,17 @@ def filled(request: pytest.FixtureRequest, tmp_path: Path) -> Prepared:
     path = tmp_path / "agent-state.db"
     shutil.copyfile(prepared.path, path)  # closed: everything is in the file
     return dataclasses.replace(prepared, path=path, url=f"sqlite:///{path}")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def kinds(request: pytest.FixtureRequest, tmp_path: Path) -> Kinds:
+    """A store holding memories, file records (with their files under a root, some changed since),
+    vectors, a forked session with usage and its traces (``helpers.fill_kinds_store``), on SQLite and
+    on PostgreSQL."""
+    root = tmp_path / "project"
+    root.mkdir()
+    if request.param == "postgres":
+        url = str(request.getfixturevalue("pg_migrated"))
+    else:
+        url = f"sqlite:///{tmp_path / 'kinds.db'}"
+    return asyncio.run(fill_kinds_store(url, root))

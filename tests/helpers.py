@@ -903,3 +903,118 @@ async def fill_ui_store(url: str) -> Prepared:
     return Prepared(
         path, url, EVIL_KEY, XSS, TAMPERED_SEQ, TRACE_ID, claimed.id, running.id, wf.id, pending_approvals=2
     )
+
+
+# --- the store of the viewer's memories, files, vectors, usage and branches pages -------------------
+
+LONG_ID = "id-" + "7c1e9a4b2d3f" * 12  # no place to break a line
+LONG_PATH = "deep/" + "segment-0123456789abcdef" * 6 + "/notes.txt"
+LONG_TEXT = "remember-" + "x7" * 400  # a memory's text without a space
+
+
+@dataclasses.dataclass(frozen=True)
+class Kinds:
+    """What :func:`fill_kinds_store` put in the store, by name."""
+
+    url: str
+    root: Path  # the directory the ledger's paths are relative to
+    drink: str  # a memory updated once (version 2), contradicted by ``evil``
+    evil: str  # a memory whose text is markup (:data:`XSS`)
+    long: str  # a memory of key LONG_ID and text LONG_TEXT, in a scope of LONG_ID
+    old: str  # superseded by ``drink``
+    gone: str  # forgotten
+    usage: dict[int, dict[str, Any]]  # the usage recorded with each message of ``chat``, by seq
+
+    def pages(self) -> list[str]:
+        """A URL of every page that shows what this store holds."""
+        return [
+            "/memories",
+            "/memories?all=1",
+            "/memories?type=user",
+            f"/memories?scope={LONG_ID}",
+            f"/memory?id={self.drink}",
+            f"/memory?id={self.long}",
+            f"/memory?id={self.evil}",
+            "/files",
+            f"/files?path={LONG_PATH}",
+            "/vectors",
+            f"/vectors?source={self.drink}",
+            "/session?key=chat",
+            "/session?key=chat/retry",
+            "/trace?id=chat",
+            "/recovery",
+        ]
+
+
+def _write_file(root: Path, rel: str, text: str) -> tuple[str, int]:
+    import hashlib
+
+    path = root.joinpath(*rel.split("/"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+async def fill_kinds_store(url: str, root: Path) -> Kinds:
+    """Memories (updated, superseded, forgotten, contradicting, hostile and unbreakably long), files under
+    ``root`` (one unchanged, one changed since recorded, one missing, one of a very long path), vectors
+    (a model, a memory and an announced source lagging), a session ``chat`` whose turns recorded their
+    usage, forked twice (``chat/retry`` at 2 with a turn of its own, ``chat/other`` at 1), and the traces
+    of ``chat`` (named after it) and ``chat/retry`` (named in a span's attributes)."""
+    async with statekeel.open_store(url) as store:
+        mem = store.memory
+        old = await mem.put("user", "drink-then", "tea", scope="user:42")
+        drink = await mem.put("user", "drink", "tea", scope="user:42", actor="agent-7")
+        drink = await mem.put("user", "drink", "coffee", scope="user:42", reason="said so today")
+        await mem.supersede(old.id, drink.id, reason="the newer one", actor="agent-7")
+        evil = await mem.put("semantic", "note", XSS, scope="user:42", source=XSS)
+        long = await mem.put("episodic", LONG_ID, LONG_TEXT, scope=LONG_ID)
+        gone = await mem.put("procedural", "deploy", "run make deploy", scope="team")
+        await mem.forget(gone.id, reason="obsolete", actor="alice")
+        await mem.record_contradiction(drink.id, evil.id, "tea or coffee? " + XSS)
+
+        ledger = store.files
+        for rel, text in (("src/app.py", "print(1)\n"), ("src/changed.py", "a = 1\n"), ("docs/gone.md", "x")):
+            digest, size = _write_file(root, rel, text)
+            await ledger.record(rel, digest, size, action="created", session_key="chat")
+        digest, size = _write_file(root, LONG_PATH, "long")
+        await ledger.record(LONG_PATH, digest, size, action="created", task_id=LONG_ID)
+        _write_file(root, "src/changed.py", "a = 2\n")
+        root.joinpath("docs", "gone.md").unlink()
+
+        await store.vectors.upsert(
+            "v-drink", drink.id, [0.1, 0.2, 0.3], model="embed-small", source_version=1
+        )
+        await store.vectors.upsert("v-long", long.id, [0.3, 0.2, 0.1], model="embed-small", source_version=1)
+        await store.vectors.source_changed("doc:readme", 3)
+        await store.vectors.lagging()  # reads the memories' changes into the sources table
+
+        usage = {
+            1: {"model": "gpt-a", "input_tokens": 812, "output_tokens": 95, "cost": 0.0031},
+            3: {"model": "gpt-b", "input_tokens": 40, "output_tokens": 7, "cost": 0.0},
+        }
+        chat = await store.sessions.get_or_create("chat")
+        chat.add_message("user", "what should I drink?")
+        chat.add_message("assistant", "coffee", usage=usage[1])
+        chat.add_message("user", "why?")
+        chat.add_message("assistant", "you said so", usage=usage[3])
+        await store.sessions.save(chat)
+        retry = await store.sessions.fork("chat", 2, new_key="chat/retry")
+        retry.add_message("user", "and tea?", usage={"model": "gpt-a", "input_tokens": 5})
+        await store.sessions.save(retry)
+        await store.sessions.fork("chat", 1, new_key="chat/other")
+
+        t0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+        store.traces.record("chat", {"span_id": "turn", "name": "agent turn", "started_at": t0})
+        store.traces.record(
+            "t-retry",
+            {
+                "span_id": "turn",
+                "name": "retry",
+                "started_at": t0,
+                "attributes": {"session_key": "chat/retry"},
+            },
+        )
+        await store.traces.flush()
+    return Kinds(url, root, drink.id, evil.id, long.id, old.id, gone.id, usage)

@@ -191,7 +191,8 @@ async def erase(
     tally = _Tally(backend, dry_run)
     # Buffered tiers first: spans and accesses the process still holds are erased with the rest.
     await store.traces.flush()
-    await store.memory.flush()
+    if store.holds("memory"):  # a plain NATS store holds none
+        await store.memory.flush()
 
     # The subject itself is one of the keys even without a session of that key: the trace, LangGraph
     # thread, episodes and file records named after it are the subject's too.

@@ -19,9 +19,10 @@ long for a file name gets ``h-`` + the SHA-256 of the key; its header holds the 
 on every read.
 
 Default directory: SQLite ``<database file>.fallback``; PostgreSQL
-``$XDG_STATE_HOME/statekeel/fallback/<host>_<port>_<database>`` (``~/.local/state`` when unset);
-``memory://`` has none (an in-memory store loses everything at exit, a file would outlive the data it
-extends), so a failed save there raises.
+``$XDG_STATE_HOME/statekeel/fallback/<host>_<port>_<database>`` (``~/.local/state`` when unset); a plain
+NATS store ``$XDG_STATE_HOME/statekeel/fallback/nats_<servers>_<prefix>`` (one paired with a SQL store:
+the SQL store's); ``memory://`` has none (an in-memory store loses everything at exit, a file would
+outlive the data it extends), so a failed save there raises.
 """
 
 from __future__ import annotations
@@ -78,20 +79,28 @@ def default_dir(url: str) -> str | None:
     if parts.scheme == "memory":
         return None
     if parts.scheme == "nats":
-        from .backends.nats.url import paired_url
+        from .backends.nats.url import paired_url, parse_nats_url
 
-        rest = paired_url(url)  # sessions live in the SQL store paired with NATS; a plain one has none
-        return None if rest is None else default_dir(rest)
+        rest = paired_url(url)  # a paired store keeps its sessions in the SQL store
+        if rest is not None:
+            return default_dir(rest)
+        parsed = parse_nats_url(url)
+        servers = ",".join(sorted(s.partition("://")[2].rpartition("@")[2] for s in parsed.servers))
+        return _state_dir(file_stem(f"nats_{servers}_{parsed.prefix}"))
     if parts.scheme == "sqlite":
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return path + ".fallback"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     try:
         server = f"{parts.hostname or 'localhost'}_{parts.port or 5432}"
     except ValueError:  # several hosts (h1:5432,h2:5433), tried in turn: the whole list names the server
         server = parts.netloc.rpartition("@")[2]
     target = f"{server}_{parts.path.lstrip('/') or 'postgres'}"
-    return os.path.join(base, "statekeel", "fallback", file_stem(target))
+    return _state_dir(file_stem(target))
+
+
+def _state_dir(name: str) -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "statekeel", "fallback", name)
 
 
 class FallbackCorrupt(StorageCorrupt):

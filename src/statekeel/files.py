@@ -185,6 +185,42 @@ class FileLedger:
             check_int(limit, "limit", minimum=1)
         return await self.backend.list_files(task_id=task_id, session_key=session_key, path=rel, limit=limit)
 
+    async def latest(
+        self,
+        *,
+        after_path: str = "",
+        limit: int = 100,
+        task_id: str | None = None,
+        session_key: str | None = None,
+    ) -> builtins.list[FileRecord]:
+        """The last record of each path, in path order, from the first path after ``after_path`` (pass
+        the last path of a page for the next one); at most ``limit``. With ``task_id`` / ``session_key``,
+        only the paths that task or session recorded.
+
+            page = await store.files.latest(limit=100)
+            more = await store.files.latest(after_path=page[-1].path, limit=100)
+        """
+        if builtins.type(after_path) is not str:
+            raise InvalidArgument(f"after_path must be a str (a path of a previous page), got {after_path!r}")
+        check_int(limit, "limit", minimum=1)
+        _check_owner(task_id, session_key)
+        return await self.backend.last_file_records(
+            after_path=after_path, limit=limit, task_id=task_id, session_key=session_key
+        )
+
+    async def compare(
+        self, root: str | os.PathLike[str], records: Sequence[FileRecord]
+    ) -> builtins.list[Drift]:
+        """Which of ``records`` (last records of their paths, from :meth:`latest`) no longer match the
+        files under ``root``, as :meth:`check` tells it: "changed", "missing" or "unreadable"; the
+        others are unchanged. Reads the files only (hashed in a worker thread), never the store."""
+        base = _text_path(root, "root")
+        if not await asyncio.to_thread(os.path.isdir, base):
+            raise InvalidArgument(f"root {base!r} is not a directory", root=base)
+        if not records:
+            return []
+        return await asyncio.to_thread(_inspect, base, builtins.list(records))
+
     async def check(
         self,
         root: str | os.PathLike[str],

@@ -464,30 +464,44 @@ async def recover(
     if report.integrity_problems:
         await _guarded(report, "damage", lambda: _assess_damage(store, report, repair), None)
     report.incidents = await _guarded(report, "incidents", backend.list_incidents, [])
-    report.audit = await _guarded(report, "audit", store.audit.verify, None)
-    if repair:
-        report.fallback = await _guarded(report, "fallback", store.sessions.replay_fallback, None)
-    await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
-    if repair:
-        report.interrupted_tasks = await _guarded(
-            report, "tasks", lambda: store.tasks.expire_leases(now=when), []
+    # Only the kinds the store holds: a plain NATS store recovers its sessions, audit and traces.
+    held = store.holds
+    if held("audit"):
+        report.audit = await _guarded(report, "audit", store.audit.verify, None)
+    if held("sessions"):
+        if repair:
+            report.fallback = await _guarded(report, "fallback", store.sessions.replay_fallback, None)
+        await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
+    if held("tasks"):
+        if repair:
+            report.interrupted_tasks = await _guarded(
+                report, "tasks", lambda: store.tasks.expire_leases(now=when), []
+            )
+        else:
+            report.interrupted_tasks = await _guarded(
+                report, "tasks", lambda: _expired_leases(store, when), []
+            )
+        report.steps_in_doubt = await _guarded(
+            report, "steps", lambda: store.tasks.steps_in_doubt(now=when), []
         )
-    else:
-        report.interrupted_tasks = await _guarded(report, "tasks", lambda: _expired_leases(store, when), [])
-    report.steps_in_doubt = await _guarded(report, "steps", lambda: store.tasks.steps_in_doubt(now=when), [])
-    report.pending_approvals = await _guarded(
-        report, "approvals", lambda: store.approvals.pending(limit=1000), []
-    )
-    report.unfinished_workflows = await _guarded(report, "workflows", store.workflows.unfinished, [])
-    report.traces_dropped = await _guarded(report, "traces", store.traces.total_dropped, 0)
-    report.open_contradictions = await _guarded(report, "memory", store.memory.open_contradictions, [])
-    if files_root is not None:
+    if held("approvals"):
+        report.pending_approvals = await _guarded(
+            report, "approvals", lambda: store.approvals.pending(limit=1000), []
+        )
+    if held("workflows"):
+        report.unfinished_workflows = await _guarded(report, "workflows", store.workflows.unfinished, [])
+    if held("traces"):
+        report.traces_dropped = await _guarded(report, "traces", store.traces.total_dropped, 0)
+    if held("memory"):
+        report.open_contradictions = await _guarded(report, "memory", store.memory.open_contradictions, [])
+    if files_root is not None and held("files"):
         root_dir = files_root
         report.drifted_files = await _guarded(report, "files", lambda: store.files.check(root_dir), [])
-    # Reading the memories' latest changes into the index writes: only when repairing.
-    report.lagging_vectors = await _guarded(
-        report, "vectors", lambda: store.vectors.count_lagging(sync=repair), 0
-    )
+    if held("vectors"):
+        # Reading the memories' latest changes into the index writes: only when repairing.
+        report.lagging_vectors = await _guarded(
+            report, "vectors", lambda: store.vectors.count_lagging(sync=repair), 0
+        )
     report.advice = _advice(store, report)
     if not report.ok:
         log.warning("recovery found problems: %s", report.summary())

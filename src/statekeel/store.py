@@ -15,12 +15,12 @@ import datetime as dt
 import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .approvals import ApprovalLog
 from .audit import AuditLog
-from .backends.base import DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
+from .backends.base import KIND_CONTRACTS, DatabaseFiles, Incident, MigrationInfo, StateCounts, StorageBackend
 from .backends.nats.url import paired_url
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
@@ -264,23 +264,6 @@ def _nats_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBacke
     return pair_backends(url, front, _backend_for(resolve_url(rest), options, codec), NATS_PAIRED_KINDS)
 
 
-class _Unheld:
-    """A manager of a kind the store's backend does not hold: every use raises ``Unsupported``."""
-
-    def __init__(self, name: str, kinds: frozenset[str], url: str) -> None:
-        self._name, self._kinds, self._url = name, kinds, url
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise Unsupported(
-            f"the store at {redact_url(self._url)} does not hold {', '.join(sorted(self._kinds))}: "
-            f"store.{self._name}.{attr} is not available on it",
-            kind=sorted(self._kinds)[0],
-            url=redact_url(self._url),
-        )
-
-
 # The kinds each manager needs from the backend.
 MANAGER_KINDS: dict[str, frozenset[str]] = {
     "sessions": frozenset({"sessions", "tool_calls"}),
@@ -294,9 +277,76 @@ MANAGER_KINDS: dict[str, frozenset[str]] = {
     "vectors": frozenset({"vectors"}),
 }
 
+M = TypeVar("M")
+
+
+def unheld(url: str, name: str, missing: frozenset[str], held: frozenset[str]) -> Unsupported:
+    """The ``Unsupported`` of opening ``store.<name>`` on a store whose backend lacks ``missing``: it names
+    what is missing, what the backend holds, and the URL that pairs it with a SQL store for the rest."""
+    shown = redact_url(url)
+    pairing = f"{shown}{'&' if '?' in shown else '?'}rest=sqlite:///state.db"
+    return Unsupported(
+        f"the store at {shown} does not hold {', '.join(sorted(missing))}, so store.{name} is not "
+        f"available on it (it holds {', '.join(sorted(held))}); pair it with a SQL store for the other "
+        f"kinds: open_store({pairing!r}) (rest= last, any SQL URL)",
+        kind=sorted(missing)[0],
+        url=shown,
+        holds=sorted(held),
+        hint="",
+    )
+
+
+class _Manager(Generic[M]):
+    """A manager of :class:`Store` (``store.tasks`` …): opening it on a store whose backend does not hold
+    the kinds it needs raises ``Unsupported`` there and then, before any of its operations is called."""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, store: None, owner: type[Any] | None = None) -> _Manager[M]: ...
+
+    @overload
+    def __get__(self, store: Store, owner: type[Any] | None = None) -> M: ...
+
+    def __get__(self, store: Store | None, owner: type[Any] | None = None) -> M | _Manager[M]:
+        if store is None:
+            return self
+        held = store.backend.kinds
+        missing = MANAGER_KINDS[self._name] - held
+        if missing:
+            raise unheld(store.url, self._name, missing, held)
+        manager: M = store._managers[self._name]
+        return manager
+
+    def __set__(self, store: Store, manager: M) -> None:
+        store._managers[self._name] = manager
+
 
 class Store:
-    """The facade over one backend. Get one with :func:`open_store`."""
+    """The facade over one backend. Get one with :func:`open_store`.
+
+    A manager whose kinds the backend does not hold (``store.tasks`` on a plain ``nats://`` store) raises
+    ``Unsupported`` when it is opened; :meth:`holds` says beforehand."""
+
+    sessions = _Manager[SessionManager]()
+    """:class:`SessionManager`: sessions, their messages, locks and tool calls."""
+    tasks = _Manager[TaskManager]()
+    """:class:`TaskManager`: tasks, their leases and steps."""
+    workflows = _Manager[WorkflowEngine]()
+    """:class:`WorkflowEngine`: workflows of tasks."""
+    audit = _Manager[AuditLog]()
+    """:class:`AuditLog`: the audit chain."""
+    approvals = _Manager[ApprovalLog]()
+    """:class:`ApprovalLog`: approvals (with their audit entries)."""
+    memory = _Manager[MemoryStore]()
+    """:class:`MemoryStore`: long-term memory, episodes and the graph."""
+    files = _Manager[FileLedger]()
+    """:class:`FileLedger`: the file ledger."""
+    traces = _Manager[TraceLog]()
+    """:class:`TraceLog`: trace spans."""
+    vectors = _Manager[VectorIndex]()
+    """:class:`VectorIndex`: vectors and search."""
 
     def __init__(self, url: str, options: StoreOptions) -> None:
         self.url = url
@@ -307,27 +357,42 @@ class Store:
         )
         self.backend: StorageBackend = make_backend(url, options, self.codec)
         fallback_dir = options.fallback_dir if options.fallback_dir is not None else default_fallback_dir(url)
+        # Made for every store (making one touches no state); opened only where the backend holds them.
+        self._managers: dict[str, Any] = {}
+        tasks = TaskManager(self.backend, self.codec)
+        audit = AuditLog(self.backend, self.codec)
         self.sessions = SessionManager(
             self.backend, self.codec, fallback_dir=fallback_dir, cache_size=options.cache_size
         )
-        self.tasks = TaskManager(self.backend, self.codec)
-        self.workflows = WorkflowEngine(self.backend, self.codec, self.tasks)
-        self.audit = AuditLog(self.backend, self.codec)
-        self.approvals = ApprovalLog(self.backend, self.codec, self.audit)
+        self.tasks = tasks
+        self.workflows = WorkflowEngine(self.backend, self.codec, tasks)
+        self.audit = audit
+        self.approvals = ApprovalLog(self.backend, self.codec, audit)
         self.memory = MemoryStore(self.backend, self.codec)
         self.files = FileLedger(self.backend)
         self.traces = TraceLog(self.backend, self.codec)
         self.vectors = VectorIndex(self.backend, self.codec)
-        held = self.backend.kinds
-        for name, needs in MANAGER_KINDS.items():
-            if not needs <= held:
-                setattr(self, name, _Unheld(name, needs - held, url))
         self._closed = False
 
-    def holds(self, manager: str) -> bool:
-        """Whether this store's backend holds what ``store.<manager>`` needs (``"sessions"``, ``"tasks"``
-        …): False for the kinds a plain ``nats://`` store does not hold, whose use raises ``Unsupported``."""
-        return not isinstance(getattr(self, manager), _Unheld)
+    def holds(self, kind: str) -> bool:
+        """Whether this store's backend holds ``kind``: a manager's name (``"sessions"``, ``"tasks"`` …:
+        what ``store.<manager>`` needs) or a state kind of ``statekeel.backends.base.KIND_CONTRACTS``.
+        False for the kinds a plain ``nats://`` store does not hold, whose managers raise ``Unsupported``
+        when opened. Never raises for a known name; ``InvalidArgument`` for another.
+
+        if store.holds("tasks"):
+            await store.tasks.create(...)
+        """
+        needs = MANAGER_KINDS.get(kind)
+        if needs is None:
+            if kind not in KIND_CONTRACTS:
+                raise InvalidArgument(
+                    f"{kind!r} is neither a manager of the store nor a state kind; use one of "
+                    f"{', '.join(sorted(set(MANAGER_KINDS) | set(KIND_CONTRACTS)))}",
+                    kind=kind,
+                )
+            needs = frozenset({kind})
+        return needs <= self.backend.kinds
 
     async def _open(self) -> Store:
         await self.backend.initialize()
@@ -405,6 +470,9 @@ class Store:
         report = await store.purge(dry_run=True)
         print(report.counts, report.longest_batch_seconds)
         """
+        if not self.holds("retention"):
+            # Refused whole, before the first batch: a purge is never done for some kinds only.
+            raise unheld(self.url, "purge()", frozenset({"retention"}), self.backend.kinds)
         return await purge(self, self.options.retention, now, dry_run, on_batch)
 
     async def erase(

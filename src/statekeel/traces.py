@@ -280,6 +280,20 @@ class TraceLog:
             since=since, until=until, name=name, status=status, limit=limit, cursor=cursor
         )
 
+    async def of_session(self, session_key: str, *, limit: int = 20) -> list[str]:
+        """The ids of the traces of session ``session_key``, the most recently active first: the trace
+        named after the session, and each trace with a span whose attributes' ``session_key`` or
+        ``session.id`` is the key (the attributes the adapters and ``store.erase`` go by). At most
+        ``limit``; spans this TraceLog recorded are flushed first (except inside ``atomic()``).
+
+            for trace_id in await store.traces.of_session("chat-42"):
+                spans = await store.traces.get(trace_id)
+        """
+        check_key(session_key, "session_key")
+        check_int(limit, "limit", minimum=1)
+        await self._flush_for_read()
+        return await self.backend.session_traces(session_key, limit=limit)
+
     async def total_dropped(self) -> int:
         """Spans lost to a full buffer over the life of the store: the count stored with earlier writes
         (by every process) plus this process's drops not written yet."""

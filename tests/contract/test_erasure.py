@@ -223,6 +223,58 @@ async def test_what_is_named_after_the_subject_goes_without_a_session_of_that_ke
     assert [s.trace_id for s in (await store.traces.query()).items] == ["other"]
 
 
+async def fill_sessions_and_spans(store: statekeel.Store) -> None:
+    """The subject's sessions (one compressed) and spans, and someone else's: what every store holds."""
+    for key, meta, n in (
+        (SUBJECT, {}, 3),
+        ("chat-7", {"subject": SUBJECT}, 4),
+        ("chat-8", {"subject": "bob"}, 2),
+    ):
+        session = await store.sessions.get_or_create(key)
+        session.metadata.update(meta)
+        for i in range(n):
+            session.add_message("user", f"{key} {i}")
+        await store.sessions.save(session)
+    await store.sessions.compress("chat-7", 2, "summary")
+    span = {
+        "span_id": "s1",
+        "name": "llm",
+        "kind": "llm",
+        "status": "ok",
+        "started_at": dt.datetime.now(dt.UTC),
+    }
+    store.traces.record("chat-7", {**span, "attributes": {}})
+    store.traces.record("t-1", {**span, "attributes": {"session_key": SUBJECT}})
+    store.traces.record("t-2", {**span, "attributes": {"subject": SUBJECT}})
+    store.traces.record("t-3", {**span, "attributes": {"session_key": "chat-8"}})
+    await store.traces.flush()
+
+
+@pytest.mark.kinds("sessions", "tool_calls", "audit", "traces", "erasure")
+async def test_erase_on_a_store_of_sessions_and_traces_removes_the_subjects_and_keeps_a_live_lease(
+    store: statekeel.Store,
+) -> None:
+    await fill_sessions_and_spans(store)
+    before = await store.audit.verify()
+    dry = await store.erase(SUBJECT, dry_run=True, actor="dpo", reason="preview")
+    assert await store.sessions.load("chat-7") is not None and len((await store.traces.query()).items) == 4
+    async with store.sessions.lock("chat-7"):
+        report = await store.erase(SUBJECT, actor="dpo", reason="request 115")
+    assert (report.sessions, report.messages, report.archived_messages, report.compressions) == (2, 5, 2, 1)
+    assert report.traces == 3 and report.leases_held == 1 and report.counts == dry.counts
+    assert report.session_keys == ("chat-7", SUBJECT)
+    for key in (SUBJECT, "chat-7"):
+        assert await store.sessions.load(key) is None
+    assert [s.key for s in (await store.sessions.list()).items] == ["chat-8"]
+    assert [s.trace_id for s in (await store.traces.query()).items] == ["t-3"]
+    verification = await store.audit.verify()
+    assert verification.ok and verification.count == before.count + 1
+    entry = (await store.audit.query(kind="erasure"))[-1]
+    assert entry.seq == report.audit_seq and entry.data["counts"] == report.counts
+    again = await store.erase(SUBJECT, actor="dpo", reason="request 115, after the lease")
+    assert again.sessions == 0 and again.leases_held == 0  # the lease was released: its row goes now
+
+
 async def _chat(store: statekeel.Store, key: str, n: int, subject: str | None = None) -> None:
     session = await store.sessions.get_or_create(key)
     if subject is not None:

@@ -216,3 +216,32 @@ def test_normalize_path_is_lexical_and_posix() -> None:
     assert normalize("/srv/repo/x/y.txt", "/srv/repo/") == "x/y.txt"
     with pytest.raises(statekeel.InvalidArgument, match="root directory itself"):
         normalize("/srv/repo", "/srv/repo")
+
+
+async def test_latest_pages_through_the_last_record_of_each_path_in_path_order(store: Store) -> None:
+    for rel in ("b.txt", "a.txt", "c/d.txt"):
+        await store.files.record(rel, sha(b"1"), 1, action="created", task_id="t1")
+    newest = await store.files.record("a.txt", sha(b"22"), 2, session_key="s1")
+    first = await store.files.latest(limit=2)
+    assert [(r.path, r.seq) for r in first] == [("a.txt", 2), ("b.txt", 1)] and first[0] == newest
+    rest = await store.files.latest(after_path=first[-1].path, limit=2)
+    assert [r.path for r in rest] == ["c/d.txt"]
+    assert [r.path for r in await store.files.latest(session_key="s1")] == ["a.txt"]
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.files.latest(limit=0)
+
+
+async def test_compare_tells_which_given_records_drifted_from_the_files_under_a_root(
+    store: Store, tmp_path: Path
+) -> None:
+    kept = await store.files.record("kept.txt", *write(tmp_path, "kept.txt", b"same"))
+    edited = await store.files.record("edited.txt", *write(tmp_path, "edited.txt", b"before"))
+    removed = await store.files.record("removed.txt", *write(tmp_path, "removed.txt", b"x"))
+    write(tmp_path, "edited.txt", b"after!")
+    (tmp_path / "removed.txt").unlink()
+    drifts = await store.files.compare(tmp_path, [kept, edited, removed])
+    assert [(d.path, d.kind) for d in drifts] == [("edited.txt", "changed"), ("removed.txt", "missing")]
+    assert drifts[0].checksum == sha(b"after!") and drifts[0].size == 6
+    assert await store.files.compare(tmp_path, [kept]) == []
+    with pytest.raises(statekeel.InvalidArgument, match="not a directory"):
+        await store.files.compare(tmp_path / "nowhere", [kept])

@@ -31,6 +31,7 @@ async def _session_with_unanswered_call(store: statekeel.Store, key: str) -> Non
     await store.sessions.save(session)
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "audit")  # what a plain NATS store holds
 async def test_recover_answers_orphaned_tool_calls_with_an_interrupted_result(store: statekeel.Store) -> None:
     await _session_with_unanswered_call(store, "agent-1")
     report = await store.recover()
@@ -43,6 +44,7 @@ async def test_recover_answers_orphaned_tool_calls_with_an_interrupted_result(st
     assert [m.seq for m in await store.backend.read_messages("agent-1")] == [0, 1, 2, 3]
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "audit")  # what a plain NATS store holds
 async def test_recover_is_idempotent(store: statekeel.Store) -> None:
     await _session_with_unanswered_call(store, "agent-1")
     await store.recover()
@@ -139,6 +141,7 @@ async def test_recover_lists_what_needs_a_decision(store: statekeel.Store) -> No
     assert report.summary()["pending_approvals"] == 1
 
 
+@pytest.mark.kinds("sessions", "tool_calls", "audit")  # what a plain NATS store holds
 async def test_recover_leaves_sessions_held_by_a_live_agent_alone(store: statekeel.Store) -> None:
     await _session_with_unanswered_call(store, "agent-1")
     lock = store.sessions.lock("agent-1")

@@ -95,3 +95,28 @@ async def test_bad_usage_is_refused_before_anything_is_added_or_written(
 async def test_usage_of_an_unknown_session_is_not_found(store: statekeel.Store) -> None:
     with pytest.raises(NotFound):
         await store.sessions.usage("nope")
+
+
+async def test_message_usage_gives_each_turns_usage_by_seq_a_fork_its_parents_under_their_seqs(
+    store: statekeel.Store,
+) -> None:
+    s = await store.sessions.get_or_create("p")
+    s.add_message("user", "q")
+    s.add_message("assistant", "a", usage=u("m", 10, 2, 0.5))
+    s.add_message("assistant", "b", usage=u("n", 3, 1, 0.0))
+    await store.sessions.save(s)
+    assert await store.sessions.message_usage("p") == {
+        1: statekeel.ModelUsage("m", 10, 2, 0.5, 1),
+        2: statekeel.ModelUsage("n", 3, 1, 0.0, 1),
+    }
+    f = await store.sessions.fork("p", 2, new_key="f")
+    f.add_message("assistant", "c", usage={"model": "m", "output_tokens": 4})
+    await store.sessions.save(f)
+    used = await store.sessions.message_usage("f")
+    assert sorted(used) == [1, 2] and used[1].input_tokens == 10 and used[2].output_tokens == 4
+    await store.sessions.compress("f", 2, "summary")  # compressed turns still count
+    assert sorted(await store.sessions.message_usage("f")) == [1, 2]
+    await store.sessions.rewind("p", 2, reason="undo b")  # rewound turns do not
+    assert sorted(await store.sessions.message_usage("p")) == [1]
+    with pytest.raises(NotFound):
+        await store.sessions.message_usage("nobody")

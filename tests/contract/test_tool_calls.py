@@ -30,8 +30,8 @@ from helpers import (
 from statekeel.backends.base import NewMessage
 from statekeel.transcripts import INTERRUPTED_TEXT, Dialect, analyze, plan_repair
 
-# run_tool commits a save and its step together: it needs transactions.
-pytestmark = pytest.mark.kinds("sessions", "tool_calls", "transactions")
+# run_tool commits a save and its step together: one atomic() block of one session (on NATS, one event).
+pytestmark = pytest.mark.kinds("sessions", "tool_calls")
 
 DIALECTS = [CHAT, RESPONSES, ANTHROPIC]
 TABLES = ("sessions", "messages", "session_steps")

@@ -352,3 +352,17 @@ async def test_background_writer_never_joins_the_atomic_block_of_the_first_calle
         assert [s.span_id for s in await store.backend.read_trace("t")] == ["inside"]
     finally:
         await log.close()
+
+
+async def test_of_session_finds_the_trace_named_after_it_and_traces_whose_spans_name_it(store: Store) -> None:
+    store.traces.record("chat-1", span("turn", 0))
+    store.traces.record("t-later", span("a", 10, attributes={"session_key": "chat-1"}))
+    store.traces.record("t-otel", span("b", 5, attributes={"session.id": "chat-1"}))
+    store.traces.record("t-other", span("c", 20, attributes={"session_key": "chat-2"}))
+    store.traces.record("t-number", span("d", 30, attributes={"session_key": 1}))
+    store.traces.record("t-case", span("e", 40, attributes={"session_key": "CHAT-1"}))
+    assert await store.traces.of_session("chat-1") == ["t-later", "t-otel", "chat-1"]  # newest first
+    assert await store.traces.of_session("chat-1", limit=1) == ["t-later"]
+    assert await store.traces.of_session("nobody") == []
+    with pytest.raises(statekeel.InvalidArgument):
+        await store.traces.of_session("chat-1", limit=0)

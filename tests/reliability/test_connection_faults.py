@@ -34,6 +34,7 @@ class CommitAnswerDropper:
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.armed = False
+        self.armed_statement = False
         self.dropped = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -52,6 +53,11 @@ class CommitAnswerDropper:
 
     def drop_next_commit_answer(self) -> None:
         self.armed = True
+
+    def drop_next_statement_answer(self) -> None:
+        """Drop the answer to the next statement the client executes (extended protocol: Execute, then
+        Sync). A statement outside a transaction commits as it runs: a session save on PostgreSQL is one."""
+        self.armed_statement = True
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(self.host, self.port)
@@ -72,6 +78,7 @@ class CommitAnswerDropper:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, committed: asyncio.Event
     ) -> None:
         typed = False
+        executed = False
         while True:
             if typed:
                 head = await reader.readexactly(5)
@@ -85,6 +92,11 @@ class CommitAnswerDropper:
                 typed = code not in (_SSL_REQUEST, _GSS_REQUEST)
             if self.armed and kind == b"Q" and body.lstrip().upper().startswith(b"COMMIT"):
                 self.armed = False
+                committed.set()
+            if self.armed_statement and kind == b"E":
+                executed = True
+            if executed and kind == b"S":
+                self.armed_statement = executed = False
                 committed.set()
             writer.write(head + body)
             await writer.drain()
@@ -124,7 +136,8 @@ async def test_a_commit_whose_answer_is_lost_raises_unknown_outcome_and_a_re_rea
         b = store.backend
         await b.append_messages("s", 0, [message(store, "kept")], create=True)
 
-        proxy.drop_next_commit_answer()
+        # A save outside atomic() is one statement that commits as it runs: its answer is what is lost.
+        proxy.drop_next_statement_answer()
         with pytest.raises(statekeel.BackendUnavailable) as info:
             await b.append_messages("s", 1, [message(store, "answer lost")])
         assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
@@ -190,7 +203,7 @@ async def _after_a_lost_commit_answer(
         s.add_message("user", "kept")
         await store.sessions.save(s)
         s.add_message("assistant", "answer lost")
-        proxy.drop_next_commit_answer()
+        proxy.drop_next_statement_answer()  # the save commits as its one statement runs
         await store.sessions.save(s)
         assert proxy.dropped == 1
         assert len(fallback_files(fallback)) == 1

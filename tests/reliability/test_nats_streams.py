@@ -5,20 +5,23 @@ writers in several connections, and entries the server refuses to delete."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
+import orjson
 import pytest
 from nats.js.api import StreamConfig
 
 import statekeel
 from helpers import message
 from statekeel.backends.base import NewSpan
-from statekeel.backends.nats.client import NatsConnection
+from statekeel.backends.nats.client import NatsConnection, encode_token
 
 Store = statekeel.Store
 AT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -337,3 +340,185 @@ async def test_forks_rewinds_and_usage_are_unsupported_on_a_plain_nats_store_and
         with pytest.raises(statekeel.Unsupported, match="does not record usage"):
             await store.sessions.save(loaded)
         assert [m.seq for m in await store.backend.read_messages("trunk")] == [0, 1]
+
+
+# --- leases: entries of the <prefix>_leases KV bucket, changed only by revision -----------------------
+
+
+async def test_a_lease_is_a_kv_entry_that_is_changed_only_at_the_revision_read(
+    nats_url: str, js: Any
+) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend = store.backend
+        lease = await backend.acquire_session_lease("s.1 *", "A", 30)
+        kv = await js.key_value(f"{prefix_of(nats_url)}_leases")
+        key = encode_token("s.1 *")
+        first = await kv.get(key)
+        assert orjson.loads(first.value)["owner"] == "A" and orjson.loads(first.value)["token"] == 1
+        renewed = await backend.renew_session_lease(lease, 60)
+        second = await kv.get(key)
+        assert second.revision > first.revision and renewed.token == lease.token
+        # A writer holding the old revision fails, as a stale holder's renewal would.
+        with pytest.raises(nats.js.errors.KeyWrongLastSequenceError):
+            await kv.update(key, b"{}", last=first.revision)
+        assert await backend.release_session_lease(renewed)
+        assert orjson.loads((await kv.get(key)).value)["owner"] is None
+
+
+async def test_holders_racing_for_one_lease_on_several_connections_get_it_once(nats_url: str) -> None:
+    stores = [await statekeel.open_store(nats_url) for _ in range(4)]
+    try:
+        got = await asyncio.gather(
+            *(s.backend.acquire_session_lease("race", f"holder-{i}", 30) for i, s in enumerate(stores))
+        )
+        winners = [g for g in got if g.acquired]
+        assert len(winners) == 1 and winners[0].token == 1
+        assert {g.owner for g in got} == {winners[0].owner}  # the others see who holds it
+        assert await stores[0].backend.read_session_lease("race") == dataclasses.replace(
+            winners[0], acquired=False
+        )
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_write_checked_before_a_takeover_and_published_after_it_is_refused(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with statekeel.open_store(nats_url) as old, statekeel.open_store(nats_url) as new:
+        lease = await old.backend.acquire_session_lease("s", "old", 30)
+        await old.backend.append_messages("s", 0, [message(old, "base")], create=True, lease=lease)
+        backend: Any = old.backend
+        check = backend._check_lease
+        taken: list[Any] = []
+
+        async def check_then_lose_it(key: str, held: Any) -> None:
+            await check(key, held)  # the entry still names the old holder here...
+            if not taken:  # ...and another process takes the lease over right after
+                taken.append(await new.backend.acquire_session_lease("s", "new", 30, take_over=lease))
+
+        monkeypatch.setattr(backend, "_check_lease", check_then_lose_it)
+        with pytest.raises(statekeel.LeaseLost):
+            await old.backend.append_messages("s", 1, [message(old, "zombie")], lease=lease)
+        assert taken[0].acquired and taken[0].token == lease.token + 1
+        assert [m.payload["content"] for m in await new.backend.read_messages("s")] == ["base"]
+        await new.backend.append_messages("s", 1, [message(new, "mine")], lease=taken[0])
+
+
+LEASE_HOLDER = """
+import asyncio, sys, statekeel
+from statekeel.backends.base import NewMessage
+
+async def main(url):
+    async with statekeel.open_store(url) as store:
+        lease = await store.backend.acquire_session_lease("agent", "host-b|1|1|1|x", 1.0)
+        body = store.codec.encode({"role": "user", "content": "before the kill"})
+        await store.backend.append_messages("agent", 0, [NewMessage("user", body)], create=True, lease=lease)
+        print(lease.token, flush=True)
+        await asyncio.sleep(3600)  # never renews: killed before
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_a_holder_killed_with_sigkill_is_taken_over_after_its_lease_expires(nats_url: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LEASE_HOLDER, nats_url, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        token = int((await asyncio.wait_for(proc.stdout.readline(), 60)).decode())
+    finally:
+        proc.kill()  # SIGKILL: nothing of the holder runs after this
+        await proc.wait()
+    async with statekeel.open_store(nats_url) as store:
+        held = await store.backend.read_session_lease("agent")
+        assert held is not None and held.owner == "host-b|1|1|1|x" and held.token == token
+        refused = await store.backend.acquire_session_lease("agent", "me", 30)
+        assert not refused.acquired or held.expires_at <= dt.datetime.now(dt.UTC)
+        async with asyncio.timeout(10):
+            while not (mine := await store.backend.acquire_session_lease("agent", "me", 30)).acquired:
+                await asyncio.sleep(0.05)  # wait (with a deadline) for the dead holder's lease to expire
+        assert mine.token == token + 1
+        with pytest.raises(statekeel.LeaseLost):
+            await store.backend.append_messages("agent", 1, [message(store, "zombie")], lease=held)
+        await store.backend.append_messages("agent", 1, [message(store, "after")], lease=mine)
+        texts = [m.payload["content"] for m in await store.backend.read_messages("agent")]
+        assert texts == ["before the kill", "after"]
+
+
+# --- atomic(): the writes of one session, one event ------------------------------------------------------
+
+
+async def test_an_atomic_block_publishes_one_sessions_writes_as_one_event_at_its_end(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store, statekeel.open_store(nats_url) as other:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
+        stream = f"{prefix_of(nats_url)}_sessions"
+        before = await backend.conn.count(stream)
+        ended: list[bool] = []
+        async with backend.atomic():
+            await backend.append_messages("s", 1, [message(store, "b")])
+            await backend.start_session_step("s", "c1", owner="me", expected_attempt=None)
+            assert backend.on_block_end(ended.append)
+            # The block reads its own writes; nothing is stored before it ends.
+            assert (await backend.load_session("s")).head_seq == 2
+            assert (await other.backend.load_session("s")).head_seq == 1
+            assert await backend.conn.count(stream) == before
+        assert ended == [True] and await backend.conn.count(stream) == before + 1
+        assert (await other.backend.get_session_step("s", "c1")).status == "started"
+        assert [m.payload["content"] for m in await other.backend.read_messages("s")] == ["a", "b"]
+
+
+async def test_an_atomic_block_stores_nothing_when_it_raises_or_its_session_changed_meanwhile(
+    nats_url: str,
+) -> None:
+    async with statekeel.open_store(nats_url) as store, statekeel.open_store(nats_url) as other:
+        backend: Any = store.backend
+        await backend.append_messages("s", 0, [message(store, "a")], create=True)
+        ended: list[bool] = []
+        with pytest.raises(RuntimeError):
+            async with backend.atomic():
+                backend.on_block_end(ended.append)
+                await backend.append_messages("s", 1, [message(store, "lost")])
+                raise RuntimeError("the caller failed")
+        with pytest.raises(statekeel.ConflictError, match="nothing of the block was written"):
+            async with backend.atomic():
+                backend.on_block_end(ended.append)
+                await backend.append_messages("s", 1, [message(store, "late")])
+                await other.backend.append_messages("s", 1, [message(other, "first")])
+        assert ended == [False, False]
+        assert [m.payload["content"] for m in await backend.read_messages("s")] == ["a", "first"]
+
+
+async def test_an_atomic_block_refuses_to_write_a_second_session_before_writing_it(nats_url: str) -> None:
+    async with statekeel.open_store(nats_url) as store:
+        backend: Any = store.backend
+        with pytest.raises(statekeel.Unsupported, match="groups the writes of one session"):
+            async with backend.atomic():
+                await backend.create_session("one")
+                await backend.create_session("two")
+        assert await backend.load_session("one") is None and await backend.load_session("two") is None
+
+
+async def test_a_plain_store_opens_for_its_own_kinds_and_refuses_another_when_it_is_opened(
+    nats_url: str, tmp_path: Any
+) -> None:
+    async with statekeel.open_store(nats_url, fallback_dir=str(tmp_path)) as store:
+        async with store.sessions.open("chat") as session:
+            session.add_message("user", "hi")
+        await store.audit.append("note", "me", "chat", {"n": 1})
+        store.traces.record("t1", {"span_id": "s1", "name": "tool"})
+        for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
+            assert not store.holds(manager)
+            with pytest.raises(statekeel.Unsupported, match="rest=sqlite") as caught:
+                getattr(store, manager)
+            assert "sessions" in caught.value.holds  # type: ignore[attr-defined]
+        info = await store.info()
+        assert info.ok and info.counts is not None and info.counts.sessions["active"] == 1
+        assert (await store.health()).ok
+        report = await store.recover()
+        assert report.ok and report.audit is not None and report.audit.count == 1
+    # close() flushed the span: the store's own kinds were closed, the others never opened.
+    async with statekeel.open_store(nats_url, fallback_dir=str(tmp_path)) as again:
+        assert [s.span_id for s in await again.traces.get("t1")] == ["s1"]

@@ -123,6 +123,78 @@ async def test_pgbouncer_mode_round_trips_without_named_prepared_statements(pg_m
         assert await _prepared_statements(store) > 0
 
 
+@contextlib.asynccontextmanager
+async def _statements_sent(store: statekeel.Store) -> AsyncIterator[list[str]]:
+    """The statements sent to the server (BEGIN and COMMIT included) while the block runs, on a store
+    whose pool holds one connection."""
+    pool = _pg(store).pool
+    assert pool.get_max_size() == 1
+    sent: list[str] = []
+
+    def logged(record: Any) -> None:
+        sent.append(" ".join(record.query.split()))
+
+    async with pool.acquire() as conn:
+        conn.add_query_logger(logged)
+    try:
+        yield sent
+    finally:
+        async with pool.acquire() as conn:
+            conn.remove_query_logger(logged)
+
+
+async def test_a_session_save_is_one_statement_prepared_once_per_connection(pg_migrated: str) -> None:
+    async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
+        session = await store.sessions.get_or_create("one-trip")
+        session.add_message("user", "first")
+        await store.sessions.save(session)  # creates the row: a transaction of its own
+        session.add_message("user", "warm")
+        await store.sessions.save(session)
+        prepared = await _prepared_statements(store)
+        for turn in range(3):
+            async with _statements_sent(store) as sent:
+                session.add_message("user", f"q{turn}")
+                session.add_message("assistant", f"a{turn}")
+                await store.sessions.save(session)
+            # No BEGIN, no COMMIT, no second statement: one round trip per save.
+            assert len(sent) == 1, sent
+            assert "WITH fence AS" in sent[0] and "INSERT INTO messages" in sent[0]
+        # The statement was prepared by the first save that ran it and reused since.
+        assert await _prepared_statements(store) == prepared
+        loaded = await store.sessions.load("one-trip")
+        contents = [m["content"] for m in loaded.messages]
+        assert contents == ["first", "warm", "q0", "a0", "q1", "a1", "q2", "a2"]
+        assert loaded.head_seq == 8
+
+
+async def test_a_conflicting_save_in_one_statement_writes_nothing_and_says_why(pg_migrated: str) -> None:
+    async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
+        b = store.backend
+        await b.append_messages("c", 0, [message(store, "kept")], create=True)
+        first = await b.append_messages("c", 1, [message(store, "first writer")], write_id="w1")
+        async with _statements_sent(store) as sent:
+            with pytest.raises(statekeel.ConflictError) as info:
+                await b.append_messages("c", 1, [message(store, "x"), message(store, "y")], write_id="w2")
+        assert info.value.current == 2  # type: ignore[attr-defined]
+        assert "another writer appended first" in str(info.value)
+        # The save itself, then the read that says why it changed nothing.
+        assert "WITH fence AS" in sent[0] and len(sent) == 2
+        # Same head, stale version: refused by the same statement.
+        with pytest.raises(statekeel.ConflictError, match="not the expected 1"):
+            await b.append_messages("c", 2, [message(store, "z")], expected_version=1)
+        # A lease taken over: the fenced save is refused with LeaseLost, before any conflict.
+        stale = await b.acquire_session_lease("c", "holder-a", 30)
+        taken = await b.acquire_session_lease("c", "holder-b", 30, take_over=stale)
+        with pytest.raises(statekeel.LeaseLost):
+            await b.append_messages("c", 2, [message(store, "fenced")], lease=stale)
+        rec = await b.append_messages("c", 2, [message(store, "holder")], lease=taken)
+        assert rec.head_seq == 3
+        found = await b.load_session("c")
+        assert found is not None and found.write_id is None and found.version == first.version + 1
+        contents = [m.payload["content"] for m in await b.read_messages("c")]
+        assert contents == ["kept", "first writer", "holder"]
+
+
 async def test_a_blocked_session_does_not_block_other_sessions(
     pg_store: statekeel.Store, pg_migrated: str
 ) -> None:
@@ -193,7 +265,9 @@ async def test_commit_lost_with_the_connection_raises_unknown_outcome_and_is_not
             async with b.atomic():
                 await b.append_messages("s", 1, [message(pg_store, "lost")])
         else:
-            await b.append_messages("s", 1, [message(pg_store, "lost")])
+            # A change in a transaction of its own (a save outside atomic() commits with its one
+            # statement, without a COMMIT: test_connection_faults loses that statement's answer).
+            await b.update_session("s", metadata=pg_store.codec.encode({"lost": True}))
     monkeypatch.setattr(asyncpg.transaction.Transaction, "commit", original)
     assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
     assert "re-read" in str(info.value)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import SECRET_TEXT, Prepared, fill_sealed_session, ui_process, write_key_file
+from helpers import SECRET_TEXT, Prepared, fill_kinds_store, fill_sealed_session, ui_process, write_key_file
 from statekeel.cli import main
 
 TOKEN = "a-token-of-enough-length"
@@ -113,3 +113,25 @@ def test_an_encrypted_store_shows_its_transcripts_with_the_key_file_and_says_a_k
         status, body = page(base + "session?key=chat")
         assert status == 500 and "a key is needed" in body and "--key-file" in body
         assert SECRET_TEXT not in body
+
+
+def test_a_root_that_is_not_a_directory_is_refused_before_serving(prepared: Prepared, tmp_path: Path) -> None:
+    code, output = run_ui("--db", prepared.url, "--port", "0", "--root", str(tmp_path / "nowhere"))
+    assert code == 2 and "does not exist" in output
+    (tmp_path / "a-file").write_text("x")
+    code, output = run_ui("--db", prepared.url, "--port", "0", "--root", str(tmp_path / "a-file"))
+    assert code == 2 and "is a file" in output
+
+
+def test_with_a_root_the_files_page_and_the_recovery_report_show_drift(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    kinds = asyncio.run(fill_kinds_store(f"sqlite:///{tmp_path / 'kinds.db'}", root))
+    with ui_process("--db", kinds.url, "--root", str(root)) as base:
+        status, files = page(base + "files")
+        assert status == 200 and "badge drift-changed" in files and "badge drift-missing" in files
+        status, report = page(base + "recovery")
+        assert status == 200 and "2 recorded file(s) changed on disk" in report
+    with ui_process("--db", kinds.url) as base:
+        status, report = page(base + "recovery")
+        assert status == 200 and "changed on disk" not in report and "not checked" in report

@@ -310,9 +310,11 @@ document.body.appendChild(pre);
 </script>"""
 
 
-def measured(browser: str, site: str, path: str, tmp_path: Path, width: int) -> dict[str, Any]:
-    """The page at ``path`` of ``site`` laid out by Chromium at ``width`` pixels, measured by ``_MEASURE``:
-    the page's own markup and stylesheet, saved as a file so that the measuring script may run."""
+def measured(
+    browser: str, site: str, path: str, tmp_path: Path, width: int, script: str = _MEASURE
+) -> dict[str, Any]:
+    """The page at ``path`` of ``site`` laid out by Chromium at ``width`` pixels, measured by ``script``
+    (``_MEASURE``): the page's own markup and stylesheet, saved as a file so that the script may run."""
     import json
     import urllib.request
 
@@ -321,7 +323,7 @@ def measured(browser: str, site: str, path: str, tmp_path: Path, width: int) -> 
     with urllib.request.urlopen(site + "static/style.css") as css:
         (tmp_path / "style.css").write_bytes(css.read())
     markup = re.sub(r'href="[^"]*style\.css[^"]*"', 'href="style.css"', markup)
-    (tmp_path / "page.html").write_text(markup.replace("</body>", _MEASURE + "</body>"))
+    (tmp_path / "page.html").write_text(markup.replace("</body>", script + "</body>"))
     done = subprocess.run(
         [browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900",
          "--dump-dom", (tmp_path / "page.html").as_uri()],
@@ -359,3 +361,82 @@ def test_a_recorded_step_is_a_green_badge_on_an_unpainted_row(browser: str, tmp_
     transparent = ("rgba(0, 0, 0, 0)", "transparent")
     assert row["row"] in transparent and row["cell"] in transparent, row
     assert row["badge"] not in transparent, row  # the state still shows, on its badge
+
+
+# Whatever sticks out of the window: the page's own width, and each element or line of text in <main>
+# whose right edge is past the window's (inside a box that scrolls sideways on purpose, such as a trace's
+# waterfall, it may).
+_OVERFLOW = """<script>
+const view = document.documentElement.clientWidth;
+const out = {scroll: document.documentElement.scrollWidth, view: view, outside: []};
+const scrolls = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
+  const x = getComputedStyle(p).overflowX; if (x === 'auto' || x === 'scroll') return true; } return false; };
+for (const el of document.querySelectorAll('main *')) {
+  if (scrolls(el)) continue;
+  const text = document.createRange(); text.selectNodeContents(el);
+  const own = getComputedStyle(el).overflowX;  // a box that scrolls: only the box itself must fit
+  const inner = own === 'auto' || own === 'scroll' ? 0 : text.getBoundingClientRect().right;
+  const right = Math.max(el.getBoundingClientRect().right, inner);
+  if (right > view + 0.5) out.outside.push({tag: el.tagName, cls: el.className, right: right,
+                                            text: el.textContent.trim().slice(0, 60)});
+}
+const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def test_the_memories_files_vectors_and_branch_pages_fit_the_window(browser: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from helpers import LONG_PATH, fill_kinds_store
+
+    root = tmp_path / "project"
+    root.mkdir()
+    kinds = asyncio.run(fill_kinds_store(f"sqlite:///{tmp_path / 'kinds.db'}", root))
+    target = tmp_path  # they show this machine's paths (the store's, the root's): not for the docs
+    pages = {
+        "ui-memories.png": "memories?all=1",
+        "ui-memory.png": f"memory?id={kinds.long}",
+        "ui-memory-history.png": f"memory?id={kinds.drink}",
+        "ui-files.png": "files",
+        "ui-file.png": "files?path=" + quote(LONG_PATH, safe=""),
+        "ui-vectors.png": f"vectors?source={kinds.drink}",
+        "ui-branches.png": "session?key=chat",
+        "ui-fork.png": "session?key=" + quote("chat/retry", safe=""),
+        "ui-trace-session.png": "trace?id=t-retry",
+    }
+    with ui_process("--db", kinds.url, "--root", str(root)) as site:
+        for name, path in pages.items():
+            for width in (1280, 900):
+                found = measured(browser, site, path, tmp_path, width, _OVERFLOW)
+                assert found["scroll"] <= found["view"], (path, width, found["outside"][:5])
+                assert found["outside"] == [], (path, width, found["outside"][:5])
+            shot = screenshot(browser, site + path, target / name, tmp_path / "profile")
+            assert shot == (1280, 860) and 10_000 < (target / name).stat().st_size < 400_000, name
+        dom = load(browser, site + "memories", tmp_path)
+        assert dom.find_all("a", "here")[0].text() == "Memories"  # the navigation names the page
+        assert [a.text() for a in dom.find_all("nav")[0].find_all("a")][-6:] == [
+            "Memories",
+            "Files",
+            "Vectors",
+            "Approvals",
+            "Audit",
+            "Recovery",
+        ]
+
+
+def test_a_memory_holding_a_script_renders_it_as_text_and_never_runs_it(browser: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from helpers import XSS, fill_kinds_store
+
+    root = tmp_path / "project"
+    root.mkdir()
+    kinds = asyncio.run(fill_kinds_store(f"sqlite:///{tmp_path / 'kinds.db'}", root))
+    with ui_process("--db", kinds.url) as site:
+        for path in (f"memory?id={kinds.evil}", "memories", f"memory?id={kinds.drink}"):
+            dom = load(browser, site + path, tmp_path)
+            # The payload sets document.title when it runs: the title is still the page's own.
+            assert title(dom).endswith(" · statekeel") and "pwned" not in title(dom), path
+            assert dom.find_all("script") == [] and dom.find_all("img") == [], path
+            assert XSS in dom.find_all("main")[0].text(), path

@@ -11,13 +11,14 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import markupsafe
 import pytest
 from starlette.testclient import TestClient
 
 import statekeel
-from helpers import Prepared, run_statekeel, sqlite_url
+from helpers import LONG_ID, LONG_PATH, LONG_TEXT, XSS, Kinds, Prepared, run_statekeel, sqlite_url
 from statekeel.recovery import RecoveryReport
 from statekeel.ui import LOOPBACK_NAMES, create_app
 
@@ -386,3 +387,238 @@ def test_transcript_shows_when_each_message_was_stored(client: TestClient, prepa
         )
     )
     assert expected and {int(seq): when for seq, when in shown.items()} == expected
+
+
+# --- memories, files, vectors, usage, branches, traces of a session -----------------------------------
+
+
+def _links(page: str, path: str, name: str) -> list[str]:
+    """The ``name`` parameter of every link to ``path`` in ``page``, decoded."""
+    return [unquote(html.unescape(v)) for v in re.findall(rf'href="{re.escape(path)}\?{name}=([^"&]+)', page)]
+
+
+def _rows(page: str, table: str) -> list[str]:
+    """The visible text of each body row of the first ``<table class="{table} …">``."""
+    start = page.index(f'<table class="{table}')
+    body = page[page.index("<tbody>", start) : page.index("</tbody>", start)]
+    return [text(r) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def test_memories_page_lists_live_memories_by_type_and_scope(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        page = c.get("/memories").text
+        ids = re.findall(r'href="/memory\?id=([0-9a-f]+)"', page)
+        assert kinds.drink in ids and kinds.evil in ids and kinds.long in ids
+        assert kinds.old not in ids and kinds.gone not in ids  # superseded, forgotten
+        users = _rows(c.get("/memories", params={"type": "user"}).text, "memories")
+        assert len(users) == 1 and users[0].startswith("drink user user:42 coffee 1.0 2")
+        scoped = c.get("/memories", params={"scope": LONG_ID}).text
+        assert re.findall(r'href="/memory\?id=([0-9a-f]+)"', scoped.split("<h2>Scopes")[0]) == [kinds.long]
+        assert LONG_TEXT in scoped
+        scopes = page[page.index("<h2>Scopes") :]
+        assert "user:42" in scopes and LONG_ID in scopes and "team" not in scopes  # team's one is forgotten
+        everything = c.get("/memories", params={"all": "1"}).text
+        states = {r.split()[0]: r for r in _rows(everything, "memories")}
+        assert "forgotten" in states["deploy"] and "superseded" in states["drink-then"]
+        assert c.get("/memories", params={"type": "bogus"}).status_code == 400
+
+
+def test_memory_page_shows_every_version_and_its_open_contradictions(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        page = c.get("/memory", params={"id": kinds.drink}).text
+        history = _rows(page, "history")
+        assert [h.split()[:2] for h in history] == [["1", "ADD"], ["2", "UPDATE"]]
+        assert "tea coffee" in history[1] and "said so today" in history[1]
+        contradictions = page[page.index("Open contradictions") :]
+        assert f'href="/memory?id={kinds.evil}"' in contradictions and "tea or coffee?" in contradictions
+        listed = c.get("/memories").text
+        assert text(listed).count("tea or coffee?") == 1  # the open contradiction, on the list too
+        old = text(c.get("/memory", params={"id": kinds.old}).text)
+        assert "superseded" in old and "SUPERSEDE" in old
+        assert c.get("/memory", params={"id": "nope"}).status_code == 404
+
+
+def test_files_page_compares_each_recorded_file_with_the_root(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url, files_root=kinds.root), base_url=BASE) as c:
+        page = c.get("/files").text
+        rows = {r.split()[0]: r.split()[-1] for r in _rows(page, "files")}
+        assert rows == {
+            LONG_PATH: "unchanged",
+            "docs/gone.md": "missing",
+            "src/app.py": "unchanged",
+            "src/changed.py": "changed",
+        }
+        assert "1 changed, 1 missing, 2 unchanged on this page" in re.sub(r" ([,.])", r"\1", text(page))
+        one = text(c.get("/files", params={"path": "src/changed.py"}).text)
+        assert "changed — on disk now 6 bytes" in one
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:  # no root: the ledger only
+        page = c.get("/files").text
+        assert "on disk" not in page and "statekeel ui --root DIR" in text(page)
+        assert len(_rows(page, "files")) == 4
+
+
+def test_recovery_page_checks_drift_against_the_root_as_doctor_does(kinds: Kinds, tmp_path: Path) -> None:
+    with TestClient(create_app(kinds.url, files_root=kinds.root), base_url=BASE) as c:
+        page = text(c.get("/recovery").text)
+    doctor = run_statekeel(
+        "doctor", "--json", "--db", kinds.url, "--files-root", str(kinds.root), cwd=tmp_path
+    )
+    drift = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "drift"]
+    assert len(drift) == 1 and f"problem drift: {drift[0]['detail']}" in page
+
+
+def test_vectors_page_lists_models_and_lagging_sources(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        page = c.get("/vectors").text
+        assert _rows(page, "models") == ["embed-small 3 2 0"]
+        lag = {r.split()[0]: r for r in _rows(page, "lag")}
+        assert lag[kinds.drink].split()[1:5] == ["vectors", "memory", "2", "1"]  # memory v2, vector v1
+        assert lag["doc:readme"].split()[1:5] == ["vectors", "external", "3", "none"]
+        assert kinds.long not in lag  # its vector is of its version
+        found = c.get("/vectors", params={"source": kinds.drink}).text
+        assert _rows(found, "vectors")[0].startswith("v-drink embed-small 3 1")
+
+
+def test_transcript_shows_each_messages_usage_and_the_sessions_totals(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        page = c.get("/session", params={"key": "chat"}).text
+    headers = re.findall(r'id="m(\d+)">\s*<header>(.*?)</header>', page, re.S)
+    shown = {int(seq): re.findall(r'<span class="usage"[^>]*>([^<]*)</span>', h) for seq, h in headers}
+    assert {seq: used[0] for seq, used in shown.items() if used} == {
+        1: "gpt-a · 812 in · 95 out · cost 0.0031",
+        3: "gpt-b · 40 in · 7 out",
+    }
+    facts = text(page[page.index('<dl class="facts">') : page.index("</dl>")])
+    assert "usage 2 turn(s): 852 input and 102 output tokens, cost 0.0031" in facts
+    assert "gpt-a 1 812 95 0.0031" in facts and "gpt-b 1 40 7 0" in facts
+
+
+def test_branch_switcher_links_a_fork_to_its_parent_its_siblings_and_its_forks(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        parent = c.get("/session", params={"key": "chat"}).text
+        fork = c.get("/session", params={"key": "chat/retry"}).text
+    switcher = parent[
+        parent.index('<nav class="branches"') : parent.index("</nav>", parent.index("branches"))
+    ]
+    assert _links(switcher, "/session", "key") == ["chat/other", "chat/retry"]
+    # Each fork point is marked in the parent's transcript, before the first message the fork replaces.
+    assert re.search(
+        r"branch <a [^>]*key=chat%2Fretry[^>]*>.*?</div>\s*<article [^>]*id=\"m2\"", parent, re.S
+    )
+    assert re.search(
+        r"branch <a [^>]*key=chat%2Fother[^>]*>.*?</div>\s*<article [^>]*id=\"m1\"", parent, re.S
+    )
+    nav = text(fork[fork.index('<nav class="branches"') : fork.index("</nav>", fork.index("branches"))])
+    assert "fork of chat at #2" in nav and "chat/other sibling, at #1" in nav
+    assert 'id="fork-point"' in fork
+    inherited = re.findall(r'<article class="msg [^"]*inherited" id="m(\d+)"', fork)
+    assert inherited == ["0", "1"]
+    assert fork.index('id="fork-point"') < fork.index('id="m2"')
+
+
+def test_a_session_links_to_its_traces_and_a_trace_back_to_its_session(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url), base_url=BASE) as c:
+        chat = c.get("/session", params={"key": "chat"}).text
+        retry = c.get("/session", params={"key": "chat/retry"}).text
+        assert _links(chat, "/trace", "id") == ["chat"]  # the trace named after it
+        assert _links(retry, "/trace", "id") == ["t-retry"]  # named in a span's attributes
+        for trace_id, key in (("chat", "chat"), ("t-retry", "chat/retry")):
+            page = c.get("/trace", params={"id": trace_id}).text
+            back = page[page.index('<p class="trace-sessions">') :]
+            assert _links(back.split("</p>")[0], "/session", "key") == [key]
+
+
+def test_memory_text_with_markup_is_escaped_on_every_page_that_shows_it(kinds: Kinds) -> None:
+    with TestClient(create_app(kinds.url, files_root=kinds.root), base_url=BASE) as c:
+        for url in kinds.pages():
+            page = c.get(url)
+            assert page.status_code == 200, url
+            assert "<script>" not in page.text and "<img" not in page.text, url
+        evil = c.get("/memory", params={"id": kinds.evil}).text
+        assert evil.count(str(markupsafe.escape(XSS))) >= 3  # content, source, the history's ADD
+
+
+def test_every_new_page_of_an_empty_store_says_there_is_nothing(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "empty.db")
+
+    async def create() -> None:
+        async with statekeel.open_store(url):
+            pass
+
+    asyncio.run(create())
+    with TestClient(create_app(url, files_root=tmp_path), base_url=BASE) as c:
+        expected = {
+            "/memories": ["No memories.", "No scope holds a live memory.", "None: no two memories"],
+            "/files": ["No file is recorded in the ledger."],
+            "/vectors": ["No vector is stored.", "None: every source known to the index"],
+            "/vectors?source=x": ["No vector of the source x ."],
+            "/files?path=a.txt": ["The ledger holds no record of this path."],
+        }
+        for url_, phrases in expected.items():
+            page = c.get(url_)
+            assert page.status_code == 200, url_
+            assert all(p in text(page.text) for p in phrases), (url_, text(page.text))
+
+
+@pytest.mark.parametrize(
+    ("path", "what"),
+    [
+        ("/memories", "memories"),
+        ("/memory?id=m", "memories"),
+        ("/files", "the file ledger"),
+        ("/vectors", "vectors"),
+        ("/tasks", "tasks"),
+        ("/task?id=t", "tasks"),
+        ("/workflows", "workflows"),
+        ("/approvals", "approvals"),
+        ("/threads", "LangGraph checkpoints"),
+    ],
+)
+def test_a_page_of_a_kind_the_store_does_not_hold_says_so(nats_url: str, path: str, what: str) -> None:
+    async def create() -> None:  # the viewer opens a store with migrate=False: its streams must exist
+        async with statekeel.open_store(nats_url):
+            pass
+
+    asyncio.run(create())
+    with TestClient(create_app(nats_url), base_url=BASE) as c:
+        page = c.get(path)
+    assert page.status_code == 200
+    assert f"does not hold {what}:" in text(page.text)
+
+
+def test_the_recovery_report_of_a_plain_nats_store_covers_the_kinds_it_holds(nats_url: str) -> None:
+    async def create() -> None:
+        async with statekeel.open_store(nats_url) as store:
+            s = await store.sessions.get_or_create("on-nats")
+            s.add_message("user", "run it")
+            s.add_message("assistant", None, tool_calls=[{"id": "call_gone", "type": "function"}])
+            await store.sessions.save(s)
+
+    asyncio.run(create())
+    with TestClient(create_app(nats_url), base_url=BASE) as c:
+        page = c.get("/recovery")
+    assert page.status_code == 200
+    report = text(page.text)
+    assert "Tool calls without a result 1" in report and "call_gone" in report
+    assert "verifies (0 entries" in report and "does not hold" not in report
+
+
+def test_a_session_of_a_store_without_branches_or_usage_still_shows_its_transcript(nats_url: str) -> None:
+    async def fill() -> None:
+        async with statekeel.open_store(nats_url) as store:
+            s = await store.sessions.get_or_create("on-nats")
+            s.add_message("user", "hello")
+            await store.sessions.save(s)
+
+    asyncio.run(fill())
+    with TestClient(create_app(nats_url), base_url=BASE) as c:
+        page = c.get("/session", params={"key": "on-nats"})
+        listed = c.get("/sessions")
+    assert page.status_code == 200 and "hello" in page.text
+    assert 'class="branches"' not in page.text and "<dt>usage</dt>" not in page.text
+    assert listed.status_code == 200 and "on-nats" in listed.text
+
+
+def test_ui_refuses_a_files_root_that_is_not_a_directory(tmp_path: Path, prepared: Prepared) -> None:
+    with pytest.raises(statekeel.InvalidArgument, match="is not a directory"):
+        create_app(prepared.url, files_root=tmp_path / "nowhere")

@@ -73,17 +73,41 @@ def test_a_name_that_is_not_unicode_text_is_an_invalid_key() -> None:
         encode_token("half a surrogate \ud800")
 
 
-def test_a_plain_nats_store_refuses_the_kinds_it_does_not_hold_on_first_use() -> None:
+def test_a_plain_nats_store_refuses_a_kind_it_does_not_hold_when_it_is_opened() -> None:
     store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
     assert store.holds("sessions") and store.holds("audit") and store.holds("traces")
+    first_missing = {"tasks": "tasks", "workflows": "tasks", "approvals": "approvals", "memory": "memory"}
     for manager in ("tasks", "workflows", "approvals", "memory", "files", "vectors"):
         assert not store.holds(manager)
-        with pytest.raises(statekeel.Unsupported, match=f"store.{manager}.") as caught:
-            getattr(store, manager).list()
-        assert "rest=sqlite" in str(caught.value)
-    with pytest.raises(statekeel.Unsupported, match="transactions"):
-        store.backend.atomic()
+        with pytest.raises(statekeel.Unsupported, match=f"store.{manager} is not available") as caught:
+            getattr(store, manager)  # opening the manager, before any of its operations
+        error = caught.value
+        assert error.kind == first_missing.get(manager, manager)  # type: ignore[attr-defined]
+        assert error.holds == ["audit", "erasure", "lifecycle", "sessions", "tool_calls", "traces"]  # type: ignore[attr-defined]
+        assert "nats://127.0.0.1:4222?prefix=never_opened&rest=sqlite:///state.db" in str(error)
     assert issubclass(statekeel.Unsupported, statekeel.StatekeelError)
+
+
+async def test_purge_on_a_plain_nats_store_is_refused_whole_before_any_batch() -> None:
+    store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
+    with pytest.raises(statekeel.Unsupported, match=r"does not hold retention, so store.purge\(\)") as caught:
+        await store.purge(dry_run=True)  # never connected: refused before reaching the server
+    assert caught.value.kind == "retention"  # type: ignore[attr-defined]
+
+
+def test_holds_answers_for_managers_and_state_kinds_without_raising() -> None:
+    store = Store("nats://127.0.0.1:4222?prefix=never_opened", StoreOptions())
+    assert store.holds("tool_calls") and store.holds("erasure") and not store.holds("checkpoints")
+    with pytest.raises(statekeel.InvalidArgument, match="neither a manager"):
+        store.holds("tables")
+
+
+def test_the_refusal_names_the_composite_url_without_the_password() -> None:
+    store = Store("nats://me:secret@127.0.0.1:4222", StoreOptions())
+    with pytest.raises(statekeel.Unsupported) as caught:
+        store.memory  # noqa: B018 - opening it is what raises
+    assert "secret" not in str(caught.value)
+    assert "nats://me:***@127.0.0.1:4222?rest=sqlite:///state.db" in str(caught.value)
 
 
 async def test_an_operation_of_a_kind_not_held_is_refused_by_the_backend_itself() -> None:
@@ -105,4 +129,13 @@ def test_a_paired_store_holds_every_kind_and_puts_traces_on_nats(tmp_path: objec
 def test_fallback_files_of_a_paired_store_go_where_its_sql_store_puts_them(tmp_path: object) -> None:
     sql = f"sqlite:///{tmp_path}/s.db"
     assert default_dir(f"nats://h:4222?rest={sql}") == default_dir(sql)
-    assert default_dir("nats://h:4222") is None  # a plain NATS store holds no sessions
+
+
+def test_a_plain_nats_store_keeps_fallback_files_in_the_state_directory_per_servers_and_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/state")
+    plain = default_dir("nats://me:pw@h2:4222,h1:4222?prefix=agents")
+    assert plain is not None and plain.startswith("/state/statekeel/fallback/k-nats_5fh1_3a4222_2ch2_3a4222")
+    assert plain == default_dir("nats://h1:4222,h2:4222?prefix=agents")  # not the credentials nor the order
+    assert default_dir("nats://h1:4222,h2:4222") != plain  # another prefix: other streams, other files

@@ -100,8 +100,9 @@ def _route_to(kind: str, name: str, function: Callable[..., Any]) -> Callable[..
 # answered there (e.g. counting the spans of a NATS trace stream).
 _COPY_BY_TABLE = ("count_rows", "export_rows", "last_key", "import_rows", "link_rows", "clear_rows")
 
-# Operations listed under one contract that belong to the state of another kind.
-_KIND_OF_OPERATION = {"purge_traces": "traces"}
+# Operations listed under one contract that belong to the state of another kind: erasing spans is the
+# business of the backend holding the spans (a paired NATS store's trace stream), not the SQL one's.
+_KIND_OF_OPERATION = {"purge_traces": "traces", "erasure_spans": "traces", "erase_spans": "traces"}
 
 
 class CompositeBackend(StorageBackend):

@@ -25,17 +25,34 @@ from .common import audit_key_option, command_audit_key, key_file_option, store_
     help="Every request must carry it (Authorization: Bearer T, or ?token=T); required with a --host "
     "other than the loopback interface. Also read from $STATEKEEL_UI_TOKEN.",
 )
+@click.option(
+    "--root",
+    "--files-root",
+    "root",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="The directory the file ledger's paths are relative to: the files page and the recovery report "
+    "compare each recorded file with its copy under it (changed, missing, unchanged).",
+)
 @key_file_option
 @audit_key_option
 @click.pass_context
 def ui(
-    ctx: click.Context, url: str | None, key_file: str | None, host: str, port: int, token: str | None
+    ctx: click.Context,
+    url: str | None,
+    key_file: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    root: str | None,
 ) -> None:
-    """Serve a read-only page of the store: sessions and transcripts, tasks, workflows, approvals, the
-    audit log and the recovery report. The store is opened with migrate=False and never written.
+    """Serve a read-only page of the store: sessions and transcripts (usage, branches, traces), tasks,
+    workflows, traces, LangGraph threads, memories, the file ledger, vectors, approvals, the audit log
+    and the recovery report. The store is opened with migrate=False and never written.
 
     An encrypted store's transcripts, memories and approval arguments need its keys (--key-file); with
-    its audit key (--audit-key-file) the audit page and the recovery report check the chain's MACs too."""
+    its audit key (--audit-key-file) the audit page and the recovery report check the chain's MACs too.
+    With --root, recorded files are compared with the files under it (drift)."""
     try:
         from ..ui import serve
     except ImportError as exc:
@@ -60,6 +77,7 @@ def ui(
                 on_ready=ready,
                 encryption_key=keys,
                 audit_key=command_audit_key(),
+                files_root=root,
             )
         )
     except (StatekeelError, OSError) as exc:

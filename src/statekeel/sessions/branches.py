@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.base import Branch, SessionLease, StorageBackend
 from ..errors import InvalidArgument, NotFound
-from ..usage import Usage, total_usage
+from ..usage import ModelUsage, Usage, total_usage
 from ..validation import check_int, check_key, check_text
 from .session import Rewind, Session, book
 
@@ -102,6 +102,23 @@ class SessionBranches:
         if usages is None:
             raise NotFound(f"session {key!r} does not exist", key=key)
         return total_usage(key, usages)
+
+    async def message_usage(self, key: str) -> dict[int, ModelUsage]:
+        """The usage each message of session ``key``'s history recorded, by seq (``turns`` 1 each): the
+        messages it inherits as a fork under their seqs, compressed ones too, rewound ones not. Messages
+        that recorded none are left out. ``NotFound`` for an unknown key.
+
+            for seq, used in (await store.sessions.message_usage(key)).items():
+                print(seq, used.model, used.input_tokens, used.output_tokens, used.cost)
+        """
+        check_key(key)
+        found = await self.backend.message_usages(key)
+        if found is None:
+            raise NotFound(f"session {key!r} does not exist", key=key)
+        return {
+            seq: ModelUsage(u["model"], u["input_tokens"], u["output_tokens"], u["cost"], 1)
+            for seq, u in found
+        }
 
     async def rewinds(self, key: str) -> list[Rewind]:
         """The rewinds of session ``key``, oldest first (``archived(key, r.compression_id)`` reads the

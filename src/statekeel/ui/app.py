@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -140,7 +141,7 @@ def make_templates(token: str | None) -> jinja2.Environment:
         lstrip_blocks=True,
     )
 
-    def url(path: str, **params: Any) -> str:
+    def url(path: str, /, **params: Any) -> str:
         query = [(k, str(v)) for k, v in params.items() if v is not None and v != ""]
         if token is not None:
             query.append(("token", token))
@@ -154,13 +155,29 @@ def make_templates(token: str | None) -> jinja2.Environment:
     return env
 
 
-class Ui:
-    """What the pages share: the store, the templates and the store's URL (password blanked)."""
+def check_files_root(root: str | os.PathLike[str] | None) -> str | None:
+    """``root`` as an absolute path, or ``InvalidArgument`` when it is not a directory (None: none)."""
+    if root is None:
+        return None
+    path = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(path):
+        raise InvalidArgument(
+            f"--root {path} is not a directory; pass the directory the file ledger's paths are relative to"
+        )
+    return path
 
-    def __init__(self, store: Store | None, templates: jinja2.Environment, url: str) -> None:
+
+class Ui:
+    """What the pages share: the store, the templates, the store's URL (password blanked) and the
+    directory the file ledger's paths are relative to (None: not given)."""
+
+    def __init__(
+        self, store: Store | None, templates: jinja2.Environment, url: str, files_root: str | None = None
+    ) -> None:
         self._store = store
         self.templates = templates
         self.url = url
+        self.files_root = files_root
 
     @property
     def store(self) -> Store:
@@ -172,6 +189,7 @@ class Ui:
         self, request: Request, template: str, /, *, status_code: int = 200, **context: Any
     ) -> HTMLResponse:
         page = self.templates.get_template(template)
+        context.setdefault("section", request.url.path)
         html = page.render(store_url=self.url, path=request.url.path, **context)
         return HTMLResponse(html, status_code=status_code)
 
@@ -196,6 +214,7 @@ def create_app(
     allowed_hosts: Iterable[str] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
     audit_key: bytes | None = None,
+    files_root: str | os.PathLike[str] | None = None,
 ) -> Starlette:
     """The read-only UI over a store.
 
@@ -203,7 +222,9 @@ def create_app(
     ``migrate=False`` (and ``encryption_key``, for an encrypted store; ``audit_key``, for a keyed audit
     chain) when the application starts and
     closed when it stops. ``token``: every request must carry it. ``allowed_hosts``: without a token, the
-    ``Host`` names accepted (None: any).
+    ``Host`` names accepted (None: any). ``files_root``: the directory the file ledger's paths are
+    relative to; the files page and the recovery report compare each recorded file with it
+    (``InvalidArgument`` when it is not a directory).
 
         app = create_app("sqlite:///agent-state.db", allowed_hosts=LOOPBACK_NAMES)
     """
@@ -211,12 +232,13 @@ def create_app(
 
     if token is not None and not token:
         raise InvalidArgument("token must be a non-empty str or None")
+    root = check_files_root(files_root)
     if isinstance(source, Store):
-        ui = Ui(source, make_templates(token), redact_url(source.url))
+        ui = Ui(source, make_templates(token), redact_url(source.url), root)
         lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]] | None = None
     else:
         url = source
-        ui = Ui(None, make_templates(token), redact_url(url))
+        ui = Ui(None, make_templates(token), redact_url(url), root)
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -269,4 +291,4 @@ def create_app(
     return app
 
 
-__all__ = ["LOOPBACK_NAMES", "SECURITY_HEADERS", "Guard", "PageError", "Ui", "create_app"]
+__all__ = ["LOOPBACK_NAMES", "SECURITY_HEADERS", "Guard", "PageError", "Ui", "check_files_root", "create_app"]

@@ -19,11 +19,12 @@ from ..backends.records import (
     WORKFLOW_STATUSES,
     StepRecord,
 )
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Unsupported
 from ..validation import check_key
 from .app import PageError, Ui
+from .knowledge import knowledge_pages, unheld
 from .layout import DagStep, dag_layout, waterfall
-from .transcript import build_transcript
+from .sessions import session_page, trace_sessions
 
 PAGE_SIZE = 50
 BOARD_SIZE = 12  # tasks shown per column of the board; the column links to the full list
@@ -125,6 +126,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         return ui.render(request, "overview.html", title="Overview", info=info)
 
     async def sessions(request: Request) -> Response:
+        if not ui.store.holds("sessions"):
+            return unheld(ui, request, "Sessions", "sessions")
         status = _choice(request, "status", SESSION_STATUSES)
         cursor = _param(request, "cursor")
         page = await ui.store.sessions.list(status=status, limit=PAGE_SIZE, cursor=cursor)
@@ -139,32 +142,14 @@ def routes(ui: Ui) -> list[BaseRoute]:
         )
 
     async def session(request: Request) -> Response:
+        if not ui.store.holds("sessions"):
+            return unheld(ui, request, "Session", "sessions")
         key = check_key(_required(request, "key", "session key"))
-        store = ui.store
-        # The backend's snapshot, not sessions.load(): load() merges fallback files and caches the result,
-        # and a cached session with unsaved fallback messages would be saved when evicted — a write.
-        loaded = await store.backend.load_session_payloads(key, include_archived=True)
-        if loaded is None:
-            raise PageError(
-                404, "Session not found", f"There is no session with the key {key!r} in this store."
-            )
-        fallback = store.sessions.fallback
-        waiting = fallback is not None and fallback.exists(key)
-        transcript = build_transcript(loaded.messages, first_seq=loaded.first_seq, summaries=loaded.summaries)
-        # When each message was stored (a second read: a message appended meanwhile has no time shown).
-        timed = await store.backend.load_session_with_messages(key, include_archived=True)
-        times = {} if timed is None else {m.seq: m.created_at for m in timed[1]}
-        return ui.render(
-            request,
-            "session.html",
-            title=f"Session {key}",
-            record=loaded.record,
-            transcript=transcript,
-            times=times,
-            fallback_waiting=waiting,
-        )
+        return await session_page(ui, request, key)
 
     async def tasks(request: Request) -> Response:
+        if not ui.store.holds("tasks"):
+            return unheld(ui, request, "Tasks", "tasks")
         status = _choice(request, "status", TASK_STATUSES)
         workflow_id = _param(request, "workflow")
         store = ui.store
@@ -192,6 +177,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         )
 
     async def task(request: Request) -> Response:
+        if not ui.store.holds("tasks"):
+            return unheld(ui, request, "Task", "tasks")
         task_id = _required(request, "id", "task id")
         store = ui.store
         found = await store.tasks.get(task_id)
@@ -205,6 +192,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         return ui.render(request, "task.html", title=f"Task {found.title}", task=found, steps=steps, now=now)
 
     async def workflows(request: Request) -> Response:
+        if not ui.store.holds("workflows"):
+            return unheld(ui, request, "Workflows", "workflows")
         status = _choice(request, "status", WORKFLOW_STATUSES)
         items = await ui.store.workflows.list(status=status, limit=WORKFLOWS_SHOWN)
         return ui.render(
@@ -218,6 +207,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         )
 
     async def workflow(request: Request) -> Response:
+        if not ui.store.holds("workflows"):
+            return unheld(ui, request, "Workflow", "workflows")
         workflow_id = _required(request, "id", "workflow id")
         found = await ui.store.workflows.get(workflow_id)
         if found is None:
@@ -228,10 +219,14 @@ def routes(ui: Ui) -> list[BaseRoute]:
         return ui.render(request, "workflow.html", title=f"Workflow {found.name}", workflow=found, dag=dag)
 
     async def approvals(request: Request) -> Response:
+        if not ui.store.holds("approvals"):
+            return unheld(ui, request, "Approvals", "approvals")
         pending = await ui.store.approvals.pending(limit=APPROVALS_SHOWN)
         return ui.render(request, "approvals.html", title="Approvals", pending=pending, limit=APPROVALS_SHOWN)
 
     async def audit(request: Request) -> Response:
+        if not ui.store.holds("audit"):
+            return unheld(ui, request, "Audit log", "an audit log")
         subject = _param(request, "subject")
         kind = _param(request, "kind")
         after = _int(request, "after")
@@ -268,6 +263,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         )
 
     async def traces(request: Request) -> Response:
+        if not ui.store.holds("traces"):
+            return unheld(ui, request, "Traces", "traces")
         name = _param(request, "name")
         status = _choice(request, "status", SPAN_STATUSES)
         cursor = _param(request, "cursor")
@@ -284,6 +281,8 @@ def routes(ui: Ui) -> list[BaseRoute]:
         )
 
     async def trace(request: Request) -> Response:
+        if not ui.store.holds("traces"):
+            return unheld(ui, request, "Trace", "traces")
         trace_id = _required(request, "id", "trace id")
         spans = await ui.store.traces.get(trace_id)
         if not spans:
@@ -291,18 +290,32 @@ def routes(ui: Ui) -> list[BaseRoute]:
                 404, "Trace not found", f"There is no span of a trace {trace_id!r} in this store."
             )
         return ui.render(
-            request, "trace.html", title=f"Trace {trace_id}", trace_id=trace_id, chart=waterfall(spans)
+            request,
+            "trace.html",
+            title=f"Trace {trace_id}",
+            trace_id=trace_id,
+            chart=waterfall(spans),
+            sessions=await trace_sessions(ui.store, trace_id, spans),
         )
 
     async def threads(request: Request) -> Response:
+        if "checkpoints" not in ui.store.backend.kinds:
+            return unheld(ui, request, "Threads", "LangGraph checkpoints")
         found = await ui.store.backend.list_checkpoint_threads(limit=THREADS_SHOWN)
         return ui.render(request, "threads.html", title="Threads", threads=found, limit=THREADS_SHOWN)
 
     async def recovery(request: Request) -> Response:
         # The checks of `statekeel doctor` (store.health(), over recover(repair=False)): the banner says
         # what doctor says, from the same findings.
-        health = await ui.store.health()
-        return ui.render(request, "recovery.html", title="Recovery report", health=health)
+        try:
+            health = await ui.store.health(files_root=ui.files_root)
+        except Unsupported as exc:
+            # store.health() (and so `statekeel doctor`) visits every kind: a plain nats:// store holds
+            # some of them only.
+            return unheld(ui, request, "Recovery report", "every kind the health checks read", str(exc))
+        return ui.render(
+            request, "recovery.html", title="Recovery report", health=health, files_root=ui.files_root
+        )
 
     stylesheet = resources.files("statekeel.ui").joinpath("static/style.css").read_bytes()
 
@@ -321,6 +334,7 @@ def routes(ui: Ui) -> list[BaseRoute]:
         ("/trace", trace),
         ("/threads", threads),
         ("/approvals", approvals),
+        *knowledge_pages(ui),
         ("/audit", audit),
         ("/recovery", recovery),
         ("/static/style.css", style),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import InvalidArgument
 from ..store import Store, open_store, sqlite_file
-from .app import LOOPBACK_NAMES, create_app
+from .app import LOOPBACK_NAMES, check_files_root, create_app
 
 MIN_TOKEN_CHARS = 16
 
@@ -89,23 +89,27 @@ async def serve(
     on_ready: Callable[[str], None] | None = None,
     encryption_key: bytes | Sequence[bytes] | None = None,
     audit_key: bytes | None = None,
+    files_root: str | None = None,
 ) -> None:
     """Open the store read-only (with its ``encryption_key``, for an encrypted store: without it, pages
     that show encrypted values say a key is needed; with its ``audit_key``, the audit chain's MACs are
     checked too), bind, call ``on_ready`` with the address, and serve
-    until interrupted.
+    until interrupted. ``files_root``: the directory the file ledger's paths are relative to (the files
+    page and the recovery report compare the recorded files with it).
 
-    Raises before serving: ``InvalidArgument`` (binding, token, no such store), the store's errors when it
+    Raises before serving: ``InvalidArgument`` (binding, token, no such store, a ``files_root`` that is
+    not a directory), the store's errors when it
     does not open, ``OSError`` when the address cannot be bound.
     """
     import uvicorn
 
     check_binding(host, token)
+    root = check_files_root(files_root)
     store = await open_for_reading(url, encryption_key, audit_key)
     try:
         sock = bind(host, port)
         # Without a token the Host header must be a loopback name, whatever interface was bound.
-        app = create_app(store, token=token, allowed_hosts=None if token else LOOPBACK_NAMES)
+        app = create_app(store, token=token, allowed_hosts=None if token else LOOPBACK_NAMES, files_root=root)
         config = uvicorn.Config(
             app,
             lifespan="off",

@@ -279,6 +279,12 @@ class SessionBackend(abc.ABC):
         rewound messages not at all), or None when the session does not exist."""
 
     @abc.abstractmethod
+    async def message_usages(self, key: str) -> list[tuple[int, dict[str, Any]]] | None:
+        """``(seq, usage)`` for each message of ``key``'s history that recorded a usage, in seq order (a
+        fork's inherited part under its own seqs, rewound messages not at all), or None when the session
+        does not exist."""
+
+    @abc.abstractmethod
     async def session_branches(self, key: str) -> list[Branch]:
         """The forks made directly from ``key``, by fork point then key."""
 

@@ -94,5 +94,11 @@ class TraceBackend(abc.ABC):
         span id, descending), cursor-paginated."""
 
     @abc.abstractmethod
+    async def session_traces(self, session_key: str, *, limit: int) -> list[str]:
+        """The ids of the traces of a session — the trace named after it and the traces with a span whose
+        attributes' ``session_key`` or ``session.id`` is that key (a string) — the most recently started
+        span's first, at most ``limit``."""
+
+    @abc.abstractmethod
     async def spans_dropped(self) -> int:
         """The total ``dropped`` recorded by :meth:`write_spans` over the life of the store."""

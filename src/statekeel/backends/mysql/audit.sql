@@ -1,11 +1,10 @@
 -- The audit chain. Parameters ($1, $2 …) are in the same order as the other dialects' ($1 / ?1 …).
 
--- name: audit_lock
+-- name: audit_lock_head
 -- Serializes appends until the transaction ends, so two writers never fork the chain: the row lock of
--- statekeel_locks' 'audit' row (a transaction lock InnoDB's deadlock detection sees).
+-- statekeel_locks' 'audit' row (a transaction lock InnoDB's deadlock detection sees); then the head, read
+-- after the lock is held.
 SELECT 1 AS locked FROM statekeel_locks WHERE name = 'audit' FOR UPDATE;
-
--- name: audit_head
 SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1;
 
 -- name: audit_insert

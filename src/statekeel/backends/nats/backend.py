@@ -1,9 +1,9 @@
 """The NATS JetStream backend: sessions, the audit chain and trace spans on replicated streams.
 
 ``nats://host:4222`` holds the kinds in :data:`NATS_KINDS`; every other kind's operations raise
-``Unsupported`` (see :mod:`statekeel.backends.composite`), and ``atomic()`` does too: JetStream has no
-transaction spanning several writes (so ``sessions.run_tool``, which commits a save and its step
-together, needs a SQL store). Paired with a SQL backend
+``Unsupported`` (see :mod:`statekeel.backends.composite`). ``atomic()`` groups the writes of one session
+into one conditional event (see blocks.py): enough for ``sessions.run_tool``, which commits a save and
+its step together; JetStream has no transaction spanning several subjects. Paired with a SQL backend
 (``nats://host:4222?rest=sqlite:///state.db``), the SQL backend holds the rest. Streams are named
 ``<prefix>_audit``, ``<prefix>_traces`` and ``<prefix>_meta`` (``prefix=`` in the URL, default
 ``statekeel``), created with ``replicas=`` copies (default 1; 3 on a cluster) when missing; a stream that
@@ -16,8 +16,9 @@ import asyncio
 import datetime as dt
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -31,14 +32,17 @@ from ...errors import MigrationError, SchemaTooNew, StorageCorrupt, Unsupported
 from ..base import Incident, MigrationInfo, StateCounts, StorageBackend
 from ..composite import refuse_unheld
 from .audit import NatsAudit, audit_spec
+from .blocks import Block, commit
 from .client import WRONG_LAST_SEQUENCE, NatsConnection, StreamSpec, from_micros, micros, parse_nats_url
+from .erasure import NatsErasure
+from .lease_entries import leases_spec
 from .sessions import index_spec, sessions_spec
-from .tool_calls import NatsToolCalls, heartbeats_spec
-from .traces import NatsTraces, traces_spec
+from .tool_calls import heartbeats_spec
+from .traces import traces_spec
 
 __all__ = ["LAYOUT_VERSION", "NATS_KINDS", "NatsBackend", "new_nats_backend"]
 
-NATS_KINDS = frozenset({"lifecycle", "sessions", "tool_calls", "audit", "traces"})
+NATS_KINDS = frozenset({"lifecycle", "sessions", "tool_calls", "audit", "traces", "erasure"})
 """The state kinds a plain NATS store holds."""
 
 LAYOUT_VERSION = 1
@@ -60,7 +64,7 @@ def new_nats_backend(url: str, *, codec: Codec, migrate: bool = True) -> Storage
 
 
 @refuse_unheld
-class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
+class NatsBackend(NatsErasure, NatsAudit, StorageBackend):
     """Sessions, audit and traces on NATS JetStream; see the module docstring."""
 
     kinds = NATS_KINDS
@@ -76,6 +80,7 @@ class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
         self.conn = NatsConnection(parsed)
         self._audit_lock = asyncio.Lock()
         self._states = OrderedDict()
+        self._block_var = ContextVar(f"statekeel_nats_block_{id(self)}", default=None)
         p = self.prefix
         self._specs = (
             meta_spec(p),
@@ -84,6 +89,7 @@ class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
             sessions_spec(p),
             index_spec(p),
             heartbeats_spec(p),
+            leases_spec(p),
         )
         self._created_at: dt.datetime | None = None
 
@@ -153,17 +159,36 @@ class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
         await self.conn.close()
 
     def atomic(self) -> AbstractAsyncContextManager[None]:
-        raise Unsupported(
-            f"a NATS store ({self.url}) has no transactions: atomic() cannot group its writes",
-            kind="transactions",
-            url=self.url,
-        )
+        """The writes of one session, published together at the end of the outermost block (blocks.py)."""
+        return self._atomic()
+
+    @asynccontextmanager
+    async def _atomic(self) -> AsyncIterator[None]:
+        if self._open_block() is not None:
+            yield  # nested: joins the outer block
+            return
+        block = Block(self.url)
+        token = self._block_var.set(block)
+        committed = False
+        try:
+            yield
+            block.ended = True  # writes of tasks still running from the block go on their own now
+            await commit(self, block)
+            committed = True
+        finally:
+            block.ended = True
+            self._block_var.reset(token)
+            block.end(committed)
 
     def in_atomic(self) -> bool:
-        return False
+        return self._open_block() is not None
 
     def on_block_end(self, callback: Callable[[bool], None]) -> bool:
-        return False
+        block = self._open_block()
+        if block is None:
+            return False
+        block.callbacks.append(callback)
+        return True
 
     async def schema_version(self) -> int:
         return LAYOUT_VERSION
@@ -180,8 +205,11 @@ class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
         return []
 
     async def count_state(self) -> StateCounts:
+        sessions = dict.fromkeys(SESSION_STATUSES, 0)
+        for row in await self._indexed():
+            sessions[row["status"]] = sessions.get(row["status"], 0) + 1
         return StateCounts(
-            sessions=dict.fromkeys(SESSION_STATUSES, 0),
+            sessions=sessions,
             tasks=dict.fromkeys(TASK_STATUSES, 0),
             workflows=dict.fromkeys(WORKFLOW_STATUSES, 0),
             audit_entries=await self.audit_count(),
@@ -196,4 +224,13 @@ class NatsBackend(NatsAudit, NatsTraces, NatsToolCalls, StorageBackend):
             return await self.span_count()
         if table == "audit_log":
             return await self.audit_count()
+        if table in ("sessions", "messages", "session_steps"):
+            # The rows a SQL store would have for them (each session's state is read: O(sessions)).
+            rows = await self._indexed()
+            if table == "sessions":
+                return len(rows)
+            if table == "messages":
+                return sum(r["head_seq"] - r["last_consolidated"] for r in rows)
+            states = [await self._read_state(r["key"]) for r in rows]
+            return sum(1 for st in states for step in st.steps.values() if step is not None)
         raise Unsupported(f"a NATS store holds no table {table!r}", kind="copy", url=self.url)

@@ -59,5 +59,8 @@ class NatsBranches:
     async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
         self._no_branches("usage")
 
+    async def message_usages(self, key: str) -> list[tuple[int, dict[str, Any]]] | None:
+        self._no_branches("usage")
+
     async def session_branches(self, key: str) -> list[Branch]:
         self._no_branches("forks")

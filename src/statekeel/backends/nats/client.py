@@ -99,6 +99,7 @@ class StreamSpec:
     max_msgs_per_subject: int = -1
     deny_delete: bool = False
     deny_purge: bool = False
+    kv: bool = False  # a KV bucket's stream: no deletes, roll-ups for purging a key, direct gets
 
     def config(self, replicas: int) -> StreamConfig:
         return StreamConfig(
@@ -106,7 +107,7 @@ class StreamSpec:
             subjects=list(self.subjects),
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
+            discard=DiscardPolicy.NEW if self.kv else DiscardPolicy.OLD,
             max_msgs=-1,
             max_bytes=-1,
             max_age=0,
@@ -114,9 +115,10 @@ class StreamSpec:
             max_msg_size=-1,
             num_replicas=replicas,
             duplicate_window=120.0,
-            deny_delete=self.deny_delete,
+            deny_delete=self.deny_delete or self.kv,
             deny_purge=self.deny_purge,
-            allow_rollup_hdrs=False,
+            allow_rollup_hdrs=self.kv,
+            allow_direct=self.kv,
         )
 
     def differences(self, found: StreamConfig, replicas: int) -> list[str]:

@@ -1,18 +1,21 @@
 """Sessions on JetStream: a session is a subject, every change one conditional publish on it.
 
 Each session has one subject, ``<prefix>.s.<key>`` on the ``<prefix>_sessions`` stream. Every change —
-create, append, metadata or status, compression, lease, tool step, delete — is one event published with
-``Nats-Expected-Last-Subject-Sequence`` = the sequence of the last event read: the server stores it only if
-nothing changed the session in between (the conditional append, as ``WHERE head_seq = ?`` is on SQL), so
-the conditions of a write (head, version, incarnation, the lease's fence) are checked against exactly the
-state it changes. A writer that lost the race reads the new events and decides again. An append is one
-event holding all its messages: it is stored whole or not at all, and its seqs are dense. The state of a
-session is the fold of its events (kept per process, read on from the last sequence it saw).
+create, append, metadata or status, compression, tool step, a new lease holder's fence, delete — is one
+event published with ``Nats-Expected-Last-Subject-Sequence`` = the sequence of the last event read: the
+server stores it only if nothing changed the session in between (the conditional append, as
+``WHERE head_seq = ?`` is on SQL), so the conditions of a write (head, version, incarnation, the lease's
+fence) are checked against exactly the state it changes. A writer that lost the race reads the new events
+and decides again. An append is one event holding all its messages: it is stored whole or not at all,
+and its seqs are dense. The state of a session is the fold of its events (kept per process, read on from
+the last sequence it saw). Leases themselves are KV entries (lease_entries.py, leases.py); inside an
+``atomic()`` block the writes of the block's session are decided on its copy and published together at
+its end (blocks.py).
 
-Deleting a session publishes a tombstone (which keeps the lease) and then purges the subject's events
+Deleting a session publishes a tombstone (which keeps the fence) and then purges the subject's events
 before it. The ``<prefix>_index`` stream keeps one message per session (its row, for listing by
-``updated_at``, by status and by waiting tool calls), written after each event and only forward (an
-index message names the event it reflects, and an older one never replaces a newer one).
+``updated_at``, by status and by waiting tool calls), written after each event that changes the row and
+only forward (an index message names the event it reflects, and an older one never replaces a newer one).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import datetime as dt
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -53,6 +57,10 @@ from .client import (
     micros,
     translate,
 )
+from .lease_entries import LeaseEntries
+
+if TYPE_CHECKING:
+    from .blocks import Block
 
 __all__ = ["NatsSessions", "SessionState", "index_spec", "sessions_spec"]
 
@@ -80,7 +88,7 @@ class SessionState:
     read_seq: int = 0  # the last event read, folded or not (the subject's last sequence)
     writes: dict[str, int] = field(default_factory=dict)  # write id -> seq, of the last events folded
     row: dict[str, Any] | None = None
-    lease: dict[str, Any] | None = None
+    fence: int = 0  # the token of the last lease taken (see leases.py): older holders' writes are refused
     messages: list[dict[str, Any]] = field(default_factory=list)  # every seq from 0: archived, then live
     compressions: list[list[Any]] = field(default_factory=list)  # [id, first, upto, summary, at]
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -102,8 +110,8 @@ class SessionState:
             self.messages, self.compressions, self.steps = [], [], {}
         if "row" in event:
             self.row = event["row"]
-        if "lease" in event:
-            self.lease = event["lease"]
+        if "fence" in event:
+            self.fence = max(self.fence, int(event["fence"]))
         for m in event.get("msgs", ()):
             if m["seq"] != len(self.messages):
                 raise StorageCorrupt(
@@ -120,13 +128,14 @@ class SessionState:
             self.writes.pop(next(iter(self.writes)))
 
 
-class NatsSessions(NatsBranches, SessionBackend):
+class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
     """The session contract on the ``<prefix>_sessions`` and ``<prefix>_index`` streams."""
 
     conn: NatsConnection
     prefix: str
     codec: Codec
     _states: OrderedDict[str, SessionState]
+    _block_var: ContextVar[Block | None]
 
     # -- plumbing -----------------------------------------------------------------------------------------
 
@@ -138,7 +147,24 @@ class NatsSessions(NatsBranches, SessionBackend):
         check_key(key, "session key")
         return checked_subject(f"{self.prefix}.s.{encode_token(key)}", "session key", key)
 
+    def _open_block(self) -> Block | None:
+        """The ``atomic()`` block the calling task is in (see blocks.py), if any."""
+        block = self._block_var.get()
+        return None if block is None or block.ended else block
+
     async def _state(self, key: str) -> SessionState:
+        """The session's state as of its last event; inside an ``atomic()`` block that writes it, the
+        block's own copy (the block's writes included)."""
+        block = self._open_block()
+        if block is not None:
+            if block.key == key:
+                assert block.work is not None
+                return block.work
+            if block.key is None:
+                return block.pin(key, await self._read_state(key))
+        return await self._read_state(key)
+
+    async def _read_state(self, key: str) -> SessionState:
         """The session's state as of its last event (read on from what this process saw)."""
         subject = self._subject(key)
         stream = self._sessions_stream
@@ -169,12 +195,29 @@ class NatsSessions(NatsBranches, SessionBackend):
         self,
         key: str,
         decide: Callable[[SessionState], tuple[dict[str, Any] | None, Callable[[SessionState], T]]],
+        *,
+        lease: SessionLease | None = None,
+        own: bool = False,
     ) -> T:
         """Publish the event ``decide`` makes of the current state, conditional on that state; decide
-        again on the newer state when another writer changed the session first."""
+        again on the newer state when another writer changed the session first. With ``lease``, the
+        lease's KV entry is checked first (``LeaseLost``), and ``decide`` checks the fence. Inside an
+        ``atomic()`` block the event joins the block's (published at its end), unless ``own``."""
         subject = self._subject(key)
-        while True:
+        block = None if own else self._open_block()
+        if block is not None:
+            if lease is not None:
+                await self._check_lease(key, lease)
             state = await self._state(key)
+            block.check_key(key)
+            event, result = decide(state)
+            if event is not None:
+                block.add(event, f"session {key!r}")
+            return result(state)
+        while True:
+            if lease is not None:
+                await self._check_lease(key, lease)
+            state = await self._read_state(key) if own else await self._state(key)
             event, result = decide(state)
             if event is None:
                 return result(state)
@@ -201,11 +244,17 @@ class NatsSessions(NatsBranches, SessionBackend):
                     state = await self._state(key)
             if state.writes.get(wid) != seq:
                 continue  # not folded: decide again on what is there
-            await self._index(key, state)
-            if event.get("reset"):
-                # The events before the tombstone go; the tombstone (with the lease) stays.
-                await self.conn.purge(stream, subject, before_seq=seq)
+            await self._written(key, state, event, seq)
             return result(state)
+
+    async def _written(self, key: str, state: SessionState, event: dict[str, Any], seq: int) -> None:
+        """What follows an event stored at ``seq`` and folded: the index (when the row changed), and the
+        purge of the events before a tombstone."""
+        if "row" in event:
+            await self._index(key, state)
+        if event.get("reset"):
+            # The events before the tombstone go; the tombstone (with the fence) stays.
+            await self.conn.purge(self._sessions_stream, self._subject(key), before_seq=seq)
 
     async def _next_seq(self, stream: str, subject: str, start: int) -> int | None:
         try:
@@ -273,17 +322,15 @@ class NatsSessions(NatsBranches, SessionBackend):
 
     @staticmethod
     def _fence(state: SessionState, key: str, lease: SessionLease | None) -> None:
-        if lease is None:
-            return
-        held = state.lease
-        if held is None or held["token"] != lease.token or held["owner"] != lease.owner:
-            current = None if held is None else held["token"]
+        """Refuse a write of a holder whose lease a newer one took over (its token is older than the
+        session's fence): checked in the same conditional publish as the write."""
+        if lease is not None and state.fence > lease.token:
             raise LeaseLost(
                 f"the lease of session {key!r} with token {lease.token} is no longer current "
-                f"(current token {current}): another holder took it over; the write was refused",
+                f"(current token {state.fence}): another holder took it over; the write was refused",
                 key=key,
                 token=lease.token,
-                current=current,
+                current=state.fence,
             )
 
     def _new_row(self, key: str, metadata: bytes | None) -> dict[str, Any]:
@@ -393,16 +440,16 @@ class NatsSessions(NatsBranches, SessionBackend):
             row["updated_at"] = now_us()
             return {"row": row}, lambda n: self._record(self._require(n, key))
 
-        return await self._change(key, decide)
+        return await self._change(key, decide, lease=lease)
 
     async def delete_session(self, key: str, *, lease: SessionLease | None = None) -> bool:
         def decide(s: SessionState) -> tuple[dict[str, Any] | None, Callable[[SessionState], bool]]:
             self._fence(s, key, lease)
             if s.row is None:
                 return None, lambda n: False
-            return {"reset": True, "row": None, "lease": s.lease}, lambda n: True
+            return {"reset": True, "row": None, "fence": s.fence}, lambda n: True
 
-        return await self._change(key, decide)
+        return await self._change(key, decide, lease=lease)
 
     async def append_messages(
         self,
@@ -502,7 +549,7 @@ class NatsSessions(NatsBranches, SessionBackend):
             row["write_id"] = write_id
             return {"row": row, "msgs": msgs}, lambda n: self._record(self._require(n, key))
 
-        return await self._change(key, decide)
+        return await self._change(key, decide, lease=lease)
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
         state = await self._state(key)
@@ -571,7 +618,7 @@ class NatsSessions(NatsBranches, SessionBackend):
             event = {"row": row, "compress": [compression_id, start, upto_seq, summary, at]}
             return event, lambda n: self._record(self._require(n, key))
 
-        return await self._change(key, decide)
+        return await self._change(key, decide, lease=lease)
 
     async def read_archive(self, key: str, *, compression_id: str | None = None) -> list[ArchivedMessage]:
         state = await self._state(key)
@@ -608,59 +655,6 @@ class NatsSessions(NatsBranches, SessionBackend):
 
             moved += await self._change(indexed["key"], decide)
         return moved
-
-    # -- leases: events of the session's subject, so the fence and the write are one condition ------------
-
-    def _lease_record(self, key: str, held: dict[str, Any], acquired: bool) -> SessionLease:
-        return SessionLease(key, held["owner"], held["token"], from_micros(held["expires_at"]), acquired)
-
-    async def acquire_session_lease(
-        self, key: str, owner: str, ttl_seconds: float, *, take_over: SessionLease | None = None
-    ) -> SessionLease:
-        def decide(s: SessionState) -> tuple[dict[str, Any] | None, Callable[[SessionState], SessionLease]]:
-            now = now_us()
-            held = s.lease or {"owner": None, "token": 0, "expires_at": 0}
-            if take_over is not None:
-                free = held["owner"] == take_over.owner and held["token"] == take_over.token
-            else:
-                free = held["owner"] is None or held["expires_at"] <= now or held["owner"] == owner
-            if not free:
-                return None, lambda n: self._lease_record(key, held, False)
-            taken = {"owner": owner, "token": held["token"] + 1, "expires_at": now + int(ttl_seconds * 1e6)}
-            return {"lease": taken}, lambda n: self._lease_record(key, taken, True)
-
-        return await self._change(key, decide)
-
-    async def renew_session_lease(self, lease: SessionLease, ttl_seconds: float) -> SessionLease:
-        key = lease.key
-
-        def decide(s: SessionState) -> tuple[dict[str, Any] | None, Callable[[SessionState], SessionLease]]:
-            held = s.lease
-            if held is None or held["owner"] != lease.owner or held["token"] != lease.token:
-                raise LeaseLost(
-                    f"the lease of session {key!r} (token {lease.token}) was taken over by "
-                    f"{None if held is None else held['owner']!r}",
-                    key=key,
-                    token=lease.token,
-                    current=None if held is None else held["token"],
-                )
-            renewed = {**held, "expires_at": now_us() + int(ttl_seconds * 1e6)}
-            return {"lease": renewed}, lambda n: self._lease_record(key, renewed, True)
-
-        return await self._change(key, decide)
-
-    async def release_session_lease(self, lease: SessionLease) -> bool:
-        def decide(s: SessionState) -> tuple[dict[str, Any] | None, Callable[[SessionState], bool]]:
-            held = s.lease
-            if held is None or held["owner"] != lease.owner or held["token"] != lease.token:
-                return None, lambda n: False
-            return {"lease": {"owner": None, "token": held["token"], "expires_at": 0}}, lambda n: True
-
-        return await self._change(lease.key, decide)
-
-    async def read_session_lease(self, key: str) -> SessionLease | None:
-        state = await self._state(key)
-        return None if state.lease is None else self._lease_record(key, state.lease, False)
 
 
 def _encode_cursor(updated_at: int, key: str) -> str:

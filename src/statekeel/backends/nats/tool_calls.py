@@ -13,7 +13,8 @@ import orjson
 from ...validation import check_int, check_key, check_str
 from ..base import SESSION_STEP_STATUSES, OpenCalls, SessionLease, SessionStepRecord, ToolCallBackend
 from .client import NatsConnection, StreamSpec, checked_subject, encode_token, from_micros, micros
-from .sessions import NatsSessions, SessionState, now_us
+from .leases import NatsLeases
+from .sessions import SessionState, now_us
 
 __all__ = ["NatsToolCalls", "heartbeats_spec"]
 
@@ -38,7 +39,7 @@ def _owner(open_calls: int, calls_owner: str | None) -> str | None:
     return calls_owner if open_calls else None
 
 
-class NatsToolCalls(NatsSessions, ToolCallBackend):
+class NatsToolCalls(NatsLeases, ToolCallBackend):
     """The tool-call contract beside :class:`NatsSessions`."""
 
     conn: NatsConnection
@@ -77,7 +78,7 @@ class NatsToolCalls(NatsSessions, ToolCallBackend):
             # Only the derived count and its owner change: not the version, not updated_at.
             return {"row": {**row, "open_calls": open_calls, "calls_owner": owner}}, lambda n: True
 
-        return await self._change(key, decide)
+        return await self._change(key, decide, lease=lease)
 
     async def set_open_calls_many(self, counts: Sequence[OpenCalls]) -> int:
         for c in counts:  # all checked before the first is written

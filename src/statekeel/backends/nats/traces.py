@@ -194,6 +194,18 @@ class NatsTraces(TraceBackend):
         items = [s for _, s in chosen[:limit]]
         return Page(items=items, next_cursor=_cursor(items[-1]) if len(chosen) > limit else None)
 
+    async def session_traces(self, session_key: str, *, limit: int) -> list[str]:
+        latest: dict[str, int] = {}
+        for _, span in await self._all_spans(f"{self.prefix}.span.*.*"):
+            attributes = span.attributes if isinstance(span.attributes, dict) else {}
+            if span.trace_id == session_key or session_key in (
+                v for k in ("session_key", "session.id") if isinstance(v := attributes.get(k), str)
+            ):
+                started = micros(span.started_at)
+                latest[span.trace_id] = max(latest.get(span.trace_id, started), started)
+        ordered = sorted(latest.items(), key=lambda item: (-item[1], item[0]))
+        return [trace_id for trace_id, _ in ordered[:limit]]
+
     async def spans_dropped(self) -> int:
         last = await self.conn.last(self._meta_stream, f"{self.prefix}.traces_dropped")
         return 0 if last is None or last.data is None else int(orjson.loads(last.data))

@@ -1,11 +1,10 @@
 -- The audit chain. Parameters ($1, $2 …) are in the same order as SQLite's ?1, ?2.
 
--- name: audit_lock
--- Serializes appends until the transaction ends, so two writers never fork the chain.
-SELECT pg_advisory_xact_lock(4182301976) AS locked;
-
--- name: audit_head
-SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1;
+-- name: audit_lock_head
+-- The chain's lock (held until the transaction ends, so two writers never fork the chain) and then its
+-- head, read after the lock is held: one call of the function migration 0014 installs, which takes
+-- pg_advisory_xact_lock(4182301976).
+SELECT seq, hash, mac FROM statekeel_audit_lock_head();
 
 -- name: audit_insert
 INSERT INTO audit_log (seq, kind, actor, subject, data, created_at, prev_hash, hash, mac)

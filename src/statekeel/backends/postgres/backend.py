@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ...codec import Codec
-from ...errors import BackendUnavailable, InvalidArgument, StatekeelError
-from ..base import MigrationInfo
+from ...errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
+from ..base import MigrationInfo, SessionRecord
 from ..sql import SCHEMA_TABLES, Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
@@ -49,6 +49,7 @@ from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.retention import SqlRetention
+from ..sql.save import op_save_in_one_statement
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
@@ -120,6 +121,9 @@ class PgTx(Tx):
     async def fetchall(self, name: str, *args: Any) -> list[Row]:
         rows: list[Row] = await self.conn.fetch(self.sql[name], *args)
         return rows
+
+    def array_in(self, values: list[str | None]) -> Any:
+        return values  # a text[] parameter
 
     def ts_in(self, value: dt.datetime) -> Any:
         return value
@@ -387,6 +391,50 @@ class PostgresBackend(
             except BaseException as exc:
                 raise translate(exc, self.target) from None
 
+    async def _write_append(self, *args: Any) -> SessionRecord:
+        key, head, messages, metadata, create, *rest = args
+        if create or not messages:
+            # A session's first save inserts its row first, which the same statement could not update; a
+            # save without messages is a metadata change. Both run as before, in a transaction.
+            return await super()._write_append(*args)
+        return await self._write_statement(op_save_in_one_statement, key, head, messages, metadata, *rest)
+
+    async def _write_statement(self, op: Op[T], *args: Any) -> T:
+        """Run an ``op`` whose write is one statement, on a connection without BEGIN and COMMIT: the
+        statement commits on its own (its reads, when it changed nothing, run after it, each on its own).
+        A lost connection runs it again on a fresh one, once or as failover allows: the write is
+        conditional, so it cannot apply twice, but a second attempt refused by a conflict may have been
+        refused by the first one's write, so that outcome is unknown, as a lost COMMIT's is."""
+        if self._current.get() is not None:
+            return await self._write(op, *args)
+        pool = self._require_pool()
+        retries = _Retries(self.target.failover_timeout)
+        lost: BaseException | None = None
+        while True:
+            try:
+                conn = await pool.acquire()
+                failure: BaseException | None = None
+                try:
+                    return await op(PgTx(conn, self.codec), *args)
+                except BaseException as exc:
+                    failure = exc
+                    raise
+                finally:
+                    await self._release(pool, conn, failure)
+            except CONNECTION_ERRORS as exc:
+                lost = exc
+                await self._lost(exc, retries)
+            except WRONG_NODE_ERRORS as exc:
+                if self.target.read_only:
+                    raise translate(exc, self.target) from None
+                await self._lost(exc, retries)
+            except ConflictError:
+                if lost is not None:
+                    raise unknown_outcome(lost, self.target) from None
+                raise
+            except BaseException as exc:
+                raise translate(exc, self.target) from None
+
     async def _lost(self, exc: BaseException, retries: _Retries) -> None:
         """A call met a dead connection or the wrong node: return to run it again, or raise."""
         first = retries.started is None
@@ -413,7 +461,10 @@ class PostgresBackend(
         ):
             # Never hand a connection that failed mid-conversation to the next caller: the release
             # hook does not probe it (see _keep_session). A call cancelled inside its transaction (its
-            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state.
+            # COMMIT or ROLLBACK may be on the wire) leaves it in the same unknown state. A statement
+            # cancelled outside a transaction is cancelled on the server by the pool's release, which
+            # waits for the server's answer (it may have committed already: the outcome is the caller's
+            # to re-read, as for any cancelled write).
             try:
                 conn.terminate()
             except asyncpg.InterfaceError:

@@ -70,6 +70,36 @@ WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7
 RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
        calls_owner, write_id, parent_key, parent_seq, rewinds;
 
+-- name: session_save
+-- A save as one statement (one round trip, committed on its own outside atomic()): the conditional head
+-- update of session_advance_head ($1-$12), fenced by the lease given ($13 token, $14 owner: locked FOR
+-- SHARE, so a takeover waits for this save), and the insert of its messages ($15 roles, $16 payloads,
+-- $17 usages, in seq order from the old head). The insert reads the update's row: when the head, the
+-- incarnation, the version, the rewinds or the lease do not match, nothing is written and no row returned.
+WITH fence AS (
+    SELECT owner, token FROM session_leases WHERE session_key = $4 AND $13::bigint IS NOT NULL FOR SHARE
+), head AS (
+    UPDATE sessions
+    SET head_seq = head_seq + $1, metadata = COALESCE($2::jsonb, metadata),
+        status = COALESCE($6::text, status), version = version + 1, updated_at = $3,
+        open_calls = CASE WHEN $9::integer IS NOT NULL THEN $9 WHEN $1 > 0 THEN -1 ELSE open_calls END,
+        calls_owner = CASE WHEN $9::integer IS NOT NULL THEN $10::text ELSE calls_owner END,
+        write_id = $11::text
+    WHERE key = $4 AND head_seq = $5 AND ($7::timestamptz IS NULL OR created_at = $7)
+      AND ($12::bigint IS NULL OR rewinds = $12)
+      AND ($8::bigint IS NULL OR version = $8)
+      AND ($13::bigint IS NULL OR EXISTS (SELECT 1 FROM fence WHERE token = $13 AND owner = $14::text))
+    RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at,
+              open_calls, calls_owner, write_id, parent_key, parent_seq, rewinds
+), added AS (
+    INSERT INTO messages (session_key, seq, role, payload, created_at, usage)
+    SELECT head.key, $5::bigint + m.n - 1, m.role, m.payload::jsonb, $3, m.usage::jsonb
+    FROM head, unnest($15::text[], $16::text[], $17::text[]) WITH ORDINALITY AS m (role, payload, usage, n)
+)
+SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
+       calls_owner, write_id, parent_key, parent_seq, rewinds
+FROM head;
+
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = $1, version = version + 1, updated_at = $2
 WHERE key = $3 AND last_consolidated = $4
@@ -231,10 +261,10 @@ SELECT kind FROM compressions WHERE session_key = $1 AND compression_id = $2;
 
 -- name: usage_rows
 -- The usages recorded with a session's messages [$2, $3), live or archived (rewound ones are not).
-SELECT usage::text AS usage FROM messages
+SELECT seq, usage::text AS usage FROM messages
 WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL
 UNION ALL
-SELECT usage::text AS usage FROM message_archive
+SELECT seq, usage::text AS usage FROM message_archive
 WHERE session_key = $1 AND seq >= $2 AND seq < $3 AND usage IS NOT NULL;
 
 -- name: message_payload_range

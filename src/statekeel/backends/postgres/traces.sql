@@ -38,3 +38,11 @@ ORDER BY started_at DESC, trace_id DESC, span_id DESC LIMIT $5;
 SELECT * FROM traces
 WHERE name = $6 AND status = $7 AND started_at >= $1 AND (started_at, trace_id, span_id) < ($2, $3, $4)
 ORDER BY started_at DESC, trace_id DESC, span_id DESC LIMIT $5;
+
+-- name: trace_ids_of_session
+-- The traces of session $1: named after it, or with a span whose attributes name it; newest first.
+SELECT trace_id, max(started_at) AS last_started FROM traces
+WHERE trace_id = $1
+   OR attributes -> 'session_key' = to_jsonb($1::text)
+   OR attributes -> 'session.id' = to_jsonb($1::text)
+GROUP BY trace_id ORDER BY last_started DESC, trace_id LIMIT $2;

@@ -123,6 +123,10 @@ class Tx(abc.ABC):
         """Codec output (JSON bytes) as the dialect's JSON parameter."""
         return raw.decode("utf-8")
 
+    def array_in(self, values: list[str | None]) -> Any:
+        """A list of texts as the dialect's array parameter (a JSON array unless it has arrays)."""
+        return orjson.dumps(values).decode("utf-8")
+
     def json_out(self, value: Any) -> Any:
         """A stored JSON column back to Python values (tagged types restored)."""
         return self.codec.decode(value)

@@ -1,9 +1,10 @@
 """The audit chain: the operations every SQL dialect shares.
 
-An append takes the dialect's chain lock (``audit_lock``: PostgreSQL's transaction-scoped advisory lock;
-SQLite's single writer already serializes), then reads the head and inserts the next entry in the same
-transaction, so two writers can never give two entries the same predecessor. A head that carries a MAC
-refuses an append without the audit key (``AuditKeyRequired``), rolling back the change it audits.
+An append takes the dialect's chain lock and reads the head in one call (``audit_lock_head``: on
+PostgreSQL a function that takes a transaction-scoped advisory lock, then reads; SQLite's single writer
+already serializes), then inserts the next entry in the same transaction, so two writers can never give two
+entries the same predecessor. A head that carries a MAC refuses an append without the audit key
+(``AuditKeyRequired``), rolling back the change it audits.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ async def op_append_audit(
 
 async def op_append_audits(tx: Tx, notes: Sequence[AuditNote], key: bytes | None) -> list[AuditRecord]:
     """Append ``notes`` in order: the lock is taken and the head read once, the entries chained in memory."""
-    await tx.fetchone("audit_lock")
-    head = await tx.fetchone("audit_head")
+    head = await tx.fetchone("audit_lock_head")  # the chain's lock, then its head: one call
     if key is None and head is not None and head["mac"] is not None:
         # A keyed chain stays keyed: an entry without a MAC after a keyed one fails verify() under the
         # key for good. Raised inside the write's transaction, so the change it audits rolls back too.

@@ -40,7 +40,7 @@ async def op_fork_session(
     return session_from_row(tx, row)
 
 
-async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
+async def op_message_usages(tx: Tx, key: str) -> list[tuple[int, dict[str, Any]]] | None:
     row = await tx.fetchone("session_get", key)
     if row is None:
         return None
@@ -52,10 +52,17 @@ async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
         and record.last_consolidated < record.parent_seq
     ):
         parts += await chain(tx, record.parent_key, record.parent_seq, record.last_consolidated)
-    usages: list[dict[str, Any]] = []
+    usages: list[tuple[int, dict[str, Any]]] = []
     for part_key, lo, hi in parts:
-        usages += [tx.json_out(r["usage"]) for r in await tx.fetchall("usage_rows", part_key, lo, hi)]
-    return usages
+        rows = await tx.fetchall("usage_rows", part_key, lo, hi)
+        usages += [(int(r["seq"]), tx.json_out(r["usage"])) for r in rows]
+    # A fork's own part is stored from its fork point on and its ancestors' parts below it: one history.
+    return sorted(usages, key=lambda u: u[0])
+
+
+async def op_session_usage(tx: Tx, key: str) -> list[dict[str, Any]] | None:
+    found = await op_message_usages(tx, key)
+    return None if found is None else [u for _, u in found]
 
 
 async def op_session_rewinds(tx: Tx, key: str) -> list[RewindRecord]:
@@ -215,6 +222,9 @@ class SqlBranches(SqlBackend):
 
     async def session_usage(self, key: str) -> list[dict[str, Any]] | None:
         return await self._read(op_session_usage, key)
+
+    async def message_usages(self, key: str) -> list[tuple[int, dict[str, Any]]] | None:
+        return await self._read(op_message_usages, key)
 
     async def session_rewinds(self, key: str) -> list[RewindRecord]:
         return await self._read(op_session_rewinds, key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -258,6 +258,50 @@ def stored_owner(open_calls: int, calls_owner: str | None) -> str | None:
     return calls_owner if open_calls else None
 
 
+async def refuse_append(
+    tx: Tx,
+    key: str,
+    expected_head: int,
+    expected_created_at: dt.datetime | None,
+    expected_version: int | None,
+    expected_rewinds: int | None,
+) -> NoReturn:
+    """Raise the ConflictError that says why a conditional append changed nothing."""
+    current = await _require_session(tx, key)
+    if current["head_seq"] == expected_head and expected_rewinds not in (None, current["rewinds"]):
+        raise ConflictError(
+            f"session {key!r} was rewound since it was loaded: load it again before appending",
+            key=key,
+            expected=expected_head,
+            current=current["head_seq"],
+        )
+    if current["head_seq"] == expected_head:
+        if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
+            # The head matches but the row is another incarnation: appending would fork histories.
+            raise ConflictError(
+                f"session {key!r} was deleted and created again since it was loaded "
+                f"(created at {tx.ts_out(current['created_at']).isoformat()}, expected "
+                f"{expected_created_at.isoformat()})",
+                key=key,
+                expected=expected_head,
+                current=current["head_seq"],
+            )
+        raise ConflictError(
+            f"session {key!r} is at version {current['version']}, not the expected {expected_version}: "
+            "another writer changed its metadata or status since it was loaded",
+            key=key,
+            expected=expected_version,
+            current=current["version"],
+        )
+    raise ConflictError(
+        f"session {key!r} has head {current['head_seq']}, not the expected {expected_head}: "
+        "another writer appended first",
+        key=key,
+        expected=expected_head,
+        current=current["head_seq"],
+    )
+
+
 async def op_append_messages(
     tx: Tx,
     key: str,
@@ -295,39 +339,7 @@ async def op_append_messages(
         expected_rewinds,
     )
     if row is None:
-        current = await _require_session(tx, key)
-        if current["head_seq"] == expected_head and expected_rewinds not in (None, current["rewinds"]):
-            raise ConflictError(
-                f"session {key!r} was rewound since it was loaded: load it again before appending",
-                key=key,
-                expected=expected_head,
-                current=current["head_seq"],
-            )
-        if current["head_seq"] == expected_head:
-            if expected_created_at is not None and tx.ts_out(current["created_at"]) != expected_created_at:
-                # The head matches but the row is another incarnation: appending would fork histories.
-                raise ConflictError(
-                    f"session {key!r} was deleted and created again since it was loaded "
-                    f"(created at {tx.ts_out(current['created_at']).isoformat()}, expected "
-                    f"{expected_created_at.isoformat()})",
-                    key=key,
-                    expected=expected_head,
-                    current=current["head_seq"],
-                )
-            raise ConflictError(
-                f"session {key!r} is at version {current['version']}, not the expected {expected_version}: "
-                "another writer changed its metadata or status since it was loaded",
-                key=key,
-                expected=expected_version,
-                current=current["version"],
-            )
-        raise ConflictError(
-            f"session {key!r} has head {current['head_seq']}, not the expected {expected_head}: "
-            "another writer appended first",
-            key=key,
-            expected=expected_head,
-            current=current["head_seq"],
-        )
+        await refuse_append(tx, key, expected_head, expected_created_at, expected_version, expected_rewinds)
     if messages:
         await tx.executemany(
             "message_insert",
@@ -574,8 +586,7 @@ class SqlSessions(SqlBackend, SessionBackend):
             check_str(write_id, "write_id")
         if expected_rewinds is not None:
             check_int(expected_rewinds, "expected_rewinds")
-        return await self._write(
-            op_append_messages,
+        return await self._write_append(
             key,
             expected_head,
             messages,
@@ -590,6 +601,10 @@ class SqlSessions(SqlBackend, SessionBackend):
             write_id,
             expected_rewinds,
         )
+
+    async def _write_append(self, *args: Any) -> SessionRecord:
+        """Run a checked append (``op_append_messages``' arguments); a dialect may run it otherwise."""
+        return await self._write(op_append_messages, *args)
 
     async def read_messages(self, key: str, *, start: int = 0, end: int | None = None) -> list[MessageRecord]:
         return await self._read(op_read_messages, key, start, end)

@@ -111,6 +111,10 @@ async def op_query_spans(
     return Page(items=items, next_cursor=next_cursor)
 
 
+async def op_session_traces(tx: Tx, session_key: str, limit: int) -> list[str]:
+    return [r["trace_id"] for r in await tx.fetchall("trace_ids_of_session", session_key, limit)]
+
+
 async def op_spans_dropped(tx: Tx) -> int:
     row = await tx.fetchone("trace_counter_get", _DROPPED)
     return 0 if row is None else int(row["value"])
@@ -136,6 +140,9 @@ class SqlTraces(SqlBackend, TraceBackend):
         cursor: str | None = None,
     ) -> Page:
         return await self._read(op_query_spans, since, until, name, status, limit, cursor)
+
+    async def session_traces(self, session_key: str, *, limit: int) -> list[str]:
+        return await self._read(op_session_traces, session_key, limit)
 
     async def spans_dropped(self) -> int:
         return await self._read(op_spans_dropped)

@@ -1,10 +1,7 @@
 -- The audit chain. Parameters are numbered (?1, ?2 …) in the same order as PostgreSQL's.
 
--- name: audit_lock
--- SQLite has a single writer: appends are already serialized.
-SELECT 1 AS locked;
-
--- name: audit_head
+-- name: audit_lock_head
+-- SQLite has a single writer: appends are already serialized, and the head is read as it is.
 SELECT seq, hash, mac FROM audit_log ORDER BY seq DESC LIMIT 1;
 
 -- name: audit_insert
