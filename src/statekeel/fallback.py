@@ -172,7 +172,9 @@ class FallbackDir:
         return path
 
     def exists(self, key: str) -> bool:
-        return os.path.exists(self.file_for(key))
+        # Asked by every save and load, and there is no file nearly always: access() answers without the
+        # FileNotFoundError that os.path.exists raises, formats and catches for a missing file.
+        return os.access(self.file_for(key), os.F_OK)
 
     def _ensure_dir(self) -> None:
         os.makedirs(self.path, mode=0o700, exist_ok=True)

@@ -10,7 +10,7 @@ from ..backends.base import Branch, SessionLease, StorageBackend
 from ..errors import InvalidArgument, NotFound
 from ..usage import ModelUsage, Usage, total_usage
 from ..validation import check_int, check_key, check_text
-from .session import Rewind, Session
+from .session import Rewind, Session, book
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
@@ -87,7 +87,7 @@ class SessionBranches:
             calls_owner=self._tools.owner,
         )
         cached = self._cache.get(key)
-        if cached is not None and not cached._rewound(before, record):
+        if cached is not None and not book(cached).rewound(before, record):
             self._forget(key, cached)
         return Rewind(
             found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at

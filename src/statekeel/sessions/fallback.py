@@ -23,16 +23,15 @@ import asyncio
 import contextvars
 import datetime as dt
 import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..backends.base import SessionRecord
-from ..errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
+from ..backends.base import SessionRecord, StorageBackend
+from ..errors import BackendUnavailable, ConflictError, StatekeelError
 from ..fallback import FallbackChanged, FallbackCorrupt, FallbackDir, FallbackSnapshot, ReplayReport
-from .session import Changes, Session, message_batch
-
-if TYPE_CHECKING:
-    from .manager import SessionManager
+from .changes import Changes
+from .session import Session, book
 
 log = logging.getLogger("statekeel.sessions")
 
@@ -53,15 +52,17 @@ def background(coro: Any, name: str) -> asyncio.Task[Any]:
 
 
 class SessionFallback:
-    """The fallback files of one ``SessionManager`` (none when it has no ``fallback_dir``)."""
+    """The fallback files of one ``SessionManager`` (none when it has no ``fallback_dir``): reading,
+    judging, writing and deleting them. Replaying them is a write, owned by :mod:`.writes`."""
 
-    def __init__(self, manager: SessionManager, files: FallbackDir | None) -> None:
-        self._manager = manager
+    def __init__(
+        self, backend: StorageBackend, files: FallbackDir | None, new: Callable[[str], Session]
+    ) -> None:
+        self.backend = backend
         self.files = files
+        self._new = new  # a new session of the key, not in the backend
         self.pending: set[str] = set()  # keys this manager wrote fallback files for
         self._quarantined: dict[str, str] = {}  # reported by the next replay
-        self._replaying = asyncio.Lock()
-        self._replay_task: asyncio.Task[Any] | None = None
         self.tasks: set[asyncio.Task[Any]] = set()  # background work, cancelled by close()
 
     # --- reading, judging, quarantine -----------------------------------------------------------------
@@ -130,7 +131,7 @@ class SessionFallback:
 
     async def _backend_holds(self, snap: FallbackSnapshot, record: SessionRecord, n: int) -> bool:
         """Whether the backend holds the snapshot's first ``n`` messages, exactly, at their seqs."""
-        backend = self._manager.backend
+        backend = self.backend
         start, end = snap.base_head, snap.base_head + n
         stored: dict[int, Any] = {}
         if start < record.last_consolidated:
@@ -141,7 +142,7 @@ class SessionFallback:
             stored[r.seq] = r.payload
         return [stored.get(start + i) for i in range(n)] == snap.messages[:n]
 
-    async def _settle(self, key: str, snap: FallbackSnapshot, signature: str, verdict: Verdict) -> bool:
+    async def settle(self, key: str, snap: FallbackSnapshot, signature: str, verdict: Verdict) -> bool:
         """Delete a covered file, quarantine an overtaken one; True when the file continues the backend."""
         if verdict.kind == "covered":
             await self.delete(key, signature)
@@ -164,18 +165,18 @@ class SessionFallback:
         if found is None:
             return session
         snap, signature = found
-        if session is not None and session._fallback_sig == signature:
+        if session is not None and book(session).fallback_signature == signature:
             return session  # it holds this very file already
         verdict = await self.judge(snap, record)
         if settle:
-            continues = await self._settle(key, snap, signature, verdict)
+            continues = await self.settle(key, snap, signature, verdict)
         else:
             continues = verdict.kind == "continues"
         if not continues:
             return session
         if session is None:
-            session = self._manager._new(key, None)
-            session._from_fallback(snap, signature)
+            session = self._new(key)
+            book(session).from_fallback(snap, signature)
             return session
         missing = snap.messages[verdict.covered :]
         unsaved = session.unsaved()
@@ -185,7 +186,7 @@ class SessionFallback:
                 "at the same place",
                 key=key,
             )
-        session._continued_by(snap, missing[len(unsaved) :], signature)
+        book(session).continued_by(snap, missing[len(unsaved) :], signature)
         return session
 
     # --- save: before the backend, and when it cannot take the save -----------------------------------
@@ -205,7 +206,7 @@ class SessionFallback:
         files = self.files
         if files is None:
             return
-        held = session._fallback_sig
+        held = book(session).fallback_signature
         if held is not None and await asyncio.to_thread(files.signature, session.key) == held:
             return  # its own file (only the header is read)
         found = await self.read(session.key)
@@ -213,11 +214,11 @@ class SessionFallback:
             return
         snap, signature = found
         try:
-            record = await self._manager.backend.load_session(session.key)
+            record = await self.backend.load_session(session.key)
             verdict = await self.judge(snap, record)
         except BackendUnavailable:
             return  # cannot tell now; a save that falls back finds the file changed and conflicts
-        if await self._settle(session.key, snap, signature, verdict):
+        if await self.settle(session.key, snap, signature, verdict):
             raise ConflictError(
                 f"another writer saved session {session.key!r} first, to its fallback file (while the "
                 "backend was unavailable): load the session again, which merges that file, then re-apply "
@@ -249,7 +250,7 @@ class SessionFallback:
         )
         try:
             path, signature = await asyncio.to_thread(
-                files.write_signed, snap, replacing=session._fallback_sig
+                files.write_signed, snap, replacing=book(session).fallback_signature
             )
         except FallbackChanged:
             raise ConflictError(
@@ -265,7 +266,7 @@ class SessionFallback:
                 key=session.key,
                 fallback_error=str(exc),
             ) from cause
-        session._fell_back(signature, changes.base + len(snap.messages))
+        book(session).fell_back(signature, changes.base + len(snap.messages))
         self.pending.add(session.key)
         log.warning(
             "backend unavailable (%s): session %r (%d unsaved messages) written to fallback file %s",
@@ -281,12 +282,7 @@ class SessionFallback:
         if self.files is not None:
             await self.delete(key, signature)
 
-    def after_save(self, key: str) -> None:
-        """A save of ``key`` reached the backend: replay the other keys' files in the background."""
-        if self.pending - {key}:
-            self.schedule_replay()
-
-    # --- replay ---------------------------------------------------------------------------------------
+    # --- replay (the writes are :class:`~statekeel.sessions.writes.SessionWrites`'s) ---------------------
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         """Run ``coro`` in the background, outside any ``atomic()`` block; ``close()`` cancels it."""
@@ -295,40 +291,20 @@ class SessionFallback:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    def schedule_replay(self) -> None:
-        if self._replaying.locked() or (self._replay_task is not None and not self._replay_task.done()):
-            return
-        self._replay_task = self.spawn(self._background_replay(), "statekeel-fallback-replay")
-
-    async def _background_replay(self) -> None:
-        try:
-            report = await self.replay()
-        except Exception as exc:  # a background task has nobody to raise to: log it
-            log.warning("replaying fallback files failed: %s", exc)
-            return
-        if report.replayed or not report.ok:
-            log.warning("fallback replay after the backend came back: %s", report)
-
-    async def replay(self) -> ReplayReport:
-        """See ``SessionManager.replay_fallback``."""
-        if self._manager.backend.in_atomic():
-            raise InvalidArgument(
-                "replay_fallback() commits each file on its own and deletes it after: call it outside "
-                "an atomic() block"
-            )
-        async with self._replaying:
-            return await self._replay_all()
-
-    async def _replay_all(self) -> ReplayReport:
-        report = ReplayReport()
+    async def scan(self, report: ReplayReport) -> AsyncIterator[str]:
+        """The key of every file of the directory that can be read, one file read at a time; the others
+        are quarantined or reported."""
         files = self.files
         if files is None:
-            return report
+            return
         paths = await asyncio.to_thread(lambda: list(files.files()))
         for path in paths:
             snap = await self._read_for_replay(files, path, report)
             if snap is not None:
-                await self._replay_held(snap.key, report)
+                yield snap.key
+
+    def reported(self, report: ReplayReport) -> ReplayReport:
+        """``report`` with the files quarantined since the last replay (each reported once)."""
         report.quarantined.update(self._quarantined)
         self._quarantined.clear()
         return report
@@ -351,95 +327,6 @@ class SessionFallback:
         except OSError as exc:
             report.failed[path] = f"cannot read: {exc}"
         return None
-
-    async def _replay_held(self, key: str, report: ReplayReport) -> None:
-        """Replay one key's file as a holder of the session's lock."""
-        manager = self._manager
-        if key in manager._held:
-            report.skipped.append(key)
-            return
-        # One that another process holds (maybe the very agent that wrote this file and will save it) is
-        # left to it, not written under its feet.
-        lock = manager.lock(key)
-        try:
-            await lock.acquire(timeout=0)
-        except ConflictError:
-            report.skipped.append(key)
-            return
-        except StatekeelError as exc:
-            report.failed[key] = str(exc)
-            return
-        try:
-            await self._replay_one(key, report)
-        except StatekeelError as exc:
-            # Any error of one file (the backend is down, a message over a since-lowered
-            # max_record_bytes, the session deleted meanwhile) leaves it on disk and reported.
-            report.failed[key] = str(exc)
-        finally:
-            await lock.release()
-
-    async def _replay_one(self, key: str, report: ReplayReport) -> None:
-        # Read again now that the session is held: the file may have changed while the lease was awaited.
-        found = await self.read(key)
-        if found is None:
-            return
-        snap, signature = found
-        manager = self._manager
-        cached = manager._cache.get(key)
-        if cached is not None and cached._fallback_sig == signature:
-            if cached._unsure is not None and await self._landed_unheard(cached):
-                report.stale.append(key)  # the save that wrote the file had landed: nothing to replay
-                return
-            # The cached session holds the file's messages (and maybe more): saving it writes them all,
-            # after any save of it already under way.
-            if await manager._save(cached):
-                report.replayed[key] = len(snap.messages)
-            else:
-                report.failed[key] = "the backend is still unavailable"
-            return
-        record = await manager.backend.load_session(key)
-        verdict = await self.judge(snap, record)
-        if not await self._settle(key, snap, signature, verdict):
-            if verdict.kind == "covered":
-                report.stale.append(key)
-            return
-        await self._append(snap, record, verdict.covered)
-        await self.delete(key, signature)  # a file rewritten meanwhile stays, for the next replay
-        if cached is not None and not cached.is_dirty():
-            manager._forget(key, cached)  # stale now: the next load reads the replayed state
-        report.replayed[key] = len(snap.messages) - verdict.covered
-
-    async def _landed_unheard(self, session: Session) -> bool:
-        """Whether a save of ``session`` whose answer was lost had landed, and with it all of the file the
-        session holds (then deleted)."""
-        manager = self._manager
-        async with session._saving:  # not while a save of it is under way
-            record = await manager.backend.load_session(session.key)
-            return await manager._settled(session, record) and session._fallback_sig is None
-
-    async def _append(self, snap: FallbackSnapshot, record: SessionRecord | None, covered: int) -> None:
-        """Write the file's messages the backend lacks, with its metadata and status changes."""
-        manager = self._manager
-        codec = manager.codec
-        base = snap.base_head + covered
-        metadata = (
-            codec.encode(snap.metadata, where="metadata") if snap.metadata_changed or record is None else None
-        )
-        status = snap.status if snap.status_changed else None
-        await manager.backend.append_messages(
-            snap.key,
-            base,
-            message_batch(codec, base, snap.messages[covered:]),
-            metadata=metadata,
-            create=record is None,
-            status=status,
-            lease=manager._lease_for(snap.key),
-            expected_created_at=None if record is None else record.created_at,
-            # The file's metadata and status replace the row's only if nobody changed them since.
-            expected_version=None
-            if record is None or (metadata is None and status is None)
-            else record.version,
-        )
 
 
 __all__ = ["SessionFallback", "Verdict", "background"]

@@ -16,12 +16,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
-import functools
-import itertools
 import logging
 import math
 import os
-import secrets
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -35,7 +32,6 @@ from ..backends.base import (
 )
 from ..codec import Codec
 from ..errors import (
-    BackendUnavailable,
     ConflictError,
     InvalidArgument,
     InvalidTransition,
@@ -48,10 +44,12 @@ from ..journal import StepFn
 from ..validation import check_aware, check_bool, check_int, check_key, check_text
 from .branches import SessionBranches
 from .fallback import SessionFallback
+from .heartbeat import Heartbeat
 from .listing import SessionListing
 from .lock import SessionLock
-from .session import Session, Summary
+from .session import Session, Summary, book
 from .tools import MISSING, ToolCalls, ToolRecovery
+from .writes import SessionWrites
 
 log = logging.getLogger("statekeel.sessions")
 
@@ -115,13 +113,20 @@ class SessionManager(SessionListing, SessionBranches):
         self._locks: weakref.WeakValueDictionary[str, SessionLock] = weakref.WeakValueDictionary()
         self._held: dict[str, SessionLock] = {}
         self._evicting = asyncio.Lock()
-        self._fallback = SessionFallback(self, self.fallback)
-        self._tools = ToolCalls(self)
-        # Each save attempt gets its own write id (stored in the row it writes): a save that never heard
-        # its outcome recognises its own write by it. Unique per manager instance.
-        self._write_prefix = f"{secrets.token_hex(8)}."
-        self._write_seq = itertools.count()
-        self._closed = False
+        self._fallback = SessionFallback(backend, self.fallback, lambda key: self._new(key, None))
+        heartbeat = Heartbeat(backend, self.owner_id, lambda: self.lease_seconds)
+        # Every write of a session goes through _writes, which reads the held leases and the cache.
+        self._writes = SessionWrites(
+            backend,
+            codec,
+            self._fallback,
+            heartbeat,
+            owner=self,
+            held=self._held,
+            cache=self._cache,
+            lock=self.lock,
+        )
+        self._tools = ToolCalls(self._writes, heartbeat, self._held)
 
     # --- helpers --------------------------------------------------------------------------------------
 
@@ -129,15 +134,7 @@ class SessionManager(SessionListing, SessionBranches):
         return Session(key, owner=self, codec=self.codec, record=record)
 
     def _lease_for(self, key: str) -> SessionLease | None:
-        held = self._held.get(key)
-        return None if held is None else held.lease
-
-    def _check_owned(self, session: Any) -> Session:
-        if not isinstance(session, Session) or session._owner is not self:
-            raise InvalidArgument(
-                "this Session was not loaded from this store; load it from this store first"
-            )
-        return session
+        return self._writes.lease_for(key)
 
     # --- locks ----------------------------------------------------------------------------------------
 
@@ -185,17 +182,18 @@ class SessionManager(SessionListing, SessionBranches):
         """The cached session brought up to date with the backend (one row read) and its fallback file,
         or None when it is not cached or was dropped because another writer changed it in a way it cannot
         follow; then also the dropped session when it held unsaved changes (the fresh session it gives way
-        to takes its metadata and status edits: :meth:`Session._carried_from`)."""
+        to takes its metadata and status edits: :meth:`SessionBook.carried_from`)."""
         cached = self._cache.get(key)
-        if cached is None or (include_archived and not cached._full):
+        b = None if cached is None else book(cached)
+        if cached is None or b is None or (include_archived and not b.full):
             return None, None
         record = await self.backend.load_session(key)
         if record is None:
-            current = not cached._in_backend
+            current = not b.in_backend
         else:
-            if cached._unsure is not None and not cached._in_step_with(record):
-                await self._settled(cached, record)  # its own save landed, unheard
-            current = cached._in_step_with(record) and cached._refreshed(record)
+            if b.unheard and not b.in_step_with(record):
+                await self._writes.settled(cached, record)  # its own save landed, unheard
+            current = b.in_step_with(record) and b.refreshed(record)
         if current:
             try:
                 await self._fallback.merge(key, cached, record)
@@ -243,12 +241,12 @@ class SessionManager(SessionListing, SessionBranches):
 
     async def _load(self, key: str, include_archived: bool) -> Session | None:
         cached, dropped = await self._cached(key, include_archived)
-        if cached is not None and (cached._in_backend or cached.is_dirty()):
+        if cached is not None and (book(cached).in_backend or cached.is_dirty()):
             return cached
         session = await self._load_fresh(key, include_archived)
         if session is not None:
             if dropped is not None:
-                session._carried_from(dropped)
+                book(session).carried_from(dropped)
             await self._remember(session)
         return session
 
@@ -272,7 +270,7 @@ class SessionManager(SessionListing, SessionBranches):
         if session is None:
             session = self._new(key, None)
         elif dropped is not None:
-            session._carried_from(dropped)
+            book(session).carried_from(dropped)
         await self._remember(session)
         return session
 
@@ -281,7 +279,7 @@ class SessionManager(SessionListing, SessionBranches):
         if found is None:
             return await self._fallback.merge(key, None, None, settle=settle)
         session = self._new(key, found.record)
-        session._loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
+        book(session).loaded(found.messages, [Summary(*s) for s in found.summaries], full=include_archived)
         return await self._fallback.merge(key, session, found.record, settle=settle)
 
     async def _peek(self, key: str) -> Session | None:
@@ -308,7 +306,7 @@ class SessionManager(SessionListing, SessionBranches):
                     continue  # a held session is never evicted, nor the one just handed out
                 if session.is_dirty():
                     try:
-                        await self._save(session)
+                        await self._writes.save(session)
                     except StatekeelError as exc:
                         log.warning(
                             "could not save session %r before evicting it; it stays cached: %s", key, exc
@@ -351,103 +349,10 @@ class SessionManager(SessionListing, SessionBranches):
         the next load reads the stored version.
         """
         try:
-            await self._save(session)
+            await self._writes.save(session)
         except ConflictError:
             self._forget(session.key, session)
             raise
-
-    async def _save(self, session: Session) -> bool:
-        """Save; True when the backend took it, False when it went to the fallback file. Saves of one
-        session object run one at a time: each writes what the one before it left unsaved."""
-        session = self._check_owned(session)
-        async with session._saving:
-            return await self._save_now(session)
-
-    async def _save_now(self, session: Session) -> bool:
-        if self._closed:
-            raise BackendUnavailable(
-                f"the store is closed: session {session.key!r} was not saved (nor written to a fallback "
-                "file); open the store again, load the session and re-apply the change",
-                key=session.key,
-            )
-        changes = session._changes()
-        if changes.empty:
-            return True
-        if self._fallback.may_exist(session.key):
-            await self._fallback.check_before_save(session)
-        calls = await self._tools.counted(session)
-        in_block = self.backend.in_atomic()
-        write_id = f"{self._write_prefix}{next(self._write_seq)}"
-        if not in_block:  # in a block, the block's outcome decides
-            session._attempting(write_id, changes)
-        try:
-            record = await self.backend.append_messages(
-                session.key,
-                changes.base,
-                changes.batch,
-                metadata=changes.metadata,
-                create=changes.create,
-                status=changes.status,
-                lease=self._lease_for(session.key),
-                # Same key and head but deleted and created again meanwhile: a conflict, not a fork.
-                expected_created_at=session._expected_created_at(),
-                expected_version=changes.expected_version,
-                expected_rewinds=changes.expected_rewinds,
-                # How many tool calls wait for a result after this save, and whose they are.
-                open_calls=calls[0],
-                calls_owner=calls[1],
-                write_id=write_id,
-            )
-        except BackendUnavailable as exc:
-            if in_block:
-                raise  # the block's transaction decides: a fallback file would outlive its rollback
-            if getattr(exc, "outcome", None) != "unknown":
-                session._attempt_failed(write_id)
-            await self._fallback.write(session, changes, exc)
-            return False
-        except ConflictError:
-            session._attempt_failed(write_id)
-            # A save of this session whose answer it never heard may have moved the row (and a load may
-            # have settled it meanwhile): then it is no conflict, and what is left unsaved is written now.
-            if session._head == changes.base and (
-                session._unsure is None
-                or not await self._settled(session, await self.backend.load_session(session.key))
-            ):
-                raise
-            return await self._save_now(session)
-        except StatekeelError:
-            if not in_block:
-                session._attempt_failed(write_id)
-            raise
-        covered = session._fallback_sig
-        if in_block:
-            # Settled for the rest of the block; undone if it rolls back. The file goes after COMMIT.
-            undo = session._saved_undoably(record, changes, write_id)
-            self.backend.on_block_end(functools.partial(self._block_ended, session.key, undo, covered))
-        else:
-            session._saved(record, changes)
-            if covered is not None:
-                await self._fallback.drop_covered(session.key, covered)
-        self._fallback.after_save(session.key)
-        return True
-
-    async def _settled(self, session: Session, record: SessionRecord | None) -> bool:
-        """Whether ``record`` (the backend's row) was written by a save of ``session`` whose answer it never
-        heard; then that save is settled as done, and the fallback file it holds deleted once the backend
-        has all of it."""
-        if record is None or not session._landed(record):
-            return False
-        log.info("session %r: a save whose answer was lost had landed; settled as saved", session.key)
-        covered = session._covered_fallback()
-        if covered is not None:
-            await self._fallback.drop_covered(session.key, covered)
-        return True
-
-    def _block_ended(self, key: str, undo: Callable[[], None], covered: str | None, committed: bool) -> None:
-        if not committed:
-            undo()
-        elif covered is not None:
-            self._fallback.spawn(self._fallback.drop_covered(key, covered), f"statekeel-drop-{key}")
 
     def _remove_file_later(self, files: FallbackDir, key: str) -> None:
         self._fallback.spawn(asyncio.to_thread(files.delete, key), f"statekeel-delete-{key}")
@@ -524,7 +429,7 @@ class SessionManager(SessionListing, SessionBranches):
 
     async def _recover_tool_calls(self, repair: bool) -> ToolRecovery:
         """For ``store.recover()``: the sessions with waiting tool calls (see :mod:`.tools`)."""
-        return await self._tools.recover(repair)
+        return await self._tools.recover(repair, self.open, self._peek)
 
     # --- fallback replay ------------------------------------------------------------------------------
 
@@ -537,7 +442,7 @@ class SessionManager(SessionListing, SessionBranches):
         is held (in this process or another one) is left to its holder's next save and reported as
         skipped. Files are independent: one failure never stops the others.
         """
-        return await self._fallback.replay()
+        return await self._writes.replay()
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -562,7 +467,7 @@ class SessionManager(SessionListing, SessionBranches):
         def follow() -> None:
             cached = self._cache.get(key)
             if cached is not None:
-                cached._status_set(record, updated)
+                book(cached).status_set(record, updated)
 
         self._after_commit(follow)
         return updated
@@ -657,7 +562,7 @@ class SessionManager(SessionListing, SessionBranches):
         def follow() -> None:
             cached = self._cache.get(key)
             if cached is not None:
-                cached._compressed(done, record, updated)
+                book(cached).compressed(done, record, updated)
 
         self._after_commit(follow)
         return compression_id
@@ -668,7 +573,7 @@ class SessionManager(SessionListing, SessionBranches):
         """Stop background work (fallback replay, lease renewal, the heartbeat). Held leases expire by
         themselves; tool calls this manager left waiting may be answered by the next load. Saves raise
         ``BackendUnavailable`` from now on."""
-        self._closed = True
+        self._writes.closed = True
         tasks = list(self._fallback.tasks)
         for lock in list(self._held.values()):
             if lock._renewer is not None:

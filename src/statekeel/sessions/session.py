@@ -1,9 +1,11 @@
 """The in-memory session: its messages, and what the store holds of it.
 
 A :class:`Session` owns its bookkeeping (the head the backend holds, the stored metadata and status, the
-version its edits are based on, the fallback file whose content it holds …). The manager changes it only
-through the named transitions below (``_loaded``, ``_saved``, ``_refreshed``, ``_compressed`` …), each of
-which says which event of the store it follows.
+version its edits are based on, the fallback file whose content it holds …). Nothing outside this module
+touches it: the rest of the package reads and changes it through :class:`SessionBook` (``book(session)``),
+one named protocol — what a save would write (``changes``) and the transitions that follow each event of
+the store (``saved``, ``fell_back``, ``refreshed``, ``compressed`` …), each saying which event it follows.
+:mod:`statekeel.sessions.writes` applies the outcome of every write through it.
 
 The rule for other writers' changes is the same for every part of a session: a save is conditional on
 what it writes — new messages on the head they follow, metadata and status on the version the session
@@ -18,17 +20,18 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..backends.base import SESSION_STATUSES, NewMessage, SessionRecord
+from ..backends.base import SESSION_STATUSES, SessionRecord
 from ..codec import Codec
 from ..errors import InvalidArgument
 from ..fallback import FallbackSnapshot
-from ..transcripts import ToolCall, normalize_item, role_of, safe_window
+from ..transcripts import ToolCall, TranscriptIndex, normalize_item, safe_window
 from ..usage import check_usage
 from ..validation import check_bool, check_str
+from .changes import Changes, message_batch
 from .transcript import SessionTranscript
 
 
@@ -56,54 +59,8 @@ class Rewind:
     created_at: dt.datetime
 
 
-def check_message(message: Any, seq: int) -> str:
-    """Refuse what ``add_message`` / ``add_item`` would not have produced: a non-dict, or one without a
-    non-empty ``role`` or (a Responses item) ``type``. Returns what the ``role`` column stores."""
-    if type(message) is not dict:
-        raise InvalidArgument(
-            f"messages[{seq}] must be a dict, got {type(message).__name__}; use session.add_message()",
-            seq=seq,
-        )
-    role = role_of(message)  # a Responses item has no role: its type stands in for it
-    if role is None:
-        raise InvalidArgument(
-            f"messages[{seq}] role must be a non-empty str (or, for an item without a role, its type), "
-            f"got role={message.get('role')!r}",
-            seq=seq,
-        )
-    return role
-
-
-def message_batch(codec: Codec, base: int, messages: Sequence[dict[str, Any]]) -> list[NewMessage]:
-    """The messages that follow head ``base``, checked and encoded for ``append_messages``."""
-    batch = []
-    for i, message in enumerate(messages):
-        role = check_message(message, base + i)
-        batch.append(NewMessage(role, codec.encode(message, where=f"messages[{base + i}]")))
-    return batch
-
-
-@dataclass(frozen=True, slots=True)
-class Changes:
-    """What saving a session would write: checked and encoded, before anything is written."""
-
-    base: int  # the backend head the new messages follow
-    messages: list[dict[str, Any]]
-    batch: list[NewMessage]
-    metadata_raw: bytes  # the session's metadata, encoded
-    metadata: bytes | None  # the same when it differs from the stored metadata, else None
-    status: str | None  # the status when it differs from the stored one, else None
-    create: bool  # the session is not in the backend yet
-    expected_version: int | None  # what a metadata or status change is conditional on
-    expected_rewinds: int | None = None  # the rewinds the session was loaded after (None: not stored yet)
-
-    @property
-    def empty(self) -> bool:
-        return not self.batch and self.metadata is None and self.status is None and not self.create
-
-
 # What a Session knows of the store (its bookkeeping), as opposed to what the caller changes.
-_STORED = (
+_STORED: tuple[str, ...] = (
     "_head",
     "_rewinds",
     "_saved_last",
@@ -111,12 +68,8 @@ _STORED = (
     "_metadata_raw",
     "_saved_status",
     "_version",
-    "created_at",
-    "updated_at",
-    "_fallback_sig",
-    "_fallback_head",
-    "_unsure",
 )
+_STORED += ("created_at", "updated_at", "_fallback_sig", "_fallback_head", "_unsure")
 _stored_fields = operator.attrgetter(*_STORED)
 # At most this many saves of one session whose outcome it never heard are remembered (the oldest is
 # forgotten first): a bound on memory, far above what a caller's retries leave.
@@ -391,11 +344,7 @@ class Session:
             expected_rewinds=self._rewinds if self._in_backend else None,
         )
 
-    def _expected_created_at(self) -> dt.datetime | None:
-        """The incarnation a write must find (None for a session not in the backend yet)."""
-        return self.created_at if self._in_backend else None
-
-    # --- transitions: each follows one event of the store -----------------------------------------------
+    # --- helpers of the transitions (the store protocol is SessionBook) ------------------------------
 
     def _stored(self) -> tuple[Any, ...]:
         """What this session knows of the store, as one value (to undo a transition)."""
@@ -409,41 +358,6 @@ class Session:
     def _mark_saved(self) -> None:
         saved = self._head - self._first
         self._saved_last = self.messages[saved - 1] if 0 < saved <= len(self.messages) else None
-
-    def _loaded(self, messages: list[dict[str, Any]], summaries: list[Summary], *, full: bool) -> None:
-        """The backend's messages of the record this session was made from (from seq 0 when ``full``)."""
-        self.messages = messages
-        self.summaries = summaries
-        if full:
-            self._first = 0
-            self._full = True
-        self._mark_saved()
-
-    def _from_fallback(self, snap: FallbackSnapshot, signature: str) -> None:
-        """A session the backend does not have, taken whole from its fallback file."""
-        self.metadata = snap.metadata
-        self.status = snap.status
-        self.created_at = snap.created_at
-        self.updated_at = snap.updated_at
-        self.messages = list(snap.messages)
-        self._fallback_sig = signature
-        self._fallback_head = self.head_seq
-
-    def _continued_by(self, snap: FallbackSnapshot, messages: list[dict[str, Any]], signature: str) -> None:
-        """A fallback file continues what this session holds: ``messages`` (the file's messages this
-        session lacks) become unsaved here, and so do the file's metadata and status changes."""
-        self.messages.extend(messages)
-        if snap.metadata_changed:
-            self.metadata = snap.metadata
-        if snap.status_changed:
-            self.status = snap.status
-        self._fallback_sig = signature
-        self._fallback_head = self.head_seq
-
-    def _fell_back(self, signature: str, head: int) -> None:
-        """The unsaved part, up to ``head``, was written to the fallback file with ``signature``."""
-        self._fallback_sig = signature
-        self._fallback_head = head
 
     def _metadata_edited(self) -> bool:
         if self._metadata_raw is None:
@@ -470,7 +384,112 @@ class Session:
         self.updated_at = record.updated_at
         return True
 
-    def _carried_from(self, old: Session) -> None:
+
+class SessionBook:
+    """The store's protocol with one :class:`Session` (``book(session)``): what the session knows of the
+    store, what a save would write, and the transitions that follow each event of the store — each named
+    for that event. Public to the package, not to callers: the manager, :mod:`.writes`, :mod:`.fallback`
+    and :mod:`.tools` read and change a session's bookkeeping only through it."""
+
+    __slots__ = ("_s", "codec", "owner", "saving")
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+        self.owner = session._owner  # the manager that made the session
+        self.codec = session._codec
+        self.saving = session._saving  # held while a write of this session object runs: one at a time
+
+    # --- what the session knows of the store ------------------------------------------------------------
+
+    @property
+    def in_backend(self) -> bool:
+        return self._s._in_backend
+
+    @property
+    def full(self) -> bool:
+        """Loaded from seq 0 (``include_archived=True``)."""
+        return self._s._full
+
+    @property
+    def unheard(self) -> bool:
+        """Whether a save of the session may have landed without it hearing the answer."""
+        return self._s._unsure is not None
+
+    @property
+    def fallback_signature(self) -> str | None:
+        """The signature of the fallback file whose content the session holds."""
+        return self._s._fallback_sig
+
+    @property
+    def transcript(self) -> SessionTranscript:
+        """The tool calls of its transcript, and what the store said of its waiting ones."""
+        return self._s._tools
+
+    def index(self) -> TranscriptIndex:
+        """The transcript index of its live messages, up to date with the list."""
+        s = self._s
+        return s._tools.index(s.messages, s._first)
+
+    def append(self, item: Any, *, strict: bool = True) -> dict[str, Any]:
+        """``add_item`` without its argument checks (the package's own messages)."""
+        return self._s._append(item, strict=strict)
+
+    def calls_stored(self, open_calls: int, calls_owner: str | None) -> None:
+        """The store now counts ``open_calls`` waiting calls of ``calls_owner`` for the session."""
+        tools = self._s._tools
+        tools.stored_open, tools.calls_owner = open_calls, calls_owner
+
+    # --- transitions: each follows one event of the store -----------------------------------------------
+
+    def changes(self) -> Changes:
+        """What a save would write, checked and encoded; a typed error before anything is written."""
+        return self._s._changes()
+
+    def expected_created_at(self) -> dt.datetime | None:
+        """The incarnation a write must find (None for a session not in the backend yet)."""
+        s = self._s
+        return s.created_at if s._in_backend else None
+
+    def loaded(self, messages: list[dict[str, Any]], summaries: list[Summary], *, full: bool) -> None:
+        """The backend's messages of the record this session was made from (from seq 0 when ``full``)."""
+        s = self._s
+        s.messages = messages
+        s.summaries = summaries
+        if full:
+            s._first = 0
+            s._full = True
+        s._mark_saved()
+
+    def from_fallback(self, snap: FallbackSnapshot, signature: str) -> None:
+        """A session the backend does not have, taken whole from its fallback file."""
+        s = self._s
+        s.metadata = snap.metadata
+        s.status = snap.status
+        s.created_at = snap.created_at
+        s.updated_at = snap.updated_at
+        s.messages = list(snap.messages)
+        s._fallback_sig = signature
+        s._fallback_head = s.head_seq
+
+    def continued_by(self, snap: FallbackSnapshot, messages: list[dict[str, Any]], signature: str) -> None:
+        """A fallback file continues what this session holds: ``messages`` (the file's messages this
+        session lacks) become unsaved here, and so do the file's metadata and status changes."""
+        s = self._s
+        s.messages.extend(messages)
+        if snap.metadata_changed:
+            s.metadata = snap.metadata
+        if snap.status_changed:
+            s.status = snap.status
+        s._fallback_sig = signature
+        s._fallback_head = s.head_seq
+
+    def fell_back(self, signature: str, head: int) -> None:
+        """The unsaved part, up to ``head``, was written to the fallback file with ``signature``."""
+        s = self._s
+        s._fallback_sig = signature
+        s._fallback_head = head
+
+    def carried_from(self, old: Session) -> None:
         """``load()`` read this session fresh in place of the cached ``old``, which held unsaved changes
         but fell behind another writer's: ``old``'s metadata and status edits move here, so that the next
         save stores them or raises ``ConflictError``, never drops them. An edit of a field the other writer
@@ -478,172 +497,189 @@ class Session:
         field, this session keeps ``old``'s base (version, stored metadata and status), so its save
         conflicts instead of overwriting theirs. Unsaved messages are not moved: they would follow
         another head (``old``'s save raises ``ConflictError``)."""
+        s = self._s
         metadata_edited = old._metadata_edited()
         status_edited = old.status != old._saved_status
         if not (metadata_edited or status_edited):
             return
-        if not (old._in_backend and self._in_backend and old.created_at == self.created_at):
+        if not (old._in_backend and s._in_backend and old.created_at == s.created_at):
             return  # deleted (and perhaps created again) meanwhile: nothing to edit on top of
-        base = {} if old._metadata_raw is None else self._codec.decode(old._metadata_raw)
-        collide = (metadata_edited and self._metadata_raw != old._metadata_raw and self.metadata != base) or (
-            status_edited and self._saved_status != old._saved_status
+        base = {} if old._metadata_raw is None else s._codec.decode(old._metadata_raw)
+        collide = (metadata_edited and s._metadata_raw != old._metadata_raw and s.metadata != base) or (
+            status_edited and s._saved_status != old._saved_status
         )
         if metadata_edited:
-            self.metadata = self._codec.decode(self._codec.encode(old.metadata, where="metadata"))
+            s.metadata = s._codec.decode(s._codec.encode(old.metadata, where="metadata"))
         if status_edited:
-            self.status = old.status
+            s.status = old.status
         if collide:
-            self._version = old._version
-            self._metadata_raw = old._metadata_raw
-            self._saved_status = old._saved_status
+            s._version = old._version
+            s._metadata_raw = old._metadata_raw
+            s._saved_status = old._saved_status
 
-    def _in_step_with(self, record: SessionRecord) -> bool:
+    def in_step_with(self, record: SessionRecord) -> bool:
         """Whether ``record`` is the row this session was last loaded or saved at, but for its metadata
         and status (same incarnation, head and compression point)."""
+        s = self._s
         return (
-            self._in_backend
-            and record.head_seq == self._head
-            and record.last_consolidated == self.last_consolidated
-            and record.created_at == self.created_at  # not deleted and created again
-            and record.rewinds == self._rewinds
+            s._in_backend
+            and record.head_seq == s._head
+            and record.last_consolidated == s.last_consolidated
+            and record.created_at == s.created_at  # not deleted and created again
+            and record.rewinds == s._rewinds
         )
 
-    def _refreshed(self, record: SessionRecord) -> bool:
+    def refreshed(self, record: SessionRecord) -> bool:
         """``load()`` read ``record``, in step with this session: bring it up to date. False when another
         writer changed what this session changed too (the caller reloads it)."""
-        self._tools.stored(record)  # the waiting calls' count and owner change without a new version
-        return record.version == self._version or self._take_theirs(record)
+        s = self._s
+        s._tools.stored(record)  # the waiting calls' count and owner change without a new version
+        return record.version == s._version or s._take_theirs(record)
 
-    def _attempting(self, write_id: str, changes: Changes) -> None:
+    def attempting(self, write_id: str, changes: Changes) -> None:
         """A save with ``write_id`` is about to write ``changes``. Until its answer arrives — it may never:
         the call can be cancelled after its COMMIT, or the COMMIT's answer be lost — it may have landed."""
-        unsure = self._unsure
+        s = self._s
+        unsure = s._unsure
         if unsure is None:
-            self._unsure = {write_id: changes}
+            s._unsure = {write_id: changes}
             return
         if len(unsure) >= _MAX_UNSURE:
             del unsure[next(iter(unsure))]
         unsure[write_id] = changes
 
-    def _attempt_failed(self, write_id: str) -> None:
+    def attempt_failed(self, write_id: str) -> None:
         """The save with ``write_id`` was refused: it did not land."""
-        unsure = self._unsure
+        s = self._s
+        unsure = s._unsure
         if unsure is not None:
             unsure.pop(write_id, None)
             if not unsure:
-                self._unsure = None
+                s._unsure = None
 
-    def _landed(self, record: SessionRecord) -> bool:
+    def landed(self, record: SessionRecord) -> bool:
         """Whether ``record``'s last append is one of this session's saves whose answer it never heard;
         then that save is settled as done (the fallback file this session holds stays held until all of
         it is in the backend). False when another writer's append came last."""
-        unsure = self._unsure
+        s = self._s
+        unsure = s._unsure
         changes = None if unsure is None or record.write_id is None else unsure.get(record.write_id)
         if changes is None or record.head_seq != changes.base + len(changes.batch):
             return False
-        held = self._fallback_sig
-        self._saved(record, changes)
-        self._fallback_sig = held
+        held = s._fallback_sig
+        self.saved(record, changes)
+        s._fallback_sig = held
         return True
 
-    def _covered_fallback(self) -> str | None:
+    def covered_fallback(self) -> str | None:
         """The signature of the fallback file this session holds when all it holds is in the backend now
         (nothing is unsaved): the session lets go of it, for the caller to delete."""
-        held = self._fallback_sig
-        if held is None or self.is_dirty():
+        s = self._s
+        held = s._fallback_sig
+        if held is None or s.is_dirty():
             return None
-        self._fallback_sig = None
+        s._fallback_sig = None
         return held
 
-    def _saved(self, record: SessionRecord, changes: Changes) -> None:
+    def saved(self, record: SessionRecord, changes: Changes) -> None:
         """The backend took ``changes``; ``record`` is its row after them."""
+        s = self._s
         # A write of metadata or status was conditional on the version: only an append of messages alone
         # can have passed another writer's change, which shows as a version jump.
-        theirs = not changes.create and record.version != self._version + 1
-        self._head = record.head_seq
-        self._rewinds = record.rewinds
-        self._mark_saved()
-        self._in_backend = True
-        self.created_at = record.created_at
-        self._fallback_sig = None
-        self._unsure = None
-        self._tools.stored(record)
-        if not (theirs and self._take_theirs(record)):
+        theirs = not changes.create and record.version != s._version + 1
+        s._head = record.head_seq
+        s._rewinds = record.rewinds
+        s._mark_saved()
+        s._in_backend = True
+        s.created_at = record.created_at
+        s._fallback_sig = None
+        s._unsure = None
+        s._tools.stored(record)
+        if not (theirs and s._take_theirs(record)):
             if not theirs:
-                self._metadata_raw = changes.metadata_raw
-                self._saved_status = record.status
-                self._version = record.version
-            self.updated_at = record.updated_at
+                s._metadata_raw = changes.metadata_raw
+                s._saved_status = record.status
+                s._version = record.version
+            s.updated_at = record.updated_at
 
-    def _saved_undoably(self, record: SessionRecord, changes: Changes, write_id: str) -> Callable[[], None]:
-        """:meth:`_saved` inside an ``atomic()`` block: returns what undoes it if the block does not commit
+    def saved_undoably(self, record: SessionRecord, changes: Changes, write_id: str) -> Callable[[], None]:
+        """:meth:`saved` inside an ``atomic()`` block: returns what undoes it if the block does not commit
         — it rolled back, or its COMMIT's answer was lost: then the save (``write_id``) may have landed."""
-        before = self._stored()
-        calls_before = self._tools.stored_open, self._tools.calls_owner
-        metadata, status = self.metadata, self.status
-        self._saved(record, changes)
-        taken_metadata, taken_status = self.metadata, self.status
+        s = self._s
+        before = s._stored()
+        calls_before = s._tools.stored_open, s._tools.calls_owner
+        metadata, status = s.metadata, s.status
+        self.saved(record, changes)
+        taken_metadata, taken_status = s.metadata, s.status
 
         def undo() -> None:
-            later = self._unsure  # what the undos of the block's later saves remembered (run first)
-            self._restore(before)
-            self._tools.stored_open, self._tools.calls_owner = calls_before
-            if self.metadata is taken_metadata:
-                self.metadata = metadata
-            if self.status == taken_status:
-                self.status = status
+            later = s._unsure  # what the undos of the block's later saves remembered (run first)
+            s._restore(before)
+            s._tools.stored_open, s._tools.calls_owner = calls_before
+            if s.metadata is taken_metadata:
+                s.metadata = metadata
+            if s.status == taken_status:
+                s.status = status
             for attempt in (later or {}).items():
-                self._attempting(*attempt)
-            self._attempting(write_id, changes)
+                self.attempting(*attempt)
+            self.attempting(write_id, changes)
 
         return undo
 
-    def _status_set(self, before: SessionRecord, record: SessionRecord) -> None:
+    def status_set(self, before: SessionRecord, record: SessionRecord) -> None:
         """The manager changed the stored status (expire, archive, reopen) of the row it read as
         ``before``; ``record`` is the row after."""
-        if not (self._in_step_with(before) and self._refreshed(before)):
+        s = self._s
+        if not (self.in_step_with(before) and self.refreshed(before)):
             return  # behind, or changed here too: its next save conflicts, its next load reloads
-        if self.status == self._saved_status:
-            self.status = record.status
-        self._saved_status = record.status
-        self._version = record.version
-        self.updated_at = record.updated_at
+        if s.status == s._saved_status:
+            s.status = record.status
+        s._saved_status = record.status
+        s._version = record.version
+        s.updated_at = record.updated_at
 
-    def _rewound(self, before: SessionRecord, record: SessionRecord) -> bool:
+    def rewound(self, before: SessionRecord, record: SessionRecord) -> bool:
         """The manager rewound the stored session (``before`` → ``record``): drop the rewound tail from
         the messages. Only when in step with ``before`` and nothing is unsaved; False otherwise (the caller
         drops it from the cache: its next save conflicts)."""
-        if self.unsaved() or not (self._in_step_with(before) and self._refreshed(before)):
+        s = self._s
+        if s.unsaved() or not (self.in_step_with(before) and self.refreshed(before)):
             return False
         to = record.head_seq
-        if to < self._first:
+        if to < s._first:
             return False
-        del self.messages[to - self._first :]
-        self._usage = None  # nothing was unsaved
-        self._head = to
-        self._rewinds = record.rewinds
-        self._version = record.version
-        self.updated_at = record.updated_at
+        del s.messages[to - s._first :]
+        s._usage = None  # nothing was unsaved
+        s._head = to
+        s._rewinds = record.rewinds
+        s._version = record.version
+        s.updated_at = record.updated_at
         if record.parent_key is not None and record.parent_seq is not None:
-            self.parent = (record.parent_key, record.parent_seq)
-        self._tools = SessionTranscript(record)
-        self._mark_saved()
+            s.parent = (record.parent_key, record.parent_seq)
+        s._tools = SessionTranscript(record)
+        s._mark_saved()
         return True
 
-    def _compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
+    def compressed(self, summary: Summary, before: SessionRecord, record: SessionRecord) -> None:
         """The manager compressed the stored session (``before`` → ``record``): drop what moved to the
         archive from the live messages. Only when this session is in step with ``before``: its saved
         messages then reach at least ``upto_seq``, so no unsaved message is ever dropped."""
-        if not (self._in_step_with(before) and self._refreshed(before)):
+        s = self._s
+        if not (self.in_step_with(before) and self.refreshed(before)):
             return
         upto = summary.upto_seq
-        if not self._full and self._first < upto:
-            del self.messages[: upto - self._first]
-            self._first = upto
-        self.last_consolidated = upto
-        self.summaries.append(summary)
-        self._version = record.version
-        self.updated_at = record.updated_at
+        if not s._full and s._first < upto:
+            del s.messages[: upto - s._first]
+            s._first = upto
+        s.last_consolidated = upto
+        s.summaries.append(summary)
+        s._version = record.version
+        s.updated_at = record.updated_at
 
 
-__all__ = ["Changes", "Rewind", "Session", "Summary", "check_message", "message_batch"]
+def book(session: Session) -> SessionBook:
+    """The store's protocol with ``session`` (see :class:`SessionBook`)."""
+    return SessionBook(session)
+
+
+__all__ = ["Rewind", "Session", "SessionBook", "Summary", "book"]

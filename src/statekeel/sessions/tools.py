@@ -21,15 +21,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import datetime as dt
+import functools
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from ..backends.base import OpenCalls, SessionStepRecord
+from ..backends.base import OpenCalls, SessionStepRecord, StorageBackend
 from ..codec import canonical
 from ..errors import (
     BackendUnavailable,
@@ -54,25 +55,22 @@ from ..transcripts import (
     tool_result,
 )
 from ..validation import check_bool, check_key
-from .session import Session
+from .heartbeat import Heartbeat, utcnow
+from .session import Session, book
 from .transcript import take_back
-
-if TYPE_CHECKING:
-    from .manager import SessionManager
+from .writes import SessionWrites
 
 log = logging.getLogger("statekeel.sessions")
 
 MISSING: Any = object()
+# How recover() opens a session: SessionManager.open.
+Opener = Callable[..., AbstractAsyncContextManager[Session]]
 # recover(): sessions read per page of the index; a session busy for longer than this is reported busy.
 _PAGE = 500
 _LOCK_TIMEOUT_S = 0.5
 # recover(): how far back from a session's end the one-time count of an unknown session looks.
 _TAIL = 200
 _TAILS_PER_READ = 50  # sessions whose tails one read returns: bounds what is held in memory at once
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _key(session: Session, call_id: str) -> tuple[str, str]:
@@ -97,109 +95,48 @@ class ToolRecovery:
 
 
 class ToolCalls:
-    """The tool calls of one ``SessionManager``'s sessions."""
+    """The tool calls of one ``SessionManager``'s sessions. Their writes go through ``writes``; ``held``
+    is the manager's map of the session locks it holds (key → lock)."""
 
-    def __init__(self, manager: SessionManager) -> None:
-        self._manager = manager
+    def __init__(self, writes: SessionWrites, heartbeat: Heartbeat, held: Mapping[str, Any]) -> None:
+        self.writes = writes
+        self.backend: StorageBackend = writes.backend
+        self.heartbeat = heartbeat
+        self._held = held
         self._running: set[tuple[str, str]] = set()  # (session key, call id) whose function runs here
-        self._beat_until: dt.datetime | None = None  # this manager's heartbeat row, as last committed
-        self._beat_written = False
-        self._beater: asyncio.Task[None] | None = None
 
     @property
     def owner(self) -> str:
-        return self._manager.owner_id
-
-    # --- heartbeat --------------------------------------------------------------------------------------
+        return self.heartbeat.owner
 
     async def ensure_heartbeat(self) -> None:
-        """Make this manager's heartbeat row valid for a while, before a write names it the owner of
-        waiting calls (committed first: a reader never sees the owner without its heartbeat)."""
-        manager = self._manager
-        ttl = dt.timedelta(seconds=manager.lease_seconds)
-        now = _utcnow()
-        if self._beat_until is None or self._beat_until - now < ttl / 2:
-            until = now + ttl
-            await manager.backend.put_heartbeat(self.owner, until)
-            self._beat_written = True
-            # Inside the caller's atomic() block the row commits with it, or not at all: write it again
-            # next time rather than trust it.
-            self._beat_until = None if manager.backend.in_atomic() else until
-        if self._beater is None or self._beater.done():
-            # A context of its own: the renewals must not join the atomic() block of the task that
-            # started them.
-            self._beater = asyncio.create_task(
-                self._beat(), name="statekeel-heartbeat", context=contextvars.Context()
-            )
-
-    async def _beat(self) -> None:
-        manager = self._manager
-        interval = manager.lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            until = _utcnow() + dt.timedelta(seconds=manager.lease_seconds)
-            try:
-                await manager.backend.put_heartbeat(self.owner, until)
-                self._beat_until = until
-                interval = manager.lease_seconds / 3
-            except StatekeelError as exc:
-                interval = max(manager.lease_seconds / 10, 0.05)  # retry sooner: it is ours until it expires
-                log.warning("could not renew the heartbeat of %s: %s", self.owner, exc)
+        """See :meth:`Heartbeat.ensure`."""
+        await self.heartbeat.ensure()
 
     async def close(self) -> None:
         """Stop the heartbeat and remove its row: calls this manager left waiting may be answered now."""
-        beater, self._beater = self._beater, None
-        if beater is not None:
-            beater.cancel()
-            await asyncio.gather(beater, return_exceptions=True)
-        if self._beat_written:
-            self._beat_written = False
-            self._beat_until = None
-            try:
-                await self._manager.backend.delete_heartbeat(self.owner)
-            except StatekeelError as exc:
-                log.warning("could not remove the heartbeat of %s (it will expire): %s", self.owner, exc)
+        await self.heartbeat.close()
 
     # --- whose calls ------------------------------------------------------------------------------------
 
     async def _alive(self, owner: str | None, *, own_counts: bool = True) -> bool:
-        """Whether ``owner`` (a process that left calls waiting) still runs. This manager counts as
-        running unless ``own_counts`` is False (``recover()``: then only calls it runs right now do)."""
-        if owner is None:
-            return False
-        if owner == self.owner:
-            return own_counts
-        if holder_is_dead(owner):
-            return False
-        until = await self._manager.backend.read_heartbeat(owner)
-        return until is not None and until > _utcnow()
+        return await self.heartbeat.alive(owner, own_counts=own_counts)
 
     async def _held_elsewhere(self, key: str) -> bool:
         """Whether another holder has the session's lock: another task of this manager, or a live lease."""
-        manager = self._manager
-        held = manager._held.get(key)
+        held = self._held.get(key)
         if held is not None:
             return held._holder is not asyncio.current_task()
-        lease = await manager.backend.read_session_lease(key)
+        lease = await self.backend.read_session_lease(key)
         if lease is None or lease.owner is None or lease.owner == self.owner:
             return False
-        return lease.expires_at > _utcnow() and not holder_is_dead(lease.owner)
-
-    # --- what a save records ----------------------------------------------------------------------------
-
-    async def counted(self, session: Session) -> tuple[int, str | None]:
-        """The session's waiting calls and their owner, as a save records them (heartbeat ensured)."""
-        count = session._tools.open_calls(session.messages, session._first)
-        if not count:
-            return 0, None
-        await self.ensure_heartbeat()
-        return count, self.owner
+        return lease.expires_at > utcnow() and not holder_is_dead(lease.owner)
 
     # --- the transcript ---------------------------------------------------------------------------------
 
     @staticmethod
     def _index(session: Session) -> TranscriptIndex:
-        return session._tools.index(session.messages, session._first)
+        return book(session).index()
 
     def _waiting_call(self, session: Session, call_id: str, *, late: bool = False) -> ToolCall:
         """The call ``call_id`` of the session, which must still wait for a result that appending can
@@ -242,7 +179,7 @@ class ToolCalls:
                 item = None
             if item is not None and {r.call_id for r in analyze([item]).results} == {call.call_id}:
                 return item
-        plain = session._codec.to_json(value, where="result")
+        plain = book(session).codec.to_json(value, where="result")
         return tool_result(call, orjson.dumps(plain).decode("utf-8"))
 
     # --- run_tool ---------------------------------------------------------------------------------------
@@ -250,12 +187,12 @@ class ToolCalls:
     async def run(self, session: Session, call_id: str, fn: StepFn, idempotent: bool) -> Any:
         """See ``SessionManager.run_tool``."""
         try:
-            session = self._manager._check_owned(session)
+            session = self.writes.owned(session)
             check_key(call_id, "call_id")
             check_bool(idempotent, "idempotent")
             check_fn(fn, call_id=call_id)
             check_outside_transaction(
-                self._manager.backend.in_atomic(),
+                self.backend.in_atomic(),
                 f"tool call {call_id!r} of session {session.key!r}",
                 key=session.key,
                 call_id=call_id,
@@ -273,27 +210,32 @@ class ToolCalls:
             raise
         self._running.add(running)
         try:
-            return await run_step(_ToolStep(self, session, call, idempotent), fn, self._manager.codec)
+            return await run_step(_ToolStep(self, session, call, idempotent), fn, self.writes.codec)
         finally:
             self._running.discard(running)
 
     async def append_result(
-        self, session: Session, message: dict[str, Any], settle: Any, *, late: ToolCall | None = None
+        self,
+        session: Session,
+        message: dict[str, Any],
+        settle: Callable[[int], Awaitable[None]],
+        *,
+        late: ToolCall | None = None,
     ) -> None:
         """Append ``message`` (already checked) to the session and commit it, with the session's other
         unsaved messages, together with ``settle(seq)`` (the journal's record of the result at ``seq``),
-        conditional on the head the session holds. The caller holds ``session._saving``. On
+        conditional on the head the session holds. The caller holds the session's write lock. On
         ``BackendUnavailable`` the message stays in the session, unsaved; on any other failure it is taken
         back out. With ``late`` (a call of a turn other messages followed) ``message`` answers that call
         after them, out of place."""
-        manager = self._manager
+        transcript = book(session).transcript
         if late is None:
             self._index(session).add(message)
         else:
             self._index(session).add_stored(message)  # out of place: strict placement would refuse it
         session.messages.append(message)
         if late is not None and not self._index(session).answered_late(late):
-            take_back(session.messages, [message], session._tools)
+            take_back(session.messages, [message], transcript)
             raise TranscriptError(
                 f"the result given for tool call {late.call_id!r} of session {session.key!r} does not "
                 "answer that call; pass its content, or a result item for this very call",
@@ -303,14 +245,11 @@ class ToolCalls:
             )
         seq = session.head_seq - 1
         try:
-            await self.counted(session)  # the heartbeat, before the block that may name this process
-            async with manager.backend.atomic():
-                await manager._save_now(session)  # in the block: undone in the session if it rolls back
-                await settle(seq)
+            await self.writes.save_with(session, functools.partial(settle, seq))
         except BackendUnavailable:
             raise
         except BaseException:
-            take_back(session.messages, [message], session._tools)
+            take_back(session.messages, [message], transcript)
             raise
 
     # --- resolve_tool -----------------------------------------------------------------------------------
@@ -319,13 +258,13 @@ class ToolCalls:
         self, session: Session, call_id: str, result: Any, interrupted: bool, actor: str | None = None
     ) -> dict[str, Any]:
         """See ``SessionManager.resolve_tool``."""
-        manager = self._manager
-        session = manager._check_owned(session)
+        backend = self.backend
+        session = self.writes.owned(session)
         check_key(call_id, "call_id")
         check_bool(interrupted, "interrupted")
         if interrupted == (result is not MISSING):
             raise InvalidArgument("pass the call's result (result=...) or interrupted=True, not both")
-        async with session._saving:
+        async with book(session).saving:
             call = self._waiting_call(session, call_id, late=True)
             index = self._index(session)
             late = None if any(c is call for c in index.awaiting()) else call
@@ -340,12 +279,12 @@ class ToolCalls:
                 message = _interrupted_message(call)
             else:
                 message = self.result_message(session, call, result)
-            session._codec.encode(message, where=f"messages[{session.head_seq}]")
+            book(session).codec.encode(message, where=f"messages[{session.head_seq}]")
             if late is None:
                 index.check(message)
 
             async def settle(seq: int) -> None:
-                step = await manager.backend.get_session_step(session.key, call_id)
+                step = await backend.get_session_step(session.key, call_id)
                 if (
                     step is not None
                     and step.status == "started"
@@ -359,7 +298,7 @@ class ToolCalls:
                         call_id=call_id,
                         owner=step.owner,
                     )
-                await manager.backend.settle_session_step(
+                await backend.settle_session_step(
                     session.key,
                     call_id,
                     status="interrupted" if interrupted else "succeeded",
@@ -370,14 +309,12 @@ class ToolCalls:
                     data = {"session_key": session.key, "call_id": call_id, "seq": seq}
                     data["answer"] = "interrupted" if interrupted else "result"
                     text = canonical(data).decode("utf-8")
-                    await manager.backend.append_audit(
-                        "tool_call.resolved", actor, f"session:{session.key}", text
-                    )
+                    await backend.append_audit("tool_call.resolved", actor, f"session:{session.key}", text)
 
             try:
                 await self.append_result(session, message, settle, late=late)
             except BackendUnavailable:
-                take_back(session.messages, [message], session._tools)  # nothing was written: retry it
+                take_back(session.messages, [message], book(session).transcript)  # nothing written: retry
                 raise
         return message
 
@@ -388,10 +325,10 @@ class ToolCalls:
         result, saved once; ``session.repaired`` lists them. False when another writer changed the session
         first (the caller reloads it and calls again)."""
         session.repaired = ()
-        tools = session._tools
-        if not repair or tools.stored_open == 0 or not session._in_backend:
+        b = book(session)
+        tools = b.transcript
+        if not repair or tools.stored_open == 0 or not b.in_backend:
             return True
-        manager = self._manager
         key = session.key
         index = self._index(session)
         waiting = index.outstanding()
@@ -412,10 +349,10 @@ class ToolCalls:
         added: list[dict[str, Any]] = []
         try:
             for message in plan.append:
-                added.append(session._append(message))
+                added.append(b.append(message))
             for message in late:
-                added.append(session._append(message, strict=False))
-            await manager._save(session)
+                added.append(b.append(message, strict=False))
+            await self.writes.save(session)
         except ConflictError:
             take_back(session.messages, added, tools)
             return False
@@ -438,9 +375,7 @@ class ToolCalls:
         running in this manager."""
         if not waiting:
             return []
-        started = {
-            s.call_id for s in await self._manager.backend.session_steps(session.key, status="started")
-        }
+        started = {s.call_id for s in await self.backend.session_steps(session.key, status="started")}
         return [
             c for c in waiting if c.call_id not in started and _key(session, c.call_id) not in self._running
         ]
@@ -448,11 +383,11 @@ class ToolCalls:
     async def _recount(self, session: Session, count: int) -> None:
         """Correct a stored count that is out of date (unknown, or written by a writer that did not count);
         only a count: a failure is left to the next save."""
-        tools = session._tools
+        tools = book(session).transcript
         if tools.stored_open == count:
             return
         try:
-            done = await self._manager.backend.set_open_calls(
+            done = await self.backend.set_open_calls(
                 session.key,
                 expected_head=session.saved_head,
                 expected_created_at=session.created_at,
@@ -470,7 +405,7 @@ class ToolCalls:
         if not waiting:
             return []
         found = []
-        for step in await self._manager.backend.session_steps(session.key, status="started"):
+        for step in await self.backend.session_steps(session.key, status="started"):
             if step.call_id not in waiting or _key(session, step.call_id) in self._running:
                 continue
             if not await self._alive(step.owner, own_counts=not recovering):
@@ -479,11 +414,14 @@ class ToolCalls:
 
     # --- recover() --------------------------------------------------------------------------------------
 
-    async def recover(self, repair: bool) -> ToolRecovery:
+    async def recover(
+        self, repair: bool, opener: Opener, peek: Callable[[str], Awaitable[Session | None]]
+    ) -> ToolRecovery:
         """The sessions whose calls wait for a result, read through the index of those sessions: answer
-        what a process that is gone left (``repair``), list what is in doubt or busy."""
+        what a process that is gone left (``repair``), list what is in doubt or busy. ``opener`` opens a
+        session as ``SessionManager.open`` does; ``peek`` reads one as a load would, writing nothing."""
         out = ToolRecovery()
-        backend = self._manager.backend
+        backend = self.backend
         after: str | None = None
         while True:
             page = await backend.sessions_with_open_calls(after=after, limit=_PAGE)
@@ -492,7 +430,7 @@ class ToolCalls:
             }
             for found in (counted.get(p.key, p) for p in page):
                 if found.open_calls and found.status == "active":
-                    await self._recover_one(found, repair, out)
+                    await self._recover_one(found, repair, out, opener, peek)
             if len(page) < _PAGE:
                 return out
             after = page[-1].key
@@ -502,7 +440,7 @@ class ToolCalls:
         messages of each); store the zeros (``repair``). Returns the sessions with their count."""
         if not unknown:
             return []
-        backend = self._manager.backend
+        backend = self.backend
         tails: dict[str, list[dict[str, Any]]] = {}
         for start in range(0, len(unknown), _TAILS_PER_READ):
             keys = [found.key for found in unknown[start : start + _TAILS_PER_READ]]
@@ -516,22 +454,28 @@ class ToolCalls:
             await backend.set_open_calls_many(zeros)
         return counted
 
-    async def _recover_one(self, found: OpenCalls, repair: bool, out: ToolRecovery) -> None:
-        manager = self._manager
+    async def _recover_one(
+        self,
+        found: OpenCalls,
+        repair: bool,
+        out: ToolRecovery,
+        opener: Opener,
+        peek: Callable[[str], Awaitable[Session | None]],
+    ) -> None:
         key = found.key
         try:
             if await self._held_elsewhere(key) or await self._alive(found.calls_owner, own_counts=False):
                 out.busy.append(key)
                 return
             if repair:
-                async with manager.open(key, timeout=_LOCK_TIMEOUT_S, repair=False) as session:
+                async with opener(key, timeout=_LOCK_TIMEOUT_S, repair=False) as session:
                     if not await self.settle(session, True, recovering=True):
                         out.busy.append(key)
                         return
                     answered = [c.call_id for c in session.repaired]
                     doubt = await self.in_doubt(session, recovering=True)
             else:
-                loaded = await manager._peek(key)  # writes nothing: not even by evicting from the cache
+                loaded = await peek(key)  # writes nothing: not even by evicting from the cache
                 if loaded is None:
                     return
                 waiting = self._index(loaded).outstanding()
@@ -562,43 +506,22 @@ class _ToolStep:
     async def begin(self) -> tuple[SessionStepRecord, bool]:
         """Commit the session's unsaved messages (the call among them) and the *started* row together."""
         tools, session, call_id = self.tools, self.session, self.call.call_id
-        manager = tools._manager
-        backend = manager.backend
-        async with session._saving:
+        backend = tools.backend
+
+        async def started() -> tuple[SessionStepRecord, bool]:
+            # The first run of a call: one insert. A row already there is judged by _restart.
+            first = await backend.start_session_step(
+                session.key, call_id, owner=tools.owner, expected_attempt=None
+            )
+            if first is not None:
+                return first, True
+            step = await backend.get_session_step(session.key, call_id)
+            assert step is not None  # rows are deleted only with their session, locked here
+            return await self._restart(step)
+
+        async with book(session).saving:
             tools._waiting_call(session, call_id)  # again: a task of this process may have answered it
-            changes = session._changes()
-            count, owner = await tools.counted(session)  # count > 0: this call waits
-            async with backend.atomic():
-                if changes.empty:
-                    # Nothing to append: claim the waiting calls, conditional on the head this session
-                    # holds (its view of the call is current) and fenced by its lease.
-                    if not await backend.set_open_calls(
-                        session.key,
-                        expected_head=session.saved_head,
-                        expected_created_at=session.created_at,
-                        open_calls=count,
-                        calls_owner=owner,
-                        lease=manager._lease_for(session.key),
-                    ):
-                        raise ConflictError(
-                            f"session {session.key!r} changed in the store since it was loaded (another "
-                            "writer appended or deleted it); reload it before running its tool calls",
-                            key=session.key,
-                        )
-                else:
-                    await manager._save_now(session)  # in the block: undone in the session if it rolls back
-                # The first run of a call: one insert. A row already there is judged by _restart.
-                started = await backend.start_session_step(
-                    session.key, call_id, owner=tools.owner, expected_attempt=None
-                )
-                run = True
-                if started is None:
-                    step = await backend.get_session_step(session.key, call_id)
-                    assert step is not None  # rows are deleted only with their session, locked here
-                    started, run = await self._restart(step)
-            if changes.empty:
-                session._tools.stored_open, session._tools.calls_owner = count, owner
-        return started, run
+            return await tools.writes.save_with(session, started)
 
     async def _restart(self, step: SessionStepRecord) -> tuple[SessionStepRecord, bool]:
         """A call that has a row but no result: run it again (it failed, or it is idempotent), or it is in
@@ -613,7 +536,7 @@ class _ToolStep:
             )
         if step.status != "failed" and not self.idempotent:
             return step, False  # it may have run: in doubt
-        started = await tools._manager.backend.start_session_step(
+        started = await tools.backend.start_session_step(
             session.key, call_id, owner=tools.owner, expected_attempt=step.attempt
         )
         if started is None:
@@ -636,18 +559,18 @@ class _ToolStep:
         )
 
     async def failed(self, record: SessionStepRecord, error: bytes) -> None:
-        await self.tools._manager.backend.finish_session_step(
+        await self.tools.backend.finish_session_step(
             record.session_key, record.call_id, status="failed", attempt=record.attempt, error=error
         )
 
     async def succeeded(self, record: SessionStepRecord, value: Any) -> Any:
         """Append the result message and settle the row in one transaction; return ``value``."""
         tools, session, call = self.tools, self.session, self.call
-        backend = tools._manager.backend
-        async with session._saving:
+        backend = tools.backend
+        async with book(session).saving:
             try:
                 message = tools.result_message(session, call, value)
-                session._codec.encode(message, where=f"messages[{session.head_seq}]")
+                book(session).codec.encode(message, where=f"messages[{session.head_seq}]")
                 tools._index(session).check(message)
             except StatekeelError as exc:
                 # fn ran, so its side effect may have happened: the call stays in doubt rather than failed.
@@ -674,7 +597,7 @@ class _ToolStep:
             except BackendUnavailable:
                 # The transcript keeps the result: saved as any save is (to the fallback file if the
                 # backend is still down), its record left started; the result is the truth.
-                await tools._manager._save_now(session)
+                await tools.writes.save_held(session)
         return value
 
 

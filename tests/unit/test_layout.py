@@ -1,0 +1,133 @@
+"""The source tree's layout rules, read from the syntax trees of src/ (never from its text).
+
+- No file under src/ is over 700 lines.
+- A session's bookkeeping belongs to ``sessions/session.py``: no other module reads or writes a
+  ``Session`` attribute or method whose name starts with ``_`` (the rest of the package goes through
+  ``SessionBook``).
+- A session's writes flow one way: ``sessions/writes.py``, ``sessions/fallback.py`` and
+  ``sessions/tools.py`` never import the manager (not even for type checking).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "statekeel"
+SESSIONS = PACKAGE / "sessions"
+MAX_LINES = 700
+MANAGER = "statekeel.sessions.manager"
+
+
+def _sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _session_private_names() -> set[str]:
+    """The private attributes (``__slots__``) and methods of class ``Session`` in sessions/session.py."""
+    tree = _tree(SESSIONS / "session.py")
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Session"]
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(node.name):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+        ):
+            for element in ast.walk(node.value):
+                is_name = isinstance(element, ast.Constant) and isinstance(element.value, str)
+                if is_name and _private(element.value):
+                    names.add(element.value)
+    return names
+
+
+def _names_a_session(node: ast.expr) -> bool:
+    """Whether ``node`` is a name or attribute that names one session (``session``, ``cached_session``,
+    ``self.session``), not the manager (``store.sessions``)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "session" in name.lower() and not name.lower().endswith("sessions")
+
+
+def _session_private_uses(path: Path, private: set[str]) -> list[str]:
+    """``x._name`` in ``path`` where ``_name`` is a private member of Session and ``x`` is not ``self``
+    or ``cls``, or where ``x`` names a session."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        owner = node.value
+        on_self = isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+        if (node.attr in private and not on_self) or _names_a_session(owner):
+            found.append(f"{path.relative_to(SRC)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The absolute names of the modules ``path`` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(SRC).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_file_under_src_is_over_700_lines() -> None:
+    over = {
+        str(path.relative_to(SRC)): lines
+        for path in _sources()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not over, f"files over {MAX_LINES} lines: {over}"
+
+
+def test_the_private_members_of_session_are_found() -> None:
+    private = _session_private_names()
+    # The check below means something only if it knows Session's bookkeeping.
+    assert {"_head", "_saving", "_fallback_sig", "_changes"} <= private
+
+
+def test_no_module_outside_session_py_touches_a_private_member_of_a_session() -> None:
+    private = _session_private_names()
+    found = [
+        use
+        for path in _sources()
+        if path != SESSIONS / "session.py"
+        for use in _session_private_uses(path, private)
+    ]
+    assert not found, "private members of Session used outside sessions/session.py:\n" + "\n".join(found)
+
+
+def test_the_session_writes_fallback_and_tool_calls_do_not_import_the_manager() -> None:
+    names = ("writes.py", "fallback.py", "tools.py")
+    missing = [name for name in names if not (SESSIONS / name).is_file()]
+    assert not missing, f"sessions/ has no {missing}: a session's writes have one owner, sessions/writes.py"
+    importing = {
+        name: found
+        for name in names
+        if (found := sorted(m for m in _imported_modules(SESSIONS / name) if m.startswith(MANAGER)))
+    }
+    assert not importing, f"modules importing {MANAGER}: {importing}"
+
+
+def test_the_import_check_resolves_relative_imports() -> None:
+    modules = _imported_modules(SESSIONS / "manager.py")
+    assert "statekeel.sessions.session" in modules
+    assert "statekeel.backends.base" in modules
