@@ -14,6 +14,7 @@ from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
 from .backends.base import Branch
 from .copy import CopyReport, TableCopy
+from .copying import copy_store
 from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
@@ -62,7 +63,7 @@ from .keyring import create_keyring
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager
-from .store import Store, copy_store, open_store
+from .store import Store, open_store
 from .tasks import Task, TaskManager
 from .traces import Span, TraceLog
 from .usage import ModelUsage, Usage

@@ -21,11 +21,12 @@ from rich.table import Table
 from ..audit import AuditVerification
 from ..backup import BackupReport, discard_files
 from ..copy import CopyReport
+from ..copying import copy_store
 from ..encryption import RotationReport
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
-from ..store import copy_store, open_store, redact_url, sqlite_file
+from ..store import open_store, redact_url, sqlite_file
 from ..wording import counted
 from . import main
 from .common import (
