@@ -156,7 +156,7 @@ async def timed(path: str, fn: Callable[[Any], Awaitable[Any]]) -> tuple[float, 
 
 
 async def repair_part(store: Any) -> Any:
-    return await store.sessions._recover_tool_calls(True)
+    return await store.sessions.recover_tool_calls(True)
 
 
 async def whole(store: Any) -> Any:

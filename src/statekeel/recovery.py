@@ -330,7 +330,7 @@ def _when(value: dt.datetime | None) -> str | None:
 async def _repair_sessions(
     store: Recoverable, report: RecoveryReport, repair: bool, now: dt.datetime
 ) -> None:
-    found = await store.sessions._recover_tool_calls(repair)
+    found = await store.sessions.recover_tool_calls(repair)
     report.orphaned_tool_calls = found.repaired
     report.sessions_busy = found.busy
     report.sessions_failed = found.failed

@@ -355,13 +355,13 @@ class StatekeelSessionService(BaseSessionService):
                     await store.sessions.save(s)
         except SerializationError as exc:
             for s in sessions:
-                store.sessions._forget(s.key, s)  # its unsaved change must not reach a later save
+                store.sessions.discard(s.key, s)  # its unsaved change must not reach a later save
             if type(exc) is not SerializationError:
                 raise
             raise UnserializableValue(exc.message) from None
         except BaseException:
             for s in sessions:
-                store.sessions._forget(s.key, s)
+                store.sessions.discard(s.key, s)
             raise
 
     async def get_session(

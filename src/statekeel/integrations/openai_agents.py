@@ -421,7 +421,7 @@ class StatekeelSession:
                     await store.sessions.save(session)
         except BaseException:
             # The cached session may have followed a rewind that rolled back: read it again next time.
-            store.sessions._forget(self.session_id, session)
+            store.sessions.discard(self.session_id, session)
             raise
 
     async def clear_session(self) -> None:

@@ -28,7 +28,7 @@ class SessionBranches:
     def _lease_for(self, key: str) -> SessionLease | None:
         raise NotImplementedError
 
-    def _forget(self, key: str, session: Session) -> None:
+    def discard(self, key: str, session: Session) -> None:
         raise NotImplementedError
 
     async def load(self, key: str, *, include_archived: bool = False, repair: bool = True) -> Session | None:
@@ -88,7 +88,7 @@ class SessionBranches:
         )
         cached = self._cache.get(key)
         if cached is not None and not book(cached).rewound(before, record):
-            self._forget(key, cached)
+            self.discard(key, cached)
         return Rewind(
             found.key, found.compression_id, found.to_seq, found.upto_seq, found.reason, found.created_at
         )

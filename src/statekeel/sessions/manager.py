@@ -203,7 +203,7 @@ class SessionManager(SessionListing, SessionBranches):
                 if self._cache.get(key) is cached:
                     self._cache.move_to_end(key)
                 return cached, None
-        self._forget(key, cached)
+        self.discard(key, cached)
         if not cached.is_dirty():
             return None, None
         log.warning(
@@ -236,7 +236,7 @@ class SessionManager(SessionListing, SessionBranches):
             session = await self._load(key, include_archived)
             if session is None or await self._tools.settle(session, repair):
                 return session
-            self._forget(key, session)  # another writer came first: read what it wrote
+            self.discard(key, session)  # another writer came first: read what it wrote
         return session
 
     async def _load(self, key: str, include_archived: bool) -> Session | None:
@@ -259,7 +259,7 @@ class SessionManager(SessionListing, SessionBranches):
             session = await self._get_or_create(key)
             if await self._tools.settle(session, repair):
                 return session
-            self._forget(key, session)  # another writer came first: read what it wrote
+            self.discard(key, session)  # another writer came first: read what it wrote
         return session
 
     async def _get_or_create(self, key: str) -> Session:
@@ -315,8 +315,20 @@ class SessionManager(SessionListing, SessionBranches):
                 if self._cache.get(key) is session:
                     del self._cache[key]
 
-    def _forget(self, key: str, session: Session) -> None:
-        """Drop ``session`` from the cache, unless another load has put a newer one there already."""
+    def discard(self, key: str, session: Session) -> None:
+        """Drop ``session`` from this manager's cache, unless another load has put a newer one there.
+
+        For a caller whose own transaction around a save rolled back (an adapter's ``atomic()`` block):
+        the object may hold changes the backend never got, and the next ``open(key)`` must read the
+        backend instead of reusing it. Nothing is written or deleted in the store.
+
+            try:
+                async with store.backend.atomic():
+                    await store.sessions.save(session)
+            except BaseException:
+                store.sessions.discard(session.key, session)
+                raise
+        """
         if self._cache.get(key) is session:
             del self._cache[key]
 
@@ -351,7 +363,7 @@ class SessionManager(SessionListing, SessionBranches):
         try:
             await self._writes.save(session)
         except ConflictError:
-            self._forget(session.key, session)
+            self.discard(session.key, session)
             raise
 
     def _remove_file_later(self, files: FallbackDir, key: str) -> None:
@@ -427,8 +439,13 @@ class SessionManager(SessionListing, SessionBranches):
                 return await self._tools.resolve(opened, call_id, result, interrupted, actor)
         return await self._tools.resolve(session, call_id, result, interrupted, actor)
 
-    async def _recover_tool_calls(self, repair: bool) -> ToolRecovery:
-        """For ``store.recover()``: the sessions with waiting tool calls (see :mod:`.tools`)."""
+    async def recover_tool_calls(self, repair: bool) -> ToolRecovery:
+        """The sessions with tool calls left waiting by a process that died (``store.recover()`` calls it).
+
+        With ``repair``, a call whose holder is gone and whose result never came is answered as
+        interrupted, so the transcript is valid for the next model call; without it, they are only
+        reported. Returns the counts and the calls still in doubt (see :mod:`statekeel.sessions.tools`).
+        """
         return await self._tools.recover(repair, self.open, self._peek)
 
     # --- fallback replay ------------------------------------------------------------------------------
