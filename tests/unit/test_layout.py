@@ -6,6 +6,8 @@
   ``SessionBook``).
 - A session's writes flow one way: ``sessions/writes.py``, ``sessions/fallback.py`` and
   ``sessions/tools.py`` never import the manager (not even for type checking).
+- Nothing outside ``sessions/`` reaches into the session manager's private members (``store.sessions._x``):
+  the adapters and recovery use its public methods.
 """
 
 from __future__ import annotations
@@ -131,3 +133,22 @@ def test_the_import_check_resolves_relative_imports() -> None:
     modules = _imported_modules(SESSIONS / "manager.py")
     assert "statekeel.sessions.session" in modules
     assert "statekeel.backends.base" in modules
+
+
+def _manager_private_uses(path: Path) -> list[str]:
+    """``<x>.sessions._name`` in ``path``: a private member of the session manager, reached from outside."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Attribute) and owner.attr == "sessions":
+            found.append(f"{path.relative_to(SRC)}:{node.lineno}: .sessions.{node.attr}")
+    return found
+
+
+def test_no_module_outside_sessions_reaches_into_the_session_managers_privates() -> None:
+    found = [
+        use for path in _sources() if SESSIONS not in path.parents for use in _manager_private_uses(path)
+    ]
+    assert not found, "private members of SessionManager used outside sessions/:\n" + "\n".join(found)
