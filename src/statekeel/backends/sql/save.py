@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ..base import NewMessage, SessionLease, SessionRecord
 from . import Tx, utcnow
-from .sessions import check_fence, refuse_append, session_from_row
+from .sessions import check_fence, head_update_args, refuse_append, session_from_row
 
 
 async def op_save_in_one_statement(
@@ -41,18 +41,21 @@ async def op_save_in_one_statement(
         usages.append(None if m.usage is None else tx.json_in(m.usage))
     row = await tx.fetchone(
         "session_save",
-        len(messages),
-        None if metadata is None else tx.json_in(metadata),
-        now,
-        key,
-        expected_head,
-        status,
-        None if expected_created_at is None else tx.ts_in(expected_created_at),
-        expected_version,
-        open_calls,
-        calls_owner,
-        write_id,
-        expected_rewinds,
+        *head_update_args(
+            tx,
+            len(messages),
+            metadata,
+            now,
+            key,
+            expected_head,
+            status,
+            expected_created_at,
+            expected_version,
+            open_calls,
+            calls_owner,
+            write_id,
+            expected_rewinds,
+        ),
         None if lease is None else lease.token,
         None if lease is None else lease.owner,
         tx.array_in(roles),

@@ -258,6 +258,39 @@ def stored_owner(open_calls: int, calls_owner: str | None) -> str | None:
     return calls_owner if open_calls else None
 
 
+def head_update_args(
+    tx: Tx,
+    count: int,
+    metadata: bytes | None,
+    now: Any,
+    key: str,
+    expected_head: int,
+    status: str | None,
+    expected_created_at: dt.datetime | None,
+    expected_version: int | None,
+    open_calls: int | None,
+    calls_owner: str | None,
+    write_id: str | None,
+    expected_rewinds: int | None,
+) -> tuple[Any, ...]:
+    """The first twelve parameters of ``session_advance_head`` and ``session_save``, in their order: the
+    conditional head update both run (one place, so the two statements cannot drift apart)."""
+    return (
+        count,
+        None if metadata is None else tx.json_in(metadata),
+        now,
+        key,
+        expected_head,
+        status,
+        None if expected_created_at is None else tx.ts_in(expected_created_at),
+        expected_version,
+        open_calls,
+        calls_owner,
+        write_id,
+        expected_rewinds,
+    )
+
+
 async def refuse_append(
     tx: Tx,
     key: str,
@@ -325,18 +358,21 @@ async def op_append_messages(
         await tx.execute("session_insert_missing", key, tx.json_in(metadata or _EMPTY_OBJECT), now, now)
     row = await tx.fetchone(
         "session_advance_head",
-        len(messages),
-        None if metadata is None else tx.json_in(metadata),
-        now,
-        key,
-        expected_head,
-        status,
-        None if expected_created_at is None else tx.ts_in(expected_created_at),
-        expected_version,
-        open_calls,
-        calls_owner,
-        write_id,
-        expected_rewinds,
+        *head_update_args(
+            tx,
+            len(messages),
+            metadata,
+            now,
+            key,
+            expected_head,
+            status,
+            expected_created_at,
+            expected_version,
+            open_calls,
+            calls_owner,
+            write_id,
+            expected_rewinds,
+        ),
     )
     if row is None:
         await refuse_append(tx, key, expected_head, expected_created_at, expected_version, expected_rewinds)
