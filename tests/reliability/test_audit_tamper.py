@@ -153,7 +153,7 @@ async def append_without_a_mac(store: statekeel.Store, kind: str, actor: str, su
     own SQL, an older statekeel): statekeel itself refuses to, once the chain is keyed."""
 
     async def insert(tx: Tx) -> int:
-        head = await tx.fetchone("audit_head")
+        head = await tx.fetchone("audit_lock_head")
         assert head is not None
         seq, prev = head["seq"] + 1, head["hash"]
         created, text = utcnow(), canonical(data).decode()
