@@ -971,3 +971,72 @@ async def test_a_reload_after_another_writer_changed_the_same_field_makes_the_sa
     assert (record.metadata, record.status) == (
         ({"theirs": 2, "mine": 1}, "active") if edit == "metadata" else ({}, "expired")
     )
+
+
+async def test_two_writers_creating_one_new_session_at_once_one_saves_and_the_other_conflicts(
+    store: statekeel.Store,
+) -> None:
+    first = store.sessions
+    second = statekeel.SessionManager(store.backend, store.codec)
+    a, b = await first.get_or_create("new"), await second.get_or_create("new")
+    a.add_message("user", "from a")
+    a.metadata["by"] = "a"
+    b.add_message("user", "from b")
+    b.add_message("assistant", "from b too")
+    b.metadata["by"] = "b"
+    outcomes = await asyncio.gather(first.save(a), second.save(b), return_exceptions=True)
+    conflicts = [o for o in outcomes if isinstance(o, statekeel.ConflictError)]
+    assert len(conflicts) == 1 and outcomes.count(None) == 1, outcomes
+    winner, loser_manager = (a, second) if outcomes[0] is None else (b, first)
+    assert await stored_contents(store, "new") == [m["content"] for m in winner.messages]
+    record = await store.backend.load_session("new")
+    assert record is not None and record.metadata == winner.metadata and record.version == 2
+    # The loser reads the winner's session and saves on top of it.
+    again = await loser_manager.load("new")
+    assert again is not None
+    again.add_message("user", "after")
+    await loser_manager.save(again)
+    assert await stored_contents(store, "new") == [m["content"] for m in winner.messages] + ["after"]
+
+
+async def test_a_first_save_after_another_writer_created_the_empty_session_appends_to_it(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    s = await sm.get_or_create("empty")
+    # Created elsewhere meanwhile, with no messages: the head the new session saves from is still 0.
+    await store.backend.create_session("empty", metadata=store.codec.encode({"by": "other"}))
+    s.add_message("user", "first")
+    await sm.save(s)
+    record = await store.backend.load_session("empty")
+    assert record is not None and record.head_seq == 1 and record.version == 2
+    assert record.metadata == {}  # a new session's save writes its metadata, as a creator does
+    assert await stored_contents(store, "empty") == ["first"]
+    s.add_message("assistant", "second")
+    await sm.save(s)
+    assert await stored_contents(store, "empty") == ["first", "second"]
+
+
+async def test_a_first_save_racing_a_get_or_create_elsewhere_never_interleaves_nor_drops(
+    store: statekeel.Store,
+) -> None:
+    sm = store.sessions
+    other = statekeel.SessionManager(store.backend, store.codec)
+    s = await sm.get_or_create("raced")
+    s.add_message("user", "mine")
+    _, theirs = await asyncio.gather(sm.save(s), other.get_or_create("raced"))
+    theirs.add_message("user", "theirs")
+    if theirs.saved_head == 0:  # it read before the row existed: its own first save must conflict
+        with pytest.raises(statekeel.ConflictError):
+            await other.save(theirs)
+        assert await stored_contents(store, "raced") == ["mine"]
+    else:
+        await other.save(theirs)
+        assert await stored_contents(store, "raced") == ["mine", "theirs"]
+    s.add_message("assistant", "more")
+    if theirs.saved_head == 0:
+        await sm.save(s)
+        assert await stored_contents(store, "raced") == ["mine", "more"]
+    else:
+        with pytest.raises(statekeel.ConflictError):
+            await sm.save(s)
