@@ -228,26 +228,6 @@ async def test_a_save_whose_commit_answer_was_lost_is_settled_by_the_next_save_a
 
 
 @pytest.mark.postgres
-async def test_a_first_save_whose_answer_was_lost_is_settled_by_the_next_save_not_taken_for_a_conflict(
-    pg_migrated: str, tmp_path: Path
-) -> None:
-    fallback = tmp_path / "fallback"
-    async with (
-        _through_proxy(pg_migrated) as (url, proxy),
-        statekeel.open_store(url, fallback_dir=fallback) as store,
-    ):
-        s = await store.sessions.get_or_create("s")
-        s.add_message("user", "created, answer lost")
-        proxy.drop_next_statement_answer()  # the first save creates the row in its one statement
-        await store.sessions.save(s)
-        assert proxy.dropped == 1 and len(fallback_files(fallback)) == 1
-        s.add_message("assistant", "next")
-        await store.sessions.save(s)  # its own write, recognised by its write id: nothing twice
-        assert await _contents(store) == ["created, answer lost", "next"]
-        assert fallback_files(fallback) == []
-
-
-@pytest.mark.postgres
 async def test_the_fallback_file_of_a_lost_commit_answer_is_removed_by_replay_not_written_twice(
     pg_migrated: str, tmp_path: Path
 ) -> None:

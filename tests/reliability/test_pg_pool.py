@@ -167,41 +167,6 @@ async def test_a_session_save_is_one_statement_prepared_once_per_connection(pg_m
         assert loaded.head_seq == 8
 
 
-async def test_a_first_save_of_a_new_session_is_one_statement_too(pg_migrated: str) -> None:
-    async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
-        warm = await store.sessions.get_or_create("warm")  # prepares the statement on the connection
-        warm.add_message("user", "w")
-        await store.sessions.save(warm)
-        async with _statements_sent(store) as loaded:
-            session = await store.sessions.get_or_create("first-trip")
-        # Nothing stored yet: one read-only transaction finds no row, and nothing is written.
-        assert len(loaded) == 3 and loaded[0].startswith("BEGIN") and "FROM sessions" in loaded[1], loaded
-        async with _statements_sent(store) as sent:
-            session.add_message("user", "q")
-            session.add_message("assistant", "a")
-            await store.sessions.save(session)
-        # The row and its messages in one statement, committed on its own: no BEGIN, no COMMIT.
-        assert len(sent) == 1, sent
-        assert "INSERT INTO sessions" in sent[0] and "ON CONFLICT (key) DO UPDATE" in sent[0]
-        found = await store.backend.load_session("first-trip")
-        assert found is not None and (found.head_seq, found.version, found.open_calls) == (2, 2, 0)
-        assert found.write_id is not None and found.status == "active" and found.metadata == {}
-        session.add_message("user", "next")
-        await store.sessions.save(session)
-        contents = [m["content"] for m in (await store.sessions.load("first-trip")).messages]
-        assert contents == ["q", "a", "next"]
-
-
-async def test_a_first_save_under_a_lease_taken_over_writes_nothing(pg_migrated: str) -> None:
-    async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
-        b = store.backend
-        stale = await b.acquire_session_lease("leased", "holder-a", 30)
-        await b.acquire_session_lease("leased", "holder-b", 30, take_over=stale)
-        with pytest.raises(statekeel.LeaseLost):
-            await b.append_messages("leased", 0, [message(store, "fenced")], create=True, lease=stale)
-        assert await b.load_session("leased") is None
-
-
 async def test_a_conflicting_save_in_one_statement_writes_nothing_and_says_why(pg_migrated: str) -> None:
     async with statekeel.open_store(pg_migrated + "?pool_min_size=1&pool_max_size=1") as store:
         b = store.backend

@@ -393,17 +393,11 @@ class PostgresBackend(
 
     async def _write_append(self, *args: Any) -> SessionRecord:
         key, head, messages, metadata, create, *rest = args
-        expected = (head, *rest[2:4], rest[-1])  # head, created_at, version, rewinds the save expects
-        if not messages or (
-            # A first save expects nothing of the row it creates; one that does (a fallback file's replay
-            # past a deleted session) runs as before, in a transaction, which says why it conflicts.
-            create and expected != (0, None, None, None)
-        ):
-            # A save without messages is a metadata change: as before, in a transaction.
+        if create or not messages:
+            # A session's first save inserts its row first, which the same statement could not update; a
+            # save without messages is a metadata change. Both run as before, in a transaction.
             return await super()._write_append(*args)
-        return await self._write_statement(
-            op_save_in_one_statement, key, head, messages, metadata, *rest, create
-        )
+        return await self._write_statement(op_save_in_one_statement, key, head, messages, metadata, *rest)
 
     async def _write_statement(self, op: Op[T], *args: Any) -> T:
         """Run an ``op`` whose write is one statement, on a connection without BEGIN and COMMIT: the

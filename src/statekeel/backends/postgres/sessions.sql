@@ -100,42 +100,6 @@ SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, 
        calls_owner, write_id, parent_key, parent_seq, rewinds
 FROM head;
 
--- name: session_create_save
--- A session's first save as one statement: session_save for a row that may not exist yet. The row is
--- inserted as session_insert_missing and session_advance_head would leave it (head $1, version 2); when
--- another writer created it first, ON CONFLICT makes the insert that statement's conditional head update
--- of the existing row instead, so a second creator gets what it got in a transaction of its own. Run only
--- for a save from head 0 that expects no incarnation, version or rewinds ($5 = 0, $7, $8, $12 NULL),
--- which a new row meets. The lease ($13, $14) fences both ways; the messages follow as in session_save.
-WITH fence AS (
-    SELECT owner, token FROM session_leases WHERE session_key = $4 AND $13::bigint IS NOT NULL FOR SHARE
-), head AS (
-    INSERT INTO sessions AS s (key, metadata, status, head_seq, version, created_at, updated_at, open_calls,
-                               calls_owner, write_id)
-    SELECT $4, COALESCE($2::jsonb, '{}'::jsonb), COALESCE($6::text, 'active'), $1::bigint, 2, $3, $3,
-           CASE WHEN $9::integer IS NOT NULL THEN $9 WHEN $1::bigint > 0 THEN -1 ELSE 0 END,
-           CASE WHEN $9::integer IS NOT NULL THEN $10::text END, $11::text
-    WHERE $13::bigint IS NULL OR EXISTS (SELECT 1 FROM fence WHERE token = $13 AND owner = $14::text)
-    ON CONFLICT (key) DO UPDATE
-    SET head_seq = s.head_seq + $1, metadata = COALESCE($2::jsonb, s.metadata),
-        status = COALESCE($6::text, s.status), version = s.version + 1, updated_at = $3,
-        open_calls = CASE WHEN $9::integer IS NOT NULL THEN $9 WHEN $1 > 0 THEN -1 ELSE s.open_calls END,
-        calls_owner = CASE WHEN $9::integer IS NOT NULL THEN $10::text ELSE s.calls_owner END,
-        write_id = $11::text
-    WHERE s.head_seq = $5 AND ($7::timestamptz IS NULL OR s.created_at = $7)
-      AND ($12::bigint IS NULL OR s.rewinds = $12)
-      AND ($8::bigint IS NULL OR s.version = $8)
-    RETURNING key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at,
-              open_calls, calls_owner, write_id, parent_key, parent_seq, rewinds
-), added AS (
-    INSERT INTO messages (session_key, seq, role, payload, created_at, usage)
-    SELECT head.key, $5::bigint + m.n - 1, m.role, m.payload::jsonb, $3, m.usage::jsonb
-    FROM head, unnest($15::text[], $16::text[], $17::text[]) WITH ORDINALITY AS m (role, payload, usage, n)
-)
-SELECT key, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq, rewinds
-FROM head;
-
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = $1, version = version + 1, updated_at = $2
 WHERE key = $3 AND last_consolidated = $4

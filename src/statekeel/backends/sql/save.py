@@ -4,9 +4,6 @@
 fence, the conditional head update, the inserts of the messages) in one, which commits on its own when it
 runs outside ``atomic()``: PostgreSQL's save costs one round trip instead of BEGIN, three statements and
 COMMIT. Only when it changes nothing are more statements run, to say why (``LeaseLost``, ``ConflictError``).
-
-A session's first save (``create``) runs ``session_create_save`` instead, which inserts the row it would
-update, or updates the row another writer created first exactly as ``session_save`` would.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ async def op_save_in_one_statement(
     calls_owner: str | None,
     write_id: str | None,
     expected_rewinds: int | None,
-    create: bool = False,
 ) -> SessionRecord:
     now = tx.ts_in(utcnow())
     roles: list[str | None] = []
@@ -44,7 +40,7 @@ async def op_save_in_one_statement(
         payloads.append(tx.sealed_in(m.payload, "message", key, seq))
         usages.append(None if m.usage is None else tx.json_in(m.usage))
     row = await tx.fetchone(
-        "session_create_save" if create else "session_save",
+        "session_save",
         *head_update_args(
             tx,
             len(messages),
