@@ -114,10 +114,15 @@ async def _quiet(exc: Exception) -> None:
 
 
 async def wait_ready(cluster: Cluster, deadline_s: float = 30.0) -> None:
-    """Until the cluster has elected its JetStream meta leader (account info answers)."""
+    """Until the cluster can place a stream on all three nodes. Account info answers as soon as a meta
+    leader is elected, which can be before every peer has joined it: a stream of 3 replicas created
+    then is refused with "no suitable peers for placement" (10005). So a probe stream of 3 replicas is
+    created (and deleted) before the test opens its stores."""
     import nats
+    from nats.js.api import StreamConfig
 
     started = time.monotonic()
+    probe = f"ready_{uuid.uuid4().hex[:8]}"
     while True:
         try:
             nc = await nats.connect(
@@ -127,7 +132,10 @@ async def wait_ready(cluster: Cluster, deadline_s: float = 30.0) -> None:
                 error_cb=_quiet,
             )
             try:
-                await nc.jetstream(timeout=1).account_info()
+                js = nc.jetstream(timeout=2)
+                await js.account_info()
+                await js.add_stream(StreamConfig(name=probe, subjects=[f"{probe}.>"], num_replicas=3))
+                await js.delete_stream(probe)
                 return
             finally:
                 await nc.close()
