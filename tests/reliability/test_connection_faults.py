@@ -329,8 +329,10 @@ async def test_connections_killed_under_load_lose_no_acknowledged_write(pg_migra
     async with statekeel.open_store(pg_migrated + "?pool_max_size=6") as store:
         writers = [asyncio.create_task(_append_until(store, f"w{i}", 60, errors)) for i in range(6)]
         kills = 0
+        # Kills every 10 ms: the 360 saves take ~200 ms on an idle machine, and at 50 ms the writers
+        # could finish before the third kill (seen: 2 kills), which left the test checking no fault.
         while not all(w.done() for w in writers) and kills < 8:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
             kills += await _terminate_connections(pg_migrated) > 0
         acked = await asyncio.gather(*writers)
         assert kills >= 3
