@@ -299,14 +299,21 @@ async def _terminate_connections(db_url: str) -> int:
 
 
 async def _append_until(
-    store: statekeel.Store, key: str, turns: int, errors: list[BaseException]
+    store: statekeel.Store,
+    key: str,
+    turns: int,
+    errors: list[BaseException],
+    gates: dict[int, asyncio.Event] | None = None,
 ) -> list[str]:
     """Append ``turns`` messages one save at a time, riding out dead connections; return what was
-    acknowledged (a write that raised is re-read: an unknown outcome may have landed)."""
+    acknowledged (a write that raised is re-read: an unknown outcome may have landed). Before a turn
+    named in ``gates``, wait for its event: the writer cannot finish before the faults it is there for."""
     b = store.backend
     acked: list[str] = []
     head = 0
     for turn in range(turns):
+        if gates is not None and turn in gates:
+            await gates[turn].wait()
         content = f"{key}-{turn}"
         while True:
             try:
@@ -327,13 +334,17 @@ async def _append_until(
 async def test_connections_killed_under_load_lose_no_acknowledged_write(pg_migrated: str) -> None:
     errors: list[BaseException] = []
     async with statekeel.open_store(pg_migrated + "?pool_max_size=6") as store:
-        writers = [asyncio.create_task(_append_until(store, f"w{i}", 60, errors)) for i in range(6)]
+        # Each writer waits at turns 15, 30 and 45 until the first, second and third kill happened: on
+        # an idle machine the writers could otherwise finish before the third kill (seen: 2 kills).
+        killed = [asyncio.Event() for _ in range(3)]
+        gates = dict(zip((15, 30, 45), killed, strict=True))
+        writers = [asyncio.create_task(_append_until(store, f"w{i}", 60, errors, gates)) for i in range(6)]
         kills = 0
-        # Kills every 10 ms: the 360 saves take ~200 ms on an idle machine, and at 50 ms the writers
-        # could finish before the third kill (seen: 2 kills), which left the test checking no fault.
         while not all(w.done() for w in writers) and kills < 8:
             await asyncio.sleep(0.01)
             kills += await _terminate_connections(pg_migrated) > 0
+            for event in killed[:kills]:
+                event.set()
         acked = await asyncio.gather(*writers)
         assert kills >= 3
         for i, written in enumerate(acked):
