@@ -29,7 +29,7 @@ Keep ``count`` and the last ``hash`` somewhere else (a log line, another system)
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -73,7 +73,9 @@ class AuditVerification:
 
     ``approvals`` counts the approvals checked against their latest entry; ``bad_approvals`` names those
     that do not match it (changed, forged, or deleted behind the triggers). ``authenticated`` counts the
-    entries whose MAC verified under the store's audit key (0 without a key).
+    entries whose MAC verified under the store's audit key (0 without a key). ``unrelayed`` counts the
+    entries of committed changes not on the chain yet, ``oldest_unrelayed`` the oldest one's time: on a
+    store paired with NATS, entries the relay could not move there yet (NATS unreachable); 0 elsewhere.
     """
 
     ok: bool
@@ -83,6 +85,8 @@ class AuditVerification:
     approvals: int = field(default=0, compare=False)
     bad_approvals: tuple[str, ...] = field(default=(), compare=False)
     authenticated: int = field(default=0, compare=False)
+    unrelayed: int = field(default=0, compare=False)
+    oldest_unrelayed: dt.datetime | None = field(default=None, compare=False)
 
     def raise_if_tampered(self) -> None:
         """Raise :class:`~statekeel.errors.AuditTampered` (with ``first_bad_seq``) unless the chain verified.
@@ -251,9 +255,19 @@ class AuditLog:
         The entries and the approvals are read on one snapshot (``StorageBackend.scan_audit``): an
         approval requested, decided or consumed while ``verify()`` runs is seen with its entry or not at
         all, never reported as tampering."""
-        walk = _Walk(self.backend.audit_key)
-        await self.backend.scan_audit(walk.entries, walk.approvals, page=_VERIFY_PAGE)
-        return walk.result()
+        # Without one snapshot (a store paired with NATS: entries there, approvals in SQL) an approval
+        # changed between the two reads looks newer than its entry: read again. Tampering stays.
+        for _ in range(1 if self.backend.audit_snapshot else _REREADS):
+            walk = _Walk(self.backend.audit_key)
+            await self.backend.scan_audit(walk.entries, walk.approvals, page=_VERIFY_PAGE)
+            result = walk.result()
+            if not result.bad_approvals:
+                break
+        unrelayed, oldest = await self.backend.audit_lag()
+        return replace(result, unrelayed=unrelayed, oldest_unrelayed=oldest) if unrelayed else result
+
+
+_REREADS = 4  # an approval changes at most three times (requested, decided, consumed)
 
 
 @dataclass(slots=True)

@@ -81,7 +81,7 @@ def default_dir(url: str) -> str | None:
     if parts.scheme == "nats":
         from .backends.nats.url import paired_url, parse_nats_url
 
-        rest = paired_url(url)  # a paired store keeps its sessions in the SQL store
+        rest = paired_url(url)  # a paired store keeps its fallback files beside its SQL store
         if rest is not None:
             return default_dir(rest)
         parsed = parse_nats_url(url)

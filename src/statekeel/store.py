@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .approvals import ApprovalLog
 from .audit import AuditLog
 from .backends.base import KIND_CONTRACTS, Incident, StateCounts, StorageBackend
-from .backends.nats.url import paired_url
+from .backends.nats.url import PAIRED_KINDS, parse_nats_url
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
@@ -212,9 +212,10 @@ def _backend_for(url: str, options: StoreOptions, codec: Codec) -> StorageBacken
     )
 
 
-# The kinds a NATS backend holds when paired with a SQL backend: the audit chain stays with the SQL
-# backend, whose approvals, task changes and erasures append their entries in their own transaction.
-NATS_PAIRED_KINDS = frozenset({"traces"})
+# The kinds a NATS backend holds when paired with a SQL backend and the URL names no ``kinds=``: sessions
+# (with their tool calls), the audit chain and traces. The SQL kinds' audit entries reach the chain on
+# NATS through an outbox written in their own transaction (see statekeel.backends.relay).
+NATS_PAIRED_KINDS = PAIRED_KINDS
 
 
 def _nats_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
@@ -222,7 +223,8 @@ def _nats_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBacke
         from .backends.nats.backend import new_nats_backend
     except ImportError as exc:  # nats-py is an optional extra
         raise InvalidArgument(f"NATS support needs nats-py: pip install 'statekeel[nats]' ({exc})") from exc
-    rest = paired_url(url)
+    parsed = parse_nats_url(url)
+    rest = parsed.rest
     if rest is None:
         return new_nats_backend(url, codec=codec, migrate=options.migrate)
     if urlsplit(rest).scheme == "nats":
@@ -230,8 +232,11 @@ def _nats_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBacke
     from .backends.composite import pair_backends
 
     front_url = url[: len(url) - len(rest) - len("rest=") - 1]
+    base, _, query = front_url.partition("?")
+    kept = "&".join(item for item in query.split("&") if item and not item.startswith("kinds="))
+    front_url = f"{base}?{kept}" if kept else base
     front = new_nats_backend(front_url, codec=codec, migrate=options.migrate)
-    return pair_backends(url, front, _backend_for(resolve_url(rest), options, codec), NATS_PAIRED_KINDS)
+    return pair_backends(url, front, _backend_for(resolve_url(rest), options, codec), parsed.kinds)
 
 
 # The kinds each manager needs from the backend.
@@ -254,6 +259,16 @@ def unheld(url: str, name: str, missing: frozenset[str], held: frozenset[str]) -
     """The ``Unsupported`` of opening ``store.<name>`` on a store whose backend lacks ``missing``: it names
     what is missing, what the backend holds, and the URL that pairs it with a SQL store for the rest."""
     shown = redact_url(url)
+    if "rest=" in shown:  # paired already: what is missing is what its sessions on NATS cannot give
+        return Unsupported(
+            f"the store at {shown} keeps its sessions on NATS, so {name} is not available on it (it "
+            f"needs {', '.join(sorted(missing))}, which visits sessions as SQL rows); pair with "
+            "kinds=audit,traces before rest= to keep the sessions in the SQL store",
+            kind=sorted(missing)[0],
+            url=shown,
+            holds=sorted(held),
+            hint="",
+        )
     pairing = f"{shown}{'&' if '?' in shown else '?'}rest=sqlite:///state.db"
     return Unsupported(
         f"the store at {shown} does not hold {', '.join(sorted(missing))}, so store.{name} is not "

@@ -285,34 +285,6 @@ async def test_a_deleted_session_is_gone_from_the_stream_and_its_lease_token_sta
         assert again.acquired is False and again.token == lease.token
 
 
-async def test_a_paired_store_keeps_every_kind_with_traces_on_nats_and_the_rest_in_sqlite(
-    nats_url: str, tmp_path: Any, js: Any
-) -> None:
-    url = f"{nats_url}&rest=sqlite:///{tmp_path}/state.db"
-    prefix = prefix_of(nats_url)
-    async with statekeel.open_store(url) as store:
-        async with store.sessions.open("chat") as session:
-            session.add_message("user", "hi")
-        task = await store.tasks.create("build")
-        approval = await store.approvals.request("deploy", "run", {"env": "prod"}, "agent")
-        await store.approvals.decide(approval.id, True, "alice")
-        await store.memory.put("semantic", "fact", "the sky is blue")
-        await store.files.record("a.txt", "0" * 64, 1, task_id=task.id)
-        store.traces.record("t1", {"span_id": "s1", "name": "tool"})
-        await store.traces.flush()
-        assert (await store.audit.verify()).ok
-        report = await store.recover()
-        assert report.ok, report.summary()
-        await store.purge(dry_run=True)
-    assert (await js.stream_info(f"{prefix}_traces")).state.messages == 1
-    assert (await js.stream_info(f"{prefix}_sessions")).state.messages == 0  # sessions are in SQLite
-    async with statekeel.open_store(f"sqlite:///{tmp_path}/state.db") as sql:
-        assert [m["content"] for m in (await sql.sessions.load("chat")).messages] == ["hi"]
-        assert (await sql.tasks.get(task.id)) is not None
-        assert await sql.traces.get("t1") == []  # spans are on NATS
-        assert (await sql.audit.verify()).count >= 2  # the approval's entries, in SQLite's chain
-
-
 async def test_forks_rewinds_and_usage_are_unsupported_on_a_plain_nats_store_and_write_nothing(
     nats_url: str,
 ) -> None:

@@ -4,6 +4,8 @@ not hold (raised before anything is written; no server is needed for any of thes
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -117,13 +119,51 @@ async def test_an_operation_of_a_kind_not_held_is_refused_by_the_backend_itself(
     assert caught.value.kind == "tasks"
 
 
-def test_a_paired_store_holds_every_kind_and_puts_traces_on_nats(tmp_path: object) -> None:
+def test_a_paired_store_puts_sessions_audit_and_traces_on_nats_and_the_rest_in_sql(tmp_path: object) -> None:
     store = Store(f"nats://127.0.0.1:4222?prefix=p&rest=sqlite:///{tmp_path}/s.db", StoreOptions())
-    assert all(store.holds(m) for m in ("sessions", "tasks", "approvals", "audit", "traces"))
-    backend = store.backend
-    assert type(backend.backend_for("traces")).__name__ == "NatsBackend"  # type: ignore[attr-defined]
-    assert type(backend.backend_for("audit")).__name__ == "SqliteBackend"  # type: ignore[attr-defined]
-    assert type(backend.backend_for("sessions")).__name__ == "SqliteBackend"  # type: ignore[attr-defined]
+    assert all(store.holds(m) for m in ("sessions", "tasks", "approvals", "audit", "traces", "memory"))
+    backend: Any = store.backend
+    for kind in ("sessions", "tool_calls", "audit", "traces"):
+        assert type(backend.backend_for(kind)).__name__ == "NatsBackend"
+    for kind in ("tasks", "workflows", "approvals", "memory", "files", "vectors", "checkpoints"):
+        assert type(backend.backend_for(kind)).__name__ == "SqliteBackend"
+    # Retention and the row copy visit sessions as SQL rows: refused whole, not done for some kinds.
+    assert not store.holds("retention") and not store.holds("copy")
+
+
+@pytest.mark.parametrize(
+    ("named", "on_nats"),
+    [
+        ("traces", {"traces"}),
+        ("audit,traces", {"audit", "traces"}),
+        ("sessions", {"sessions", "tool_calls"}),
+        ("sessions,audit,traces", {"sessions", "tool_calls", "audit", "traces"}),
+    ],
+)
+def test_kinds_says_what_a_paired_store_keeps_on_nats(
+    tmp_path: object, named: str, on_nats: set[str]
+) -> None:
+    url = f"nats://127.0.0.1:4222?prefix=p&kinds={named}&rest=sqlite:///{tmp_path}/s.db"
+    assert parse_nats_url(url).kinds == on_nats
+    backend: Any = Store(url, StoreOptions()).backend
+    assert backend.front_kinds == on_nats
+    assert "kinds=" not in backend.front.url  # the NATS store itself holds what it holds
+    assert Store(url, StoreOptions()).holds("retention") == ("sessions" not in on_nats)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nats://h:4222?kinds=traces",
+        "nats://h:4222?kinds=tasks&rest=sqlite:///s.db",
+        "nats://h:4222?kinds=&rest=sqlite:///s.db",
+        "nats://h:4222?kinds=traces,traces&rest=sqlite:///s.db",
+        "nats://h:4222?kinds=traces&kinds=audit&rest=sqlite:///s.db",
+    ],
+)
+def test_bad_kinds_are_refused_before_connecting(url: str) -> None:
+    with pytest.raises(statekeel.InvalidArgument, match="kinds"):
+        Store(url, StoreOptions())
 
 
 def test_fallback_files_of_a_paired_store_go_where_its_sql_store_puts_them(tmp_path: object) -> None:

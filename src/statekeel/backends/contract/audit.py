@@ -69,6 +69,16 @@ class AuditBackend(abc.ABC):
     # Set by the store (``open_store(audit_key=...)``): every entry appended gets the MAC of its hash.
     audit_key: bytes | None = None
 
+    # Whether scan_audit reads the entries and the approvals on one snapshot. A store paired with NATS
+    # reads them from two systems, and AuditLog.verify reads again when an approval seems not to match.
+    audit_snapshot: bool = True
+
+    async def audit_lag(self) -> tuple[int, dt.datetime | None]:
+        """Audit entries of committed changes that are not on the chain yet, and the oldest one's time: a
+        store paired with NATS relays its SQL kinds' entries from an outbox after their commit. ``(0,
+        None)`` on a store whose changes and entries commit together."""
+        return 0, None
+
     @abc.abstractmethod
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
         """Append an entry after the current head (serialized: the chain never forks). ``data`` is

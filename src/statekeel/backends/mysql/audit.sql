@@ -25,3 +25,32 @@ WHERE approval_id = $1
   AND kind IN ('approval.requested', 'approval.granted', 'approval.denied', 'approval.consumed')
 ORDER BY seq DESC LIMIT 1;
 
+
+-- The outbox of a store paired with NATS (migration 0015): entries waiting to be relayed to the chain there.
+
+-- name: audit_outbox_insert
+INSERT INTO audit_outbox (kind, actor, subject, data, created_at) VALUES ($1, $2, $3, $4, $5);
+
+-- name: audit_outbox_pending
+SELECT id, kind, actor, subject, data, created_at FROM audit_outbox WHERE id > $1 ORDER BY id LIMIT $2;
+
+-- name: audit_outbox_attempt
+-- Committed before the publish it names: the sequence the entry was sent to land at.
+INSERT IGNORE INTO audit_outbox_attempts (outbox_id, seq) VALUES ($1, $2);
+
+-- name: audit_outbox_waiting
+-- The entry is still waiting: its id and time (an id may name another entry once this one was relayed).
+SELECT count(*) AS n FROM audit_outbox WHERE id = $1 AND created_at = $2;
+
+-- name: audit_outbox_attempts
+SELECT seq FROM audit_outbox_attempts WHERE outbox_id = $1 ORDER BY seq;
+
+-- name: audit_outbox_relayed
+-- Only the entry whose relay was seen on the chain is deleted: its id and time, as the relay read them.
+DELETE FROM audit_outbox WHERE id = $1 AND created_at = $2;
+
+-- name: audit_outbox_attempts_relayed
+DELETE FROM audit_outbox_attempts WHERE outbox_id = $1;
+
+-- name: audit_outbox_lag
+SELECT count(*) AS n, min(created_at) AS oldest FROM audit_outbox;

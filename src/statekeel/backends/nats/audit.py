@@ -22,6 +22,7 @@ import nats.js.errors
 from ...chain import GENESIS_HASH, chain_hash, entry_mac
 from ...errors import StorageCorrupt
 from ..base import ApprovalRecord, AuditBackend, AuditRecord
+from ..relay import OutboxEntry
 from .client import (
     WRONG_LAST_SEQUENCE,
     NatsConnection,
@@ -86,59 +87,110 @@ class NatsAudit(AuditBackend):
             raise StorageCorrupt(f"the head ({seq}) of the NATS stream {self._audit_stream} cannot be read")
         return seq, _record(seq, msg.data, self._audit_stream).hash
 
-    async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+    def _entry_message(self, record: AuditRecord, relay: str | None = None) -> bytes:
+        fields: dict[str, Any] = {
+            "seq": record.seq,
+            "kind": record.kind,
+            "actor": record.actor,
+            "subject": record.subject,
+            "data": record.data,
+            "created_at": micros(record.created_at),
+            "prev_hash": record.prev_hash,
+            "hash": record.hash,
+            "mac": record.mac,
+        }
+        if relay is not None:
+            fields["relay"] = relay  # the outbox entry it was relayed from (statekeel.backends.relay)
+        return orjson.dumps(fields)
+
+    def _chained(
+        self,
+        seq: int,
+        prev_hash: str,
+        kind: str,
+        actor: str,
+        subject: str,
+        data: str,
+        created_at: dt.datetime,
+    ) -> AuditRecord:
+        digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
+        key = self.audit_key
+        mac = None if key is None else entry_mac(key, digest)
+        return AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac)
+
+    async def _publish_entry(
+        self, record: AuditRecord, head_seq: int, write_id: str, relay: str | None = None
+    ) -> AuditRecord | None:
+        """Publish ``record`` if ``head_seq`` is still the head: the record stored (an earlier copy's,
+        when the stream found it a duplicate of ``write_id``), or None when another writer appended first."""
+        subject = record.subject
         token_subject = checked_subject(
             f"{self.prefix}.audit.{encode_token(subject)}", "audit subject", subject
         )
-        write_id = f"audit-{uuid.uuid4().hex}"
         stream = self._audit_stream
+        headers = {"Nats-Msg-Id": write_id, "Nats-Expected-Last-Sequence": str(head_seq)}
+        try:
+            stored, duplicate = await self.conn.publish(
+                token_subject,
+                self._entry_message(record, relay),
+                stream=stream,
+                headers=headers,
+                what="appending an audit entry",
+            )
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                return None
+            raise StorageCorrupt(
+                f"the NATS stream {stream} refused an audit entry: {exc.description}"
+            ) from exc
+        if duplicate:
+            # Our earlier attempt was stored (its answer was lost): that entry is the one.
+            msg = await self.conn.get(stream, stored)
+            assert msg is not None and msg.data is not None
+            return _record(stored, msg.data, stream)
+        if stored != record.seq:
+            raise StorageCorrupt(
+                f"audit entry {record.seq} was stored at {stored} of the NATS stream {stream}"
+            )
+        return record
+
+    async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
+        checked_subject(f"{self.prefix}.audit.{encode_token(subject)}", "audit subject", subject)
+        write_id = f"audit-{uuid.uuid4().hex}"
         # One appender per process at a time; other processes are kept in order by the server.
         async with self._audit_lock:
             while True:
                 head_seq, prev_hash = await self._audit_head()
-                seq, created_at = head_seq + 1, dt.datetime.now(dt.UTC)
-                digest = chain_hash(seq, kind, actor, subject, data, created_at, prev_hash)
-                key = self.audit_key
-                mac = None if key is None else entry_mac(key, digest)
-                record = AuditRecord(seq, kind, actor, subject, data, created_at, prev_hash, digest, mac)
-                payload = orjson.dumps(
-                    {
-                        "seq": seq,
-                        "kind": kind,
-                        "actor": actor,
-                        "subject": subject,
-                        "data": data,
-                        "created_at": micros(created_at),
-                        "prev_hash": prev_hash,
-                        "hash": digest,
-                        "mac": mac,
-                    }
+                record = self._chained(
+                    head_seq + 1, prev_hash, kind, actor, subject, data, dt.datetime.now(dt.UTC)
                 )
-                headers = {"Nats-Msg-Id": write_id, "Nats-Expected-Last-Sequence": str(head_seq)}
-                try:
-                    stored, duplicate = await self.conn.publish(
-                        token_subject,
-                        payload,
-                        stream=stream,
-                        headers=headers,
-                        what="appending an audit entry",
-                    )
-                except nats.js.errors.APIError as exc:
-                    if exc.err_code == WRONG_LAST_SEQUENCE:
-                        continue  # another writer appended first: chain after its entry
-                    raise StorageCorrupt(
-                        f"the NATS stream {stream} refused an audit entry: {exc.description}"
-                    ) from exc
-                if duplicate:
-                    # Our earlier attempt was stored (its answer was lost): that entry is the one.
-                    msg = await self.conn.get(stream, stored)
-                    assert msg is not None and msg.data is not None
-                    return _record(stored, msg.data, stream)
-                if stored != seq:
-                    raise StorageCorrupt(
-                        f"audit entry {seq} was stored at {stored} of the NATS stream {stream}"
-                    )
-                return record
+                stored = await self._publish_entry(record, head_seq, write_id)
+                if stored is not None:
+                    return stored
+                # another writer appended first: chain after its entry
+
+    # The chain's side of statekeel.backends.relay.
+
+    async def chain_head(self) -> tuple[int, str]:
+        return await self._audit_head()
+
+    async def chain_tag(self, seq: int) -> str | None:
+        msg = await self.conn.get(self._audit_stream, seq)
+        if msg is None or msg.data is None:
+            return None
+        try:
+            tag = orjson.loads(msg.data).get("relay")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None  # not an entry at all: verify() reports it; it is not this relay's
+        return tag if isinstance(tag, str) else None
+
+    async def chain_publish(self, seq: int, prev_hash: str, entry: OutboxEntry) -> int | None:
+        async with self._audit_lock:
+            record = self._chained(
+                seq, prev_hash, entry.kind, entry.actor, entry.subject, entry.data, dt.datetime.now(dt.UTC)
+            )
+            stored = await self._publish_entry(record, seq - 1, entry.tag, relay=entry.tag)
+        return None if stored is None else stored.seq
 
     async def latest_approval_entry(self, approval_id: str) -> AuditRecord | None:
         latest: AuditRecord | None = None

@@ -10,7 +10,19 @@ from dataclasses import dataclass
 
 from ...errors import InvalidArgument
 
-__all__ = ["NatsUrl", "paired_url", "parse_nats_url"]
+__all__ = ["PAIRABLE_KINDS", "PAIRED_KINDS", "NatsUrl", "paired_url", "parse_nats_url"]
+
+PAIRABLE_KINDS = {
+    "sessions": frozenset({"sessions", "tool_calls"}),
+    "audit": frozenset({"audit"}),
+    "traces": frozenset({"traces"}),
+}
+"""The names ``kinds=`` takes, and the state kinds each puts on NATS (a session's tool-call journal is
+part of its event log, so it goes with the session)."""
+
+PAIRED_KINDS = frozenset().union(*PAIRABLE_KINDS.values())
+"""The kinds a paired store (``rest=``) keeps on NATS when its URL names no ``kinds=``: sessions with
+their tool calls, the audit chain and traces; everything else is the SQL store's."""
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 
@@ -18,17 +30,20 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 @dataclass(frozen=True, slots=True)
 class NatsUrl:
     """A parsed ``nats://`` URL: the servers, the name prefix of the streams, their replicas, the request
-    timeout, and the SQL URL paired with it (``rest=``; None for a plain NATS store)."""
+    timeout, and the SQL URL paired with it (``rest=``; None for a plain NATS store). ``kinds`` is what a
+    paired store keeps on NATS (``kinds=sessions,audit,traces``, any of them; :data:`PAIRED_KINDS` when
+    the URL names none), as state kinds."""
 
     servers: tuple[str, ...]
     prefix: str
     replicas: int
     timeout: float
     rest: str | None
+    kinds: frozenset[str] = PAIRED_KINDS
 
 
 def parse_nats_url(url: str) -> NatsUrl:
-    """Parse ``nats://host:4222[,host2:4222…][?prefix=P&replicas=N&timeout=S][&rest=SQL-URL]``.
+    """Parse ``nats://host:4222[,host2:4222…][?prefix=P&replicas=N&timeout=S&kinds=K,…][&rest=SQL-URL]``.
 
     ``rest=`` must come last: everything after it, ``?`` and ``&`` included, is the SQL URL, verbatim.
     """
@@ -48,10 +63,10 @@ def parse_nats_url(url: str) -> NatsUrl:
             rest = tail
         for item in filter(None, head.split("&")):
             name, eq, value = item.partition("=")
-            if not eq or name not in ("prefix", "replicas", "timeout"):
+            if not eq or name not in ("prefix", "replicas", "timeout", "kinds"):
                 raise InvalidArgument(
                     f"unknown NATS URL option {item!r} in {url!r}; known: prefix=, replicas=, timeout=, "
-                    "rest= (last)",
+                    "kinds=, rest= (last)",
                     url=url,
                 )
             if name in params:
@@ -79,7 +94,29 @@ def parse_nats_url(url: str) -> NatsUrl:
         raise InvalidArgument(f"replicas={replicas} in {url!r}: JetStream replicates 1 to 5 times", url=url)
     if not timeout > 0:
         raise InvalidArgument(f"timeout={timeout} in {url!r} must be positive (seconds)", url=url)
-    return NatsUrl(servers, prefix, replicas, timeout, rest)
+    return NatsUrl(servers, prefix, replicas, timeout, rest, _paired_kinds(url, params.get("kinds"), rest))
+
+
+def _paired_kinds(url: str, named: str | None, rest: str | None) -> frozenset[str]:
+    if named is None:
+        return PAIRED_KINDS
+    if rest is None:
+        raise InvalidArgument(
+            f"kinds= in {url!r} says what a paired store keeps on NATS, and this URL pairs with no SQL "
+            "store: add rest=SQL-URL (last), or drop kinds= (a plain NATS store holds what it holds)",
+            url=url,
+        )
+    names = named.split(",")
+    unknown = [n for n in names if n not in PAIRABLE_KINDS]
+    if not named or unknown:
+        raise InvalidArgument(
+            f"kinds={named!r} in {url!r}: name one or more of {', '.join(PAIRABLE_KINDS)}, separated by "
+            "commas (the other kinds are always the SQL store's)",
+            url=url,
+        )
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"kinds={named!r} in {url!r} names a kind twice", url=url)
+    return frozenset().union(*(PAIRABLE_KINDS[n] for n in names))
 
 
 def paired_url(url: str) -> str | None:

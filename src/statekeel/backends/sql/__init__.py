@@ -200,6 +200,8 @@ class SqlBackend(StorageBackend):
     """A backend whose operations are shared SQL logic; dialects implement the hooks below."""
 
     codec: Codec
+    # Set by a NATS pairing whose audit chain is on NATS: audit entries go to the outbox (sql/audit.py).
+    audit_outbox: bool = False
 
     def __init__(self, url: str, *, codec: Codec) -> None:
         self.url = url

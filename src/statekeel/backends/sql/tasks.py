@@ -263,7 +263,7 @@ class SqlTasks(SqlBackend, TaskBackend):
     """The task contract over the shared operations above."""
 
     async def create_task(self, task: NewTask, *, audit: AuditNotes | None = None) -> tuple[TaskRecord, bool]:
-        return await self._write(audited(op_create_task, audit, self.audit_key), task)
+        return await self._write(audited(op_create_task, audit, self.audit_key, self.audit_outbox), task)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._read(op_get_task, task_id)
@@ -289,7 +289,7 @@ class SqlTasks(SqlBackend, TaskBackend):
         audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
         return await self._write(
-            audited(op_update_task, audit, self.audit_key),
+            audited(op_update_task, audit, self.audit_key, self.audit_outbox),
             task_id,
             expected_status,
             expected_version,
@@ -305,7 +305,7 @@ class SqlTasks(SqlBackend, TaskBackend):
         workflow_id: str | None = None,
         audit: AuditNotes | None = None,
     ) -> TaskRecord | None:
-        op = audited(op_claim_task, audit, self.audit_key)
+        op = audited(op_claim_task, audit, self.audit_key, self.audit_outbox)
         return await self._write(op, worker_id, lease_expires_at, workflow_id)
 
     async def heartbeat_task(
@@ -324,7 +324,9 @@ class SqlTasks(SqlBackend, TaskBackend):
     async def expire_task_leases(
         self, now: dt.datetime, *, audit: AuditNotes | None = None
     ) -> list[TaskRecord]:
-        return await self._write(audited(op_expire_task_leases, audit, self.audit_key), now)
+        return await self._write(
+            audited(op_expire_task_leases, audit, self.audit_key, self.audit_outbox), now
+        )
 
     async def expired_task_leases(self, now: dt.datetime) -> list[TaskRecord]:
         return await self._read(op_expired_task_leases, now)
@@ -340,7 +342,7 @@ class SqlTasks(SqlBackend, TaskBackend):
         audit: AuditNotes | None = None,
     ) -> tuple[StepRecord, bool]:
         return await self._write(
-            audited(op_begin_step, audit, self.audit_key),
+            audited(op_begin_step, audit, self.audit_key, self.audit_outbox),
             task_id,
             step_key,
             rerun_started,
@@ -359,7 +361,7 @@ class SqlTasks(SqlBackend, TaskBackend):
         error: bytes | None = None,
         audit: AuditNotes | None = None,
     ) -> StepRecord | None:
-        op = audited(op_finish_step, audit, self.audit_key)
+        op = audited(op_finish_step, audit, self.audit_key, self.audit_outbox)
         return await self._write(op, task_id, step_key, status, attempt, result, error)
 
     async def get_step(self, task_id: str, step_key: str) -> StepRecord | None:
