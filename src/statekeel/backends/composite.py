@@ -302,10 +302,9 @@ class CompositeBackend(StorageBackend):
             await self._relay.run()
 
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
-        if self._relay is None:
-            return await self.rest.append_audit(kind, actor, subject, data)
-        if self.rest.in_atomic():
-            # Committed with the block's SQL writes, relayed after them: seq 0 until it is on the chain.
+        if self._relay is None or self.rest.in_atomic():
+            # The chain in SQL; or in a block: committed with its SQL writes, relayed after them (seq 0
+            # until it is on the chain).
             return await self.rest.append_audit(kind, actor, subject, data)
         await self._relay.run()  # entries of changes committed before this one go first
         return await self.front.append_audit(kind, actor, subject, data)

@@ -123,10 +123,7 @@ class NatsAudit(AuditBackend):
     ) -> AuditRecord | None:
         """Publish ``record`` if ``head_seq`` is still the head: the record stored (an earlier copy's,
         when the stream found it a duplicate of ``write_id``), or None when another writer appended first."""
-        subject = record.subject
-        token_subject = checked_subject(
-            f"{self.prefix}.audit.{encode_token(subject)}", "audit subject", subject
-        )
+        token_subject = self._entry_subject(record.subject)
         stream = self._audit_stream
         headers = {"Nats-Msg-Id": write_id, "Nats-Expected-Last-Sequence": str(head_seq)}
         try:
@@ -154,8 +151,11 @@ class NatsAudit(AuditBackend):
             )
         return record
 
+    def _entry_subject(self, subject: str) -> str:
+        return checked_subject(f"{self.prefix}.audit.{encode_token(subject)}", "audit subject", subject)
+
     async def append_audit(self, kind: str, actor: str, subject: str, data: str) -> AuditRecord:
-        checked_subject(f"{self.prefix}.audit.{encode_token(subject)}", "audit subject", subject)
+        self._entry_subject(subject)  # a subject that cannot be one is refused before the head is read
         write_id = f"audit-{uuid.uuid4().hex}"
         # One appender per process at a time; other processes are kept in order by the server.
         async with self._audit_lock:
