@@ -14,6 +14,7 @@ import random
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -298,6 +299,16 @@ async def _terminate_connections(db_url: str) -> int:
         await admin.close()
 
 
+async def _reread(b: Any, key: str, errors: list[BaseException]) -> Any:
+    """The session as stored, read until a read gets through: the killer goes on while a writer checks
+    what landed, and the store retries a lost read only once before it reports the server unreachable."""
+    while True:
+        try:
+            return await b.load_session(key)
+        except statekeel.BackendUnavailable as exc:
+            errors.append(exc)
+
+
 async def _append_until(
     store: statekeel.Store,
     key: str,
@@ -320,7 +331,7 @@ async def _append_until(
                 await b.append_messages(key, head, [message(store, content)], create=head == 0)
             except statekeel.BackendUnavailable as exc:
                 errors.append(exc)
-                found = await b.load_session(key)
+                found = await _reread(b, key, errors)
                 if found is not None and found.head_seq == head + 1:
                     break  # it landed although the answer was lost
                 continue  # it did not: the same conditional write again
