@@ -116,6 +116,8 @@ def test_a_rebuild_killed_mid_batch_resumes_with_what_still_lags(shared_url: str
 def test_a_rebuild_killed_at_a_random_instant_leaves_whole_batches(shared_url: str) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     memories = asyncio.run(fill(shared_url))
-    run_child(shared_url, block_at=N, kill_after=random.Random(seed).uniform(0.0, 0.05))
+    # Parked in the last batch's embedding, the child is still running when the kill comes however fast
+    # it got there (blocking at batch N, which never comes, let an idle machine finish first).
+    run_child(shared_url, block_at=N // BATCH, kill_after=random.Random(seed).uniform(0.0, 0.05))
     stored = asyncio.run(check_and_resume(shared_url, memories))
-    assert 0 <= stored <= N, f"seed {seed}"
+    assert 0 <= stored < N, f"seed {seed}"
