@@ -442,6 +442,7 @@ NOT_COPIED = {
     "store_incidents",
     "audit_outbox",
     "audit_outbox_attempts",
+    "message_segments",
 }
 
 

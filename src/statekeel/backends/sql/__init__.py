@@ -96,6 +96,8 @@ class Tx(abc.ABC):
     """What an operation can do inside a transaction. Queries are referred to by name."""
 
     codec: Codec
+    # The dialect keeps sealed segments of older messages (see segments.py): its schema has the table.
+    segments: bool = False
 
     @abc.abstractmethod
     async def execute(self, name: str, *args: Any) -> int:

@@ -44,6 +44,7 @@ def _table(name: str, columns: str, key: str, *, links: str = "", append_only: b
 # Parents before children (foreign keys). Leases and heartbeats are locks, not state, and incidents belong
 # to the physical store they happened to: none of them is copied. Nor is the audit outbox of a store paired
 # with NATS: its entries belong to the chain there, relayed before a copy reads it (backends/composite.py).
+# Nor are SQLite's sealed segments: copies of message rows, sealed again by the destination's later saves.
 TABLES: tuple[CopyTable, ...] = (
     _table(
         "sessions",

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound, StorageCorrupt
+from ...errors import ConflictError, InvalidArgument, LeaseLost, NotFound
 from ...validation import check_aware, check_int, check_key, check_str
 from ..base import (
     ArchivedMessage,
@@ -23,6 +23,7 @@ from ..base import (
 )
 from . import Row, SqlBackend, Tx, from_micros, to_micros, utcnow
 from .lineage import chain, chain_rows, detach_forks, resealed
+from .segments import live_payloads, payload_array, seal
 
 _EMPTY_OBJECT = b"{}"
 _EPOCH = from_micros(0)
@@ -131,31 +132,6 @@ async def op_load_with_messages(
     return record, messages + [message_from_row(tx, key, r) for r in rows]
 
 
-def _payload_array(tx: Tx, row: Row, key: str, lo: int, hi: int) -> list[dict[str, Any]]:
-    """Decode one ``[payload, ...]`` array, after checking it holds exactly the dense seqs lo..hi-1."""
-    n = row["n"]
-    if n != hi - lo or (n and (row["lo"] != lo or row["hi"] != hi - 1)):
-        raise StorageCorrupt(
-            f"session {key!r}: messages {lo}..{hi - 1} should all be stored, found {n} "
-            f"(seq {row['lo']}..{row['hi']})",
-            key=key,
-        )
-    if not n:
-        return []
-    cipher = tx.codec.cipher
-    if cipher is None:
-        payloads: list[dict[str, Any]] = tx.json_out(row["arr"])
-        return payloads
-    # Each element is sealed under its own identity: open them one by one, in seq order, and decode the
-    # plaintexts as one array (one decode, as without a key).
-    plain = [
-        cipher.open_raw(sealed, "message", (key, seq))
-        for seq, sealed in enumerate(orjson.loads(row["arr"]), lo)
-    ]
-    decoded: list[dict[str, Any]] = tx.codec.decode(b"[" + b",".join(plain) + b"]")
-    return decoded
-
-
 async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSession | None:
     # One query returns the whole history as one JSON array: a single decode instead of one per row.
     row = await tx.fetchone("session_get", key)
@@ -167,22 +143,23 @@ async def op_load_payloads(tx: Tx, key: str, include_archived: bool) -> LoadedSe
     if include_archived and live_from > 0:
         archived = await tx.fetchone("archive_payload_array", key)
         assert archived is not None  # an aggregate always returns a row
-        messages = _payload_array(tx, archived, key, 0, live_from)
+        messages = payload_array(tx, archived, key, 0, live_from)
     own_from = live_from
     if record.parent_key is not None and record.parent_seq is not None and live_from < record.parent_seq:
         # A fork: its ancestors' parts first (each read live or archived), on this same snapshot.
         flags: list[bool] = []
         parts = await chain(tx, record.parent_key, record.parent_seq, live_from, live=flags)
         for (part_key, lo, hi), unarchived in zip(parts, flags, strict=True):
-            # A part none of which is archived is read in index order, without merging the archive.
-            query = "message_payload_range" if unarchived else "view_payload_array"
-            part = await tx.fetchone(query, part_key, lo, hi)
+            # A part none of which is archived is read in index order (and its sealed segments), without
+            # merging the archive.
+            if unarchived:
+                messages += await live_payloads(tx, part_key, lo, hi, open_end=False)
+                continue
+            part = await tx.fetchone("view_payload_array", part_key, lo, hi)
             assert part is not None
-            messages += _payload_array(tx, part, part_key, lo, hi)
+            messages += payload_array(tx, part, part_key, lo, hi)
         own_from = record.parent_seq
-    live = await tx.fetchone("message_payload_array", key, own_from)
-    assert live is not None
-    messages += _payload_array(tx, live, key, own_from, record.head_seq)
+    messages += await live_payloads(tx, key, own_from, record.head_seq, open_end=True)
     summaries: list[tuple[str, int, int, str]] = []
     if live_from > 0:
         summaries = [
@@ -391,6 +368,10 @@ async def op_append_messages(
                 for seq, m in enumerate(messages, expected_head)
             ],
         )
+        record = session_from_row(tx, row)
+        if tx.segments:
+            await seal(tx, record, expected_head)
+        return record
     return session_from_row(tx, row)
 
 

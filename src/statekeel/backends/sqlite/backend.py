@@ -91,10 +91,15 @@ def _file_size(path: str) -> int:
         return 0
 
 
+def _read_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("SELECT 1 FROM sessions LIMIT 0").fetchall()
+
+
 class SqliteTx(Tx):
     """Runs named queries on the thread's connection; its coroutines never suspend."""
 
     __slots__ = ("_ts", "_ts_raw", "codec", "conn", "sql")
+    segments = True
 
     def __init__(self, conn: sqlite3.Connection, codec: Codec) -> None:
         self.conn = conn
@@ -236,8 +241,9 @@ class SqliteBackend(
                 self._reader = Worker(
                     "statekeel-sqlite-reader", lambda: self._open(read_only=True), self._where
                 )
-                # Connect now: a reader that cannot open fails the open, not the first load.
-                await self._call(self._reader, lambda conn: None)
+                # Connect now, and read the schema (SQLite parses all of it at a connection's first
+                # statement): a reader that cannot open fails the open, and the first load is not slower.
+                await self._call(self._reader, _read_schema)
             if self.wal_lost is not None:
                 await self._record_wal_loss(self.wal_lost)
         except BaseException:
