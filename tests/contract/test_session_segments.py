@@ -291,3 +291,42 @@ def test_a_writer_killed_mid_history_leaves_segments_that_match_their_rows(tmp_p
 
     got = asyncio.run(reopened())
     assert len(got) >= acked and got == names(0, len(got))
+
+
+async def test_two_stores_racing_across_runs_keep_segments_that_match_their_rows(tmp_path: Path) -> None:
+    # Two stores on one file load the same head and both append, every turn: the second save is refused
+    # (ConflictError) and written again after a reload. Turns cross run boundaries on both sides, so both
+    # the winner's seal and the loser's refused append happen at a crossing.
+    url = sqlite_url(tmp_path)
+    async with statekeel.open_store(url) as a, statekeel.open_store(url) as b:
+        await grow(a, "s", 4)
+        acked = names(0, 4)
+        turns = 3 * SEGMENT // 8
+        for i in range(turns):
+            first, second = (a, b) if i % 2 == 0 else (b, a)
+            for store in (a, b):
+                store.sessions._cache.pop("s", None)
+            s1 = await first.sessions.get_or_create("s")
+            s2 = await second.sessions.get_or_create("s")
+            assert s1.head_seq == s2.head_seq
+            for side, s in (("w", s1), ("l", s2)):
+                for j in range(4):
+                    s.add_message("user", f"{side}{i}.{j}")
+            await first.sessions.save(s1)
+            acked += [f"w{i}.{j}" for j in range(4)]
+            with pytest.raises(statekeel.ConflictError):
+                await second.sessions.save(s2)
+            second.sessions._cache.pop("s", None)
+            again = await second.sessions.get_or_create("s")
+            for j in range(4):
+                again.add_message("user", f"r{i}.{j}")
+            await second.sessions.save(again)
+            acked += [f"r{i}.{j}" for j in range(4)]
+        loaded = await fresh(b, "s")
+        assert loaded == await rows(b, "s") == acked
+    segments_match_rows(tmp_path)
+    assert segments(tmp_path) == runs("s", *range(0, sealable(len(acked)), SEGMENT))
+
+
+def sealable(head: int) -> int:
+    return max(head - LIVE_TAIL, 0) // SEGMENT * SEGMENT
