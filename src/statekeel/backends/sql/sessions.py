@@ -368,11 +368,10 @@ async def op_append_messages(
                 for seq, m in enumerate(messages, expected_head)
             ],
         )
-        record = session_from_row(tx, row)
-        if tx.segments:
-            await seal(tx, record, expected_head)
-        return record
-    return session_from_row(tx, row)
+    record = session_from_row(tx, row)
+    if messages and tx.segments:
+        await seal(tx, record, expected_head)
+    return record
 
 
 async def op_read_messages(tx: Tx, key: str, start: int, end: int | None) -> list[MessageRecord]:
