@@ -235,3 +235,59 @@ async def test_a_call_a_rewind_leaves_waiting_is_the_rewinders_until_it_is_gone(
     async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
         later = await fresh(b, "s")  # its rewinder is gone: answered once, as any left call
         assert [c.call_id for c in later.repaired] == ["c1"] and later.pending_calls() == []
+
+
+# --- stored references carry the rewind count they were taken under -------------------------------------
+
+
+async def _fallen_back_then_rewound_and_regrown(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host A acknowledges "old branch" at seq 4 to its fallback file (the backend is down for it); host B
+    then rewinds the session to 2 and grows it back to head 4, the file's base head."""
+    await make(store, "s", 4)
+    mine = await store.sessions.load("s")
+    assert mine is not None
+    mine.add_message("user", "old branch")
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("the database is down for host A (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.backend, "append_messages", unavailable)
+        await store.sessions.save(mine)
+    assert mine.fallback_file is not None
+    other_host = statekeel.SessionManager(store.backend, store.codec)
+    try:
+        theirs = await other_host.load("s")
+        assert theirs is not None
+        await other_host.rewind("s", 2, reason="host B goes back")
+        theirs.add_message("user", "y2")
+        theirs.add_message("assistant", "y3")
+        await other_host.save(theirs)  # head 4 again, one rewind later
+    finally:
+        await other_host.close()
+
+
+@pytest.mark.parametrize("reader", ["replay", "load"])
+async def test_a_fallback_file_taken_before_a_rewind_is_quarantined_never_spliced_onto_the_new_branch(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, reader: str
+) -> None:
+    await _fallen_back_then_rewound_and_regrown(store, monkeypatch)
+    fb = tmp_path / "fallback"
+    restarted = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)  # host A, restarted
+    try:
+        if reader == "replay":
+            report = await restarted.replay_fallback()
+            assert report.replayed == {} and len(report.quarantined) == 1
+            assert "rewound" in next(iter(report.quarantined.values()))
+        else:
+            loaded = await restarted.load("s")
+            assert loaded is not None and contents(loaded.messages) == ["m0", "m1", "y2", "y3"]
+            assert loaded.fallback_file is None
+            assert "rewound" in next(iter((await restarted.replay_fallback()).quarantined.values()))
+    finally:
+        await restarted.close()
+    assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "y2"), (3, "y3")]
+    kept = [p for p in fb.iterdir() if ".corrupt-" in p.name]
+    assert len(kept) == 1 and b"old branch" in kept[0].read_bytes()  # kept aside, never lost

@@ -375,6 +375,8 @@ class SessionWrites:
             expected_version=None
             if record is None or (metadata is None and status is None)
             else record.version,
+            # Judged under the rewind count it was taken under: a rewind since then refuses the write.
+            expected_rewinds=None if record is None else snap.rewinds or 0,
         )
 
 
