@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import statekeel
-from statekeel.errors import ConflictError, InvalidArgument, NotFound
+from statekeel.errors import ConflictError, InvalidArgument, NotFound, StepInDoubt
 
 
 async def make(store: statekeel.Store, key: str, n: int, prefix: str = "m") -> statekeel.Session:
@@ -291,3 +291,36 @@ async def test_a_fallback_file_taken_before_a_rewind_is_quarantined_never_splice
     assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "y2"), (3, "y3")]
     kept = [p for p in fb.iterdir() if ".corrupt-" in p.name]
     assert len(kept) == 1 and b"old branch" in kept[0].read_bytes()  # kept aside, never lost
+
+
+async def test_a_tool_call_that_ran_is_never_answered_as_not_run_after_a_rewind_took_its_result(
+    store: statekeel.Store,
+) -> None:
+    first = statekeel.SessionManager(store.backend, store.codec)  # a process that ran the tool, then left
+    s = await first.get_or_create("s")
+    s.add_message("user", "charge the card")
+    s.add_message("assistant", None, tool_calls=[CALL])
+    await first.save(s)
+    assert await first.run_tool(s, "c1", lambda: "charged 3 EUR") == "charged 3 EUR"
+    rw = await first.rewind("s", 2, reason="drop the result")
+    await first.close()
+    nxt = statekeel.SessionManager(store.backend, store.codec)  # the next process
+    try:
+        later = await nxt.load("s")
+        assert later is not None
+        # Not "interrupted: the agent stopped before this tool call returned": it ran.
+        assert later.repaired == () and [c.call_id for c in later.pending_calls()] == ["c1"]
+        assert await rows(store, "s") == [(0, "charge the card"), (1, None)]
+        found = await nxt.recover_tool_calls(repair=True)
+        assert found.repaired == {}
+        assert [(d.call_id, d.status, d.result_seq) for d in found.in_doubt] == [("c1", "succeeded", 2)]
+        ran: list[int] = []
+        with pytest.raises(StepInDoubt, match="rewind took that result out"):
+            await nxt.run_tool(later, "c1", lambda: ran.append(1))
+        assert ran == []  # not run a second time
+        # Its recorded result is where the rewind put it.
+        assert [(a.seq, a.payload["content"]) for a in await nxt.archived("s", rw.compression_id)] == [
+            (2, "charged 3 EUR")
+        ]
+    finally:
+        await nxt.close()
