@@ -190,6 +190,13 @@ class Session:
         return self._head
 
     @property
+    def rewinds(self) -> int:
+        """How many rewinds the stored session had when this session was last loaded or saved. A seq is
+        read together with it: ``(key, rewinds, seq)`` names one message forever (docs/branches.md), and
+        every stored reference to a message carries it."""
+        return self._rewinds
+
+    @property
     def acknowledged_head(self) -> int:
         """The head sequence of what the store acknowledged: the messages before it are in the backend or,
         while it is unavailable, in this session's fallback file (a save that fell back returned, so they

@@ -308,7 +308,8 @@ class ToolCalls:
                     result_seq=seq,
                 )
                 if actor is not None:  # in the answer's transaction: both commit or neither
-                    data = {"session_key": session.key, "call_id": call_id, "seq": seq}
+                    # The seq names the answer in the live transcript of this rewind count.
+                    data = {"session_key": session.key, "call_id": call_id, "seq": seq, "rewinds": session.rewinds}
                     data["answer"] = "interrupted" if interrupted else "result"
                     text = canonical(data).decode("utf-8")
                     await backend.append_audit("tool_call.resolved", actor, f"session:{session.key}", text)
