@@ -541,6 +541,13 @@ class SessionBook:
         writer changed what this session changed too (the caller reloads it)."""
         s = self._s
         s._tools.stored(record)  # the waiting calls' count and owner change without a new version
+        # A fork point moves without a new version of the fork (its parent rewound below it, deleted or
+        # purged): the history is the same, only where it is read from changed.
+        s.parent = (
+            None
+            if record.parent_key is None or record.parent_seq is None
+            else (record.parent_key, record.parent_seq)
+        )
         return record.version == s._version or s._take_theirs(record)
 
     def attempting(self, write_id: str, changes: Changes) -> None:

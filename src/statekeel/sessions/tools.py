@@ -309,7 +309,12 @@ class ToolCalls:
                 )
                 if actor is not None:  # in the answer's transaction: both commit or neither
                     # The seq names the answer in the live transcript of this rewind count.
-                    data = {"session_key": session.key, "call_id": call_id, "seq": seq, "rewinds": session.rewinds}
+                    data = {
+                        "session_key": session.key,
+                        "call_id": call_id,
+                        "seq": seq,
+                        "rewinds": session.rewinds,
+                    }
                     data["answer"] = "interrupted" if interrupted else "result"
                     text = canonical(data).decode("utf-8")
                     await backend.append_audit("tool_call.resolved", actor, f"session:{session.key}", text)
@@ -381,9 +386,7 @@ class ToolCalls:
         # A call whose journal says it ran (succeeded: its result was appended, then a rewind took it out
         # of the live transcript) is never answered as not run: it is in doubt, for a person to settle.
         ran = {
-            s.call_id
-            for s in await self.backend.session_steps(session.key)
-            if s.status in _RAN_OR_RUNNING
+            s.call_id for s in await self.backend.session_steps(session.key) if s.status in _RAN_OR_RUNNING
         }
         return [c for c in waiting if c.call_id not in ran and _key(session, c.call_id) not in self._running]
 
