@@ -269,12 +269,20 @@ async def _fallen_back_then_rewound_and_regrown(
         await other_host.close()
 
 
-@pytest.mark.parametrize("reader", ["replay", "load"])
+@pytest.mark.parametrize("reader", ["replay", "load", "own replay"])
 async def test_a_fallback_file_taken_before_a_rewind_is_quarantined_never_spliced_onto_the_new_branch(
     store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, reader: str
 ) -> None:
     await _fallen_back_then_rewound_and_regrown(store, monkeypatch)
     fb = tmp_path / "fallback"
+    if reader == "own replay":  # host A, still running, replays the file its cached session holds
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {} and len(report.quarantined) == 1
+        assert "rewound" in next(iter(report.quarantined.values()))
+        mine = store.sessions.cached("s")
+        assert mine is not None
+        with pytest.raises(ConflictError):
+            await store.sessions.save(mine)  # loaded before the rewind: refused like any stale save
     restarted = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)  # host A, restarted
     try:
         if reader == "replay":
@@ -285,7 +293,8 @@ async def test_a_fallback_file_taken_before_a_rewind_is_quarantined_never_splice
             loaded = await restarted.load("s")
             assert loaded is not None and contents(loaded.messages) == ["m0", "m1", "y2", "y3"]
             assert loaded.fallback_file is None
-            assert "rewound" in next(iter((await restarted.replay_fallback()).quarantined.values()))
+            if reader == "load":
+                assert "rewound" in next(iter((await restarted.replay_fallback()).quarantined.values()))
     finally:
         await restarted.close()
     assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "y2"), (3, "y3")]
