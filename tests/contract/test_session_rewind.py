@@ -4,11 +4,13 @@ history; bad input writes nothing."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 
 import statekeel
+from statekeel.backends.sql import branches
 from statekeel.errors import ConflictError, InvalidArgument, NotFound, StepInDoubt
 
 
@@ -333,3 +335,32 @@ async def test_a_tool_call_that_ran_is_never_answered_as_not_run_after_a_rewind_
         ]
     finally:
         await nxt.close()
+
+
+async def test_locate_resolves_a_reference_by_the_rewind_count_it_was_taken_under(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = await make(store, "s", 6)
+    assert s.rewinds == 0
+    first = await store.sessions.rewind("s", 4, reason="retry 4")  # m4, m5 leave
+    s.add_message("user", "a4")
+    s.add_message("assistant", "a5")
+    await store.sessions.save(s)
+    assert s.rewinds == 1
+    # The second rewinder's clock is an hour behind the first's: the records still list in rewind order.
+    behind = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    monkeypatch.setattr(branches, "utcnow", lambda: behind)
+    second = await store.sessions.rewind("s", 5, reason="retry 5")  # a5 leaves
+    monkeypatch.undo()
+    s.add_message("assistant", "b5")
+    await store.sessions.save(s)
+    assert await store.sessions.rewinds("s") == [first, second]
+    loc = store.sessions.locate
+    assert await loc("s", 4, rewinds=0) == first and await loc("s", 5, rewinds=0) == first  # m4, m5
+    assert await loc("s", 4, rewinds=1) is None  # a4, still live
+    assert await loc("s", 5, rewinds=1) == second  # a5
+    assert await loc("s", 5, rewinds=2) is None and await loc("s", 3, rewinds=0) is None  # b5; m3
+    with pytest.raises(InvalidArgument, match="3"):
+        await loc("s", 5, rewinds=3)
+    with pytest.raises(NotFound):
+        await loc("nope", 0, rewinds=0)
