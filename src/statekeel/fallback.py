@@ -132,6 +132,9 @@ class FallbackSnapshot:
     created_at: dt.datetime
     updated_at: dt.datetime
     messages: list[dict[str, Any]]
+    # The session's rewind count the file was taken under: its seqs name messages of that count's live
+    # transcript only (docs/branches.md). None: a file written before files carried it (taken as 0).
+    rewinds: int | None = None
 
     @property
     def head(self) -> int:
@@ -197,6 +200,7 @@ class FallbackDir:
             "last_consolidated": snap.last_consolidated,
             "created_at": snap.created_at,
             "updated_at": snap.updated_at,
+            "rewinds": snap.rewinds,
         }
         # Messages were validated by add_message/save; encoding here keeps their exact tagged values.
         lines = [self.codec.encode(header, where="fallback header")]
@@ -331,6 +335,7 @@ class FallbackDir:
                 created_at=header["created_at"],
                 updated_at=header["updated_at"],
                 messages=messages,
+                rewinds=header.get("rewinds"),
             )
         except KeyError as exc:
             raise FallbackCorrupt(f"fallback file {path} header lacks {exc}", path=path) from None
@@ -348,6 +353,7 @@ class FallbackDir:
             and type(snap.last_consolidated) is int
             and isinstance(snap.created_at, dt.datetime)
             and isinstance(snap.updated_at, dt.datetime)
+            and (snap.rewinds is None or (type(snap.rewinds) is int and snap.rewinds >= 0))
             and all(role_of(m) is not None for m in messages)
         )
         if not ok:

@@ -416,6 +416,28 @@ async def test_episodes_are_listed_by_session_newest_first(store: Store) -> None
     assert (e3.entities, e3.first_seq, e3.upto_seq, e3.importance) == (("docs", "README"), 12, 30, 0.5)
 
 
+@pytest.mark.kinds("store")  # rewinds need sessions in a SQL store
+async def test_an_episode_names_its_seqs_under_the_rewind_count_they_were_taken_in(store: Store) -> None:
+    s = await store.sessions.get_or_create("s")
+    for text in ("ask", "first answer", "follow-up"):
+        s.add_message("user", text)
+    await store.sessions.save(s)
+    before = await store.memory.add_episode("s", "the first answer", first_seq=1, upto_seq=2)
+    rw = await store.sessions.rewind("s", 1, reason="answer again")
+    s.add_message("assistant", "second answer")
+    await store.sessions.save(s)
+    after = await store.memory.add_episode("s", "the second answer", first_seq=1, upto_seq=1)
+    assert (before.rewinds, after.rewinds) == (0, 1)
+    assert {e.id: e.rewinds for e in await store.memory.episodes("s")} == {before.id: 0, after.id: 1}
+    # Seq 1 under count 0 is the rewound "first answer" (the first rewind after count 0 holds it); under
+    # count 1 it is the live "second answer".
+    [first_rewind] = (await store.sessions.rewinds("s"))[before.rewinds :]
+    assert first_rewind == rw and rw.to_seq <= 1
+    rewound = await store.sessions.archived("s", rw.compression_id)
+    assert [(a.seq, a.payload["content"]) for a in rewound] == [(1, "first answer"), (2, "follow-up")]
+    assert (await store.backend.read_messages("s", start=1, end=2))[0].payload["content"] == "second answer"
+
+
 # --- the graph in time ----------------------------------------------------------------------------------
 
 

@@ -112,6 +112,28 @@ async def test_pop_item_returns_the_latest_and_keeps_it_in_the_stored_history(
     assert await session.get_items() == []
 
 
+async def test_a_hidden_position_names_the_popped_item_even_after_another_caller_rewinds_below_it(
+    session: StatekeelSession, store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await session.add_items([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("the database is down (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.backend, "append_messages", unavailable)
+        await session.add_items([{"role": "user", "content": "c"}])  # acknowledged to the fallback file
+        assert await session.pop_item() == {"role": "user", "content": "c"}  # hidden: seq 2
+    assert (await store.sessions.replay_fallback()).ok
+    assert [i["content"] for i in await session.get_items()] == ["a", "b"]
+    # Another caller rewinds the session below the hidden seq; new items take seqs 1 and 2 again.
+    await store.sessions.rewind("user-42", 1, reason="another caller goes back")
+    await session.add_items([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}])
+    assert [i["content"] for i in await session.get_items()] == ["a", "x", "y"]  # y is not the popped c
+    assert await session.pop_item() == {"role": "user", "content": "y"}
+    assert [i["content"] for i in await session.get_items()] == ["a", "x"]
+
+
 async def test_a_popped_call_is_answered_out_of_sight_so_no_repair_shows_it_and_a_later_output_is_kept(
     session: StatekeelSession, store: statekeel.Store
 ) -> None:

@@ -290,3 +290,51 @@ async def test_a_fork_left_with_waiting_calls_by_a_process_that_is_gone_is_repai
         p = await fresh(later, "p")
         assert len(p.messages) == 3
         assert await view(later, "f") == ["run it", None, f2.messages[2]["content"]]
+
+
+# --- a fork's parent is current in the process that changed it (the fork is cached there) ---------------
+
+
+async def _cached_fork(store: statekeel.Store) -> statekeel.Session:
+    await make(store, "p", 6)
+    f = await store.sessions.fork("p", 5, new_key="f")
+    f.add_message("user", "f5")
+    await store.sessions.save(f)
+    assert store.sessions.cached("f") is f and f.parent == ("p", 5)
+    return f
+
+
+async def test_a_cached_fork_shows_its_new_fork_point_after_its_parent_is_rewound_below_it(
+    store: statekeel.Store,
+) -> None:
+    await _cached_fork(store)
+    await store.sessions.rewind("p", 3, reason="undo")
+    loaded = await store.sessions.load("f")
+    assert loaded is not None and loaded.parent == ("p", 3)
+    assert contents(loaded.messages) == ["m0", "m1", "m2", "m3", "m4", "f5"]
+    assert loaded.parent == (await fresh(store, "f")).parent
+
+
+async def test_a_cached_fork_shows_no_parent_after_its_parent_is_deleted(store: statekeel.Store) -> None:
+    await _cached_fork(store)
+    assert await store.sessions.delete("p")
+    loaded = await store.sessions.load("f")
+    assert loaded is not None and loaded.parent is None
+    assert contents(loaded.messages) == ["m0", "m1", "m2", "m3", "m4", "f5"]
+
+
+async def test_a_cached_fork_shows_its_grandparent_after_its_parent_is_purged(store: statekeel.Store) -> None:
+    await make(store, "a", 3, "a")
+    p = await store.sessions.fork("a", 2, new_key="p")
+    p.add_message("user", "p2")
+    await store.sessions.save(p)
+    f = await store.sessions.fork("p", 3, new_key="f")
+    f.add_message("user", "f3")
+    await store.sessions.save(f)
+    assert store.sessions.cached("f") is f and f.parent == ("p", 3)
+    await store.sessions.archive("p")
+    report = await store.purge(now=dt.datetime.now(dt.UTC) + dt.timedelta(days=3650))
+    assert report.sessions == 1
+    loaded = await store.sessions.load("f")
+    assert loaded is not None and loaded.parent == ("a", 2)
+    assert contents(loaded.messages) == ["a0", "a1", "p2", "f3"]

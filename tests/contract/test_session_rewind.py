@@ -4,12 +4,14 @@ history; bad input writes nothing."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 
 import statekeel
-from statekeel.errors import ConflictError, InvalidArgument, NotFound
+from statekeel.backends.sql import branches
+from statekeel.errors import ConflictError, InvalidArgument, NotFound, StepInDoubt
 
 
 async def make(store: statekeel.Store, key: str, n: int, prefix: str = "m") -> statekeel.Session:
@@ -235,3 +237,130 @@ async def test_a_call_a_rewind_leaves_waiting_is_the_rewinders_until_it_is_gone(
     async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as b:
         later = await fresh(b, "s")  # its rewinder is gone: answered once, as any left call
         assert [c.call_id for c in later.repaired] == ["c1"] and later.pending_calls() == []
+
+
+# --- stored references carry the rewind count they were taken under -------------------------------------
+
+
+async def _fallen_back_then_rewound_and_regrown(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host A acknowledges "old branch" at seq 4 to its fallback file (the backend is down for it); host B
+    then rewinds the session to 2 and grows it back to head 4, the file's base head."""
+    await make(store, "s", 4)
+    mine = await store.sessions.load("s")
+    assert mine is not None
+    mine.add_message("user", "old branch")
+
+    async def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise statekeel.BackendUnavailable("the database is down for host A (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.backend, "append_messages", unavailable)
+        await store.sessions.save(mine)
+    assert mine.fallback_file is not None
+    other_host = statekeel.SessionManager(store.backend, store.codec)
+    try:
+        theirs = await other_host.load("s")
+        assert theirs is not None
+        await other_host.rewind("s", 2, reason="host B goes back")
+        theirs.add_message("user", "y2")
+        theirs.add_message("assistant", "y3")
+        await other_host.save(theirs)  # head 4 again, one rewind later
+    finally:
+        await other_host.close()
+
+
+@pytest.mark.parametrize("reader", ["replay", "load", "own replay"])
+async def test_a_fallback_file_taken_before_a_rewind_is_quarantined_never_spliced_onto_the_new_branch(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, reader: str
+) -> None:
+    await _fallen_back_then_rewound_and_regrown(store, monkeypatch)
+    fb = tmp_path / "fallback"
+    if reader == "own replay":  # host A, still running, replays the file its cached session holds
+        report = await store.sessions.replay_fallback()
+        assert report.replayed == {} and len(report.quarantined) == 1
+        assert "rewound" in next(iter(report.quarantined.values()))
+        mine = store.sessions.cached("s")
+        assert mine is not None
+        with pytest.raises(ConflictError):
+            await store.sessions.save(mine)  # loaded before the rewind: refused like any stale save
+    restarted = statekeel.SessionManager(store.backend, store.codec, fallback_dir=fb)  # host A, restarted
+    try:
+        if reader == "replay":
+            report = await restarted.replay_fallback()
+            assert report.replayed == {} and len(report.quarantined) == 1
+            assert "rewound" in next(iter(report.quarantined.values()))
+        else:
+            loaded = await restarted.load("s")
+            assert loaded is not None and contents(loaded.messages) == ["m0", "m1", "y2", "y3"]
+            assert loaded.fallback_file is None
+            if reader == "load":
+                assert "rewound" in next(iter((await restarted.replay_fallback()).quarantined.values()))
+    finally:
+        await restarted.close()
+    assert await rows(store, "s") == [(0, "m0"), (1, "m1"), (2, "y2"), (3, "y3")]
+    kept = [p for p in fb.iterdir() if ".corrupt-" in p.name]
+    assert len(kept) == 1 and b"old branch" in kept[0].read_bytes()  # kept aside, never lost
+
+
+async def test_a_tool_call_that_ran_is_never_answered_as_not_run_after_a_rewind_took_its_result(
+    store: statekeel.Store,
+) -> None:
+    first = statekeel.SessionManager(store.backend, store.codec)  # a process that ran the tool, then left
+    s = await first.get_or_create("s")
+    s.add_message("user", "charge the card")
+    s.add_message("assistant", None, tool_calls=[CALL])
+    await first.save(s)
+    assert await first.run_tool(s, "c1", lambda: "charged 3 EUR") == "charged 3 EUR"
+    rw = await first.rewind("s", 2, reason="drop the result")
+    await first.close()
+    nxt = statekeel.SessionManager(store.backend, store.codec)  # the next process
+    try:
+        later = await nxt.load("s")
+        assert later is not None
+        # Not "interrupted: the agent stopped before this tool call returned": it ran.
+        assert later.repaired == () and [c.call_id for c in later.pending_calls()] == ["c1"]
+        assert await rows(store, "s") == [(0, "charge the card"), (1, None)]
+        found = await nxt.recover_tool_calls(repair=True)
+        assert found.repaired == {}
+        assert [(d.call_id, d.status, d.result_seq) for d in found.in_doubt] == [("c1", "succeeded", 2)]
+        ran: list[int] = []
+        with pytest.raises(StepInDoubt, match="rewind took that result out"):
+            await nxt.run_tool(later, "c1", lambda: ran.append(1))
+        assert ran == []  # not run a second time
+        # Its recorded result is where the rewind put it.
+        assert [(a.seq, a.payload["content"]) for a in await nxt.archived("s", rw.compression_id)] == [
+            (2, "charged 3 EUR")
+        ]
+    finally:
+        await nxt.close()
+
+
+async def test_locate_resolves_a_reference_by_the_rewind_count_it_was_taken_under(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = await make(store, "s", 6)
+    assert s.rewinds == 0
+    first = await store.sessions.rewind("s", 4, reason="retry 4")  # m4, m5 leave
+    s.add_message("user", "a4")
+    s.add_message("assistant", "a5")
+    await store.sessions.save(s)
+    assert s.rewinds == 1
+    # The second rewinder's clock is an hour behind the first's: the records still list in rewind order.
+    behind = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    monkeypatch.setattr(branches, "utcnow", lambda: behind)
+    second = await store.sessions.rewind("s", 5, reason="retry 5")  # a5 leaves
+    monkeypatch.undo()
+    s.add_message("assistant", "b5")
+    await store.sessions.save(s)
+    assert await store.sessions.rewinds("s") == [first, second]
+    loc = store.sessions.locate
+    assert await loc("s", 4, rewinds=0) == first and await loc("s", 5, rewinds=0) == first  # m4, m5
+    assert await loc("s", 4, rewinds=1) is None  # a4, still live
+    assert await loc("s", 5, rewinds=1) == second  # a5
+    assert await loc("s", 5, rewinds=2) is None and await loc("s", 3, rewinds=0) is None  # b5; m3
+    with pytest.raises(InvalidArgument, match="3"):
+        await loc("s", 5, rewinds=3)
+    with pytest.raises(NotFound):
+        await loc("nope", 0, rewinds=0)

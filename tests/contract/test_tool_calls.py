@@ -652,12 +652,45 @@ async def test_resolve_tool_by_key_answers_the_stored_session_and_audits_the_act
         "session_key": "by-key",
         "call_id": "c1",
         "seq": len(payloads) - 1,
+        "rewinds": 0,
         "answer": "result",
     }
     assert "done by hand" not in str(entry.data)  # ids, never the result
     with pytest.raises(statekeel.InvalidArgument):
         await store.sessions.resolve_tool("by-key", "c1", interrupted=True, actor="alice")
     assert await stored(store, "by-key") == payloads
+
+
+@pytest.mark.kinds("store")  # rewinds need sessions in a SQL store
+async def test_a_resolved_audit_entry_names_the_rewind_count_its_seq_belongs_to(
+    store: statekeel.Store,
+) -> None:
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "first try")
+    s.add_message("user", "a turn taken back")
+    await store.sessions.save(s)
+    await store.sessions.rewind("s", 1, reason="take the turn back")  # seq 1 is held twice from now on
+    s.add_message(
+        "assistant",
+        None,
+        tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    )
+    await store.sessions.save(s)
+    await store.sessions.close()  # the process that made the call is gone
+    later = statekeel.SessionManager(store.backend, store.codec)
+    try:
+        message = await later.resolve_tool(
+            "s",
+            "c1",
+            result="done by hand",
+            actor="alice",
+        )
+    finally:
+        await later.close()
+    [entry] = [e for e in await store.audit.query(subject="session:s") if e.kind == "tool_call.resolved"]
+    assert entry.data["seq"] == 2 and entry.data["rewinds"] == 1
+    # (key, rewinds, seq) names the answer: the live transcript of that rewind count holds it there.
+    assert (await store.backend.read_messages("s", start=2, end=3))[0].payload == message
 
 
 async def test_resolve_tool_by_key_refuses_an_unknown_session_and_creates_nothing(

@@ -60,7 +60,8 @@ T = TypeVar("T")
 
 log = logging.getLogger("statekeel.integrations.openai_agents")
 
-# Where a session keeps the sequence numbers pop_item hid (a list of ints, in its metadata).
+# Where a session keeps the sequence numbers pop_item hid, in its metadata: {"rewinds": n, "seqs": [...]},
+# the seqs of the live transcript of rewind count n (a plain list, as older versions wrote: count 0).
 HIDDEN_KEY = "openai_agents.popped"
 # The summary of the compression clear_session makes.
 CLEARED = "cleared by the OpenAI Agents SDK (clear_session)"
@@ -335,7 +336,7 @@ class StatekeelSession:
         session = await store.sessions.load(self.session_id, repair=self.repair)
         if session is None or limit == 0:
             return []
-        return copy.deepcopy(_visible(session, limit))
+        return copy.deepcopy(_visible(session, limit, await _hidden(store, session)))
 
     async def add_items(self, items: list[Any]) -> None:
         """Append ``items`` (dicts or the SDK's pydantic items) in one transaction, after what the store
@@ -380,7 +381,7 @@ class StatekeelSession:
     async def _pop_item(self) -> Any | None:
         async with self._writing() as (store, session):
             first = session.head_seq - len(session.messages)
-            hidden = _hidden(session)
+            hidden = await _hidden(store, session)
             found = _last_visible(session, hidden)
             if found is None:
                 return None
@@ -455,25 +456,39 @@ def _normalized(item: Any, i: int, store: Store) -> dict[str, Any]:
     return message
 
 
-def _hidden(session: StoredSession) -> set[int]:
+async def _hidden(store: Store, session: StoredSession) -> set[int]:
+    """The seqs pop_item hid, in the session's live transcript as it is now. They were stored with the
+    rewind count they were taken under; a rewind since then (any caller's) took every seq from its
+    ``to_seq`` on out of the live transcript, so a hidden seq there names a rewound item, and the item at
+    that seq now is another one: it is no longer hidden."""
     value = session.metadata.get(HIDDEN_KEY)
-    if not isinstance(value, list):
+    if isinstance(value, dict):
+        taken, seqs = value.get("rewinds"), value.get("seqs")
+    else:
+        taken, seqs = 0, value
+    if not isinstance(seqs, list) or type(taken) is not int:
         return set()
-    return {s for s in value if type(s) is int}
+    hidden = {s for s in seqs if type(s) is int}
+    if hidden and taken != session.rewinds:
+        # The rewinds since ``taken`` are the records after the first ``taken`` ones (oldest first).
+        later = (await store.sessions.rewinds(session.key))[taken:]
+        if later:
+            cut = min(r.to_seq for r in later)
+            hidden = {s for s in hidden if s < cut}
+    return hidden
 
 
 def _set_hidden(session: StoredSession, hidden: set[int], first: int) -> None:
     kept = sorted(s for s in hidden if s >= first)
     if kept:
-        session.metadata[HIDDEN_KEY] = kept
+        session.metadata[HIDDEN_KEY] = {"rewinds": session.rewinds, "seqs": kept}
     else:
         session.metadata.pop(HIDDEN_KEY, None)
 
 
-def _visible(session: StoredSession, limit: int | None) -> list[dict[str, Any]]:
-    """The live, acknowledged items (in the backend, or in the fallback file) minus the hidden ones; the
-    latest ``limit`` of them. Items another task is adding (not written yet) are not read."""
-    hidden = _hidden(session)
+def _visible(session: StoredSession, limit: int | None, hidden: set[int]) -> list[dict[str, Any]]:
+    """The live, acknowledged items (in the backend, or in the fallback file) minus the ``hidden`` ones;
+    the latest ``limit`` of them. Items another task is adding (not written yet) are not read."""
     first = session.head_seq - len(session.messages)
     messages = session.messages[: session.acknowledged_head - first]
     if not hidden:

@@ -129,6 +129,34 @@ class SessionBranches:
             for r in await self.backend.session_rewinds(key)
         ]
 
+    async def locate(self, key: str, seq: int, *, rewinds: int) -> Rewind | None:
+        """Where the message a stored reference ``(key, rewinds, seq)`` names is now: the rewind whose
+        record holds it (``archived(key, rewind.compression_id)``), or None when it is still the message
+        at ``seq`` of the live transcript (or of its compressed part). ``rewinds`` is the session's rewind
+        count the reference was taken under (``session.rewinds``, a fallback file's header, an episode,
+        a ``tool_call.resolved`` entry). ``NotFound`` for an unknown session; ``InvalidArgument`` for a
+        count the session never had. See docs/branches.md."""
+        check_key(key)
+        check_int(seq, "seq", minimum=0)
+        check_int(rewinds, "rewinds", minimum=0)
+        record = await self.backend.load_session(key)
+        if record is None:
+            raise NotFound(f"session {key!r} does not exist", key=key)
+        if rewinds > record.rewinds:
+            raise InvalidArgument(
+                f"session {key!r} has had {record.rewinds} rewinds, not {rewinds}: the reference was taken "
+                "in another session of that key, or its count is wrong",
+                key=key,
+                rewinds=rewinds,
+            )
+        if rewinds == record.rewinds:
+            return None  # no rewind since: the live transcript's seq (a NATS store has no rewinds)
+        # The rewinds since the reference was taken, oldest first: the first that reached seq took it.
+        for r in (await self.backend.session_rewinds(key))[rewinds:]:
+            if r.to_seq <= seq:
+                return Rewind(r.key, r.compression_id, r.to_seq, r.upto_seq, r.reason, r.created_at)
+        return None
+
     async def branches(self, key: str) -> list[Branch]:
         """Every fork made directly from ``key`` (a fork's own forks: ``branches`` of it), by fork point
         then key, each with its ``at_seq``."""

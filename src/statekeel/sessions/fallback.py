@@ -114,6 +114,16 @@ class SessionFallback:
                 reason="the session was deleted and created again in the backend after this file was "
                 "written; its messages were kept in the quarantined file",
             )
+        taken = snap.rewinds or 0
+        if record.rewinds != taken:
+            # Its seqs name messages of the live transcript it was taken in; after a rewind the same seqs
+            # (even the same head) name others: replaying it would splice the old branch onto the new one.
+            return Verdict(
+                "overtaken",
+                reason=f"the session was rewound after this file was written (rewind count {record.rewinds} "
+                f"in the backend, {taken} when the file was taken): its messages follow a history the "
+                "live transcript no longer holds; they were kept in the quarantined file",
+            )
         head = record.head_seq
         if head == snap.base_head:
             return Verdict("continues")
@@ -247,6 +257,7 @@ class SessionFallback:
             created_at=session.created_at,
             updated_at=dt.datetime.now(dt.UTC),
             messages=list(changes.messages),
+            rewinds=changes.expected_rewinds or 0,  # the count its seqs belong to
         )
         try:
             path, signature = await asyncio.to_thread(

@@ -190,6 +190,13 @@ class Session:
         return self._head
 
     @property
+    def rewinds(self) -> int:
+        """How many rewinds the stored session had when this session was last loaded or saved. A seq is
+        read together with it: ``(key, rewinds, seq)`` names one message forever (docs/branches.md), and
+        every stored reference to a message carries it."""
+        return self._rewinds
+
+    @property
     def acknowledged_head(self) -> int:
         """The head sequence of what the store acknowledged: the messages before it are in the backend or,
         while it is unavailable, in this session's fallback file (a save that fell back returned, so they
@@ -534,6 +541,13 @@ class SessionBook:
         writer changed what this session changed too (the caller reloads it)."""
         s = self._s
         s._tools.stored(record)  # the waiting calls' count and owner change without a new version
+        # A fork point moves without a new version of the fork (its parent rewound below it, deleted or
+        # purged): the history is the same, only where it is read from changed.
+        s.parent = (
+            None
+            if record.parent_key is None or record.parent_seq is None
+            else (record.parent_key, record.parent_seq)
+        )
         return record.version == s._version or s._take_theirs(record)
 
     def attempting(self, write_id: str, changes: Changes) -> None:

@@ -71,6 +71,8 @@ _LOCK_TIMEOUT_S = 0.5
 # recover(): how far back from a session's end the one-time count of an unknown session looks.
 _TAIL = 200
 _TAILS_PER_READ = 50  # sessions whose tails one read returns: bounds what is held in memory at once
+# Journal states of a call whose function may have run or did: never answered "interrupted" by a repair.
+_RAN_OR_RUNNING = frozenset({"started", "succeeded"})
 
 
 def _key(session: Session, call_id: str) -> tuple[str, str]:
@@ -306,7 +308,13 @@ class ToolCalls:
                     result_seq=seq,
                 )
                 if actor is not None:  # in the answer's transaction: both commit or neither
-                    data = {"session_key": session.key, "call_id": call_id, "seq": seq}
+                    # The seq names the answer in the live transcript of this rewind count.
+                    data = {
+                        "session_key": session.key,
+                        "call_id": call_id,
+                        "seq": seq,
+                        "rewinds": session.rewinds,
+                    }
                     data["answer"] = "interrupted" if interrupted else "result"
                     text = canonical(data).decode("utf-8")
                     await backend.append_audit("tool_call.resolved", actor, f"session:{session.key}", text)
@@ -375,10 +383,12 @@ class ToolCalls:
         running in this manager."""
         if not waiting:
             return []
-        started = {s.call_id for s in await self.backend.session_steps(session.key, status="started")}
-        return [
-            c for c in waiting if c.call_id not in started and _key(session, c.call_id) not in self._running
-        ]
+        # A call whose journal says it ran (succeeded: its result was appended, then a rewind took it out
+        # of the live transcript) is never answered as not run: it is in doubt, for a person to settle.
+        ran = {
+            s.call_id for s in await self.backend.session_steps(session.key) if s.status in _RAN_OR_RUNNING
+        }
+        return [c for c in waiting if c.call_id not in ran and _key(session, c.call_id) not in self._running]
 
     async def _recount(self, session: Session, count: int) -> None:
         """Correct a stored count that is out of date (unknown, or written by a writer that did not count);
@@ -405,10 +415,13 @@ class ToolCalls:
         if not waiting:
             return []
         found = []
-        for step in await self.backend.session_steps(session.key, status="started"):
+        for step in await self.backend.session_steps(session.key):
+            if step.status not in _RAN_OR_RUNNING:
+                continue
             if step.call_id not in waiting or _key(session, step.call_id) in self._running:
                 continue
-            if not await self._alive(step.owner, own_counts=not recovering):
+            # One that ran is done whoever ran it; one started is in doubt once its process is gone.
+            if step.status == "succeeded" or not await self._alive(step.owner, own_counts=not recovering):
                 found.append(step)
         return found
 
@@ -548,6 +561,19 @@ class _ToolStep:
         return started, True
 
     def recorded(self, record: SessionStepRecord) -> Any:
+        if record.status == "succeeded":
+            # Its result was appended, then a rewind took it out of the live transcript.
+            raise StepInDoubt(
+                f"tool call {record.call_id!r} of session {record.session_key!r} ran (attempt "
+                f"{record.attempt}, by {record.owner}) and its result was appended at seq "
+                f"{record.result_seq}, but a rewind took that result out of the live transcript (it is in "
+                "the rewind record: sessions.rewinds() and archived(key, compression_id)); running it "
+                "again could repeat its side effect: settle it with resolve_tool(session, call_id, "
+                "result=...) or interrupted=True",
+                record=record,
+                session_key=record.session_key,
+                call_id=record.call_id,
+            )
         raise StepInDoubt(
             f"tool call {record.call_id!r} of session {record.session_key!r} was started (attempt "
             f"{record.attempt}, at {record.started_at.isoformat()}, by {record.owner}) but its result was "

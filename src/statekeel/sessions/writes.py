@@ -325,6 +325,11 @@ class SessionWrites:
         snap, signature = found
         cached = self._cache.get(key)
         if cached is not None and book(cached).fallback_signature == signature:
+            now = await self.backend.load_session(key)
+            if now is not None and now.created_at == cached.created_at and now.rewinds != cached.rewinds:
+                # Rewound since the file was taken: judged (and quarantined) below, never saved over.
+                cached = None
+        if cached is not None and book(cached).fallback_signature == signature:
             if book(cached).unheard and await self._landed_unheard(cached):
                 report.stale.append(key)  # the save that wrote the file had landed: nothing to replay
                 return
@@ -375,6 +380,8 @@ class SessionWrites:
             expected_version=None
             if record is None or (metadata is None and status is None)
             else record.version,
+            # Judged under the rewind count it was taken under: a rewind since then refuses the write.
+            expected_rewinds=None if record is None else snap.rewinds or 0,
         )
 
 

@@ -111,7 +111,10 @@ class MemoryEvent:
 
 @dataclass(frozen=True, slots=True)
 class Episode:
-    """What happened in a session, summarised: messages ``first_seq`` (inclusive) to ``upto_seq``."""
+    """What happened in a session, summarised: messages ``first_seq`` (inclusive) to ``upto_seq``.
+    ``rewinds`` is the session's rewind count when it was recorded: the seqs are those of that count's
+    live transcript, so ``(session_key, rewinds, seq)`` names one message forever (docs/branches.md);
+    None when it was recorded before episodes carried it or the session is not in this SQL store."""
 
     id: str
     session_key: str
@@ -121,6 +124,7 @@ class Episode:
     entities: tuple[str, ...]
     importance: float
     created_at: dt.datetime
+    rewinds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,8 +123,10 @@ ORDER BY scope LIMIT $6;
 SELECT * FROM memories WHERE (updated_at, id) > ($1, $2) ORDER BY updated_at, id LIMIT $3;
 
 -- name: episode_insert
-INSERT INTO memory_episodes (id, session_key, summary, first_seq, upto_seq, entities, importance, created_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)
+-- With the session's rewind count, read in the same statement: the seqs are that count's.
+INSERT INTO memory_episodes (id, session_key, summary, first_seq, upto_seq, entities, importance, created_at,
+                             rewinds)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, (SELECT rewinds FROM sessions WHERE key = $2))
 RETURNING *;
 
 -- name: episode_list

@@ -141,6 +141,13 @@ async def op_rewind_session(
         )
         await tx.execute("session_cut_fork", child["key"], to_seq, key)
     now_dt = utcnow()
+    # Rewind records list in creation order (the k-th is the rewind that made the count k: how a
+    # reference taken under a count is resolved), even when this clock is behind the last rewinder's.
+    earlier = await tx.fetchall("rewind_list", key)
+    if earlier:
+        last = tx.ts_out(earlier[-1]["created_at"])
+        if now_dt <= last:
+            now_dt = last + dt.timedelta(microseconds=1)
     now = tx.ts_in(now_dt)
     await tx.execute("rewind_insert", key, compression_id, to_seq, head, reason, now)
     if to_seq < own_lo:

@@ -135,7 +135,7 @@ TABLES: tuple[CopyTable, ...] = (
     _table(
         "memory_episodes",
         "id:text session_key:text summary:text first_seq:int upto_seq:int entities:json importance:float "
-        "created_at:ts",
+        "created_at:ts rewinds:int",
         "id",
     ),
     _table(

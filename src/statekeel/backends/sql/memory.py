@@ -450,6 +450,7 @@ def episode_from_row(tx: Tx, row: Row) -> Episode:
         entities=tuple(tx.json_out(row["entities"])),
         importance=float(row["importance"]),
         created_at=tx.ts_out(row["created_at"]),
+        rewinds=row["rewinds"],
     )
 
 

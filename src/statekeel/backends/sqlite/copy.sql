@@ -349,11 +349,11 @@ SELECT count(*) AS n FROM memory_events;
 DELETE FROM memory_events;
 
 -- name: copy_memory_episodes_first
-SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at
+SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at, rewinds
 FROM memory_episodes ORDER BY id LIMIT ?1;
 
 -- name: copy_memory_episodes_after
-SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at
+SELECT id, session_key, summary, first_seq, upto_seq, entities, importance, created_at, rewinds
 FROM memory_episodes WHERE id > ?1
 ORDER BY id LIMIT ?2;
 
@@ -361,8 +361,9 @@ ORDER BY id LIMIT ?2;
 SELECT id FROM memory_episodes ORDER BY id DESC LIMIT 1;
 
 -- name: copy_memory_episodes_insert
-INSERT INTO memory_episodes (id, session_key, summary, first_seq, upto_seq, entities, importance, created_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);
+INSERT INTO memory_episodes (id, session_key, summary, first_seq, upto_seq, entities, importance, created_at,
+                             rewinds)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
 
 -- name: copy_memory_episodes_count
 SELECT count(*) AS n FROM memory_episodes;
