@@ -281,7 +281,7 @@ async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run
     def refuse(*args: object) -> None:
         raise statekeel.BackendUnavailable("the audit log is not writable")
 
-    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
+    monkeypatch.setattr("statekeel.tasks.manager.task_note", refuse)
     fn = Counter()
     with pytest.raises(statekeel.BackendUnavailable):
         await store.tasks.step(task.id, "charge", fn)

@@ -38,8 +38,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from . import task_operations as _ops
-from .backends.base import (
+from ..backends.base import (
     TASK_STATUSES,
     AuditNote,
     NewTask,
@@ -50,8 +49,8 @@ from .backends.base import (
     TaskRecord,
     every_item,
 )
-from .codec import Codec, canonical
-from .errors import (
+from ..codec import Codec, canonical
+from ..errors import (
     ConflictError,
     InvalidArgument,
     InvalidTransition,
@@ -59,9 +58,10 @@ from .errors import (
     NotFound,
     StepInTransaction,
 )
-from .journal import StepFn, check_outside_transaction, discard, run_step
-from .task_steps import TaskStep, check_step_args
-from .validation import check_aware, check_int, check_key, check_text
+from ..journal import StepFn, check_outside_transaction, discard, run_step
+from ..validation import check_aware, check_int, check_key, check_text
+from . import operations as _ops
+from .steps import TaskStep, check_step_args
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import tasks as _tasks
-from .backends.base import StepRecord
-from .errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
-from .journal import check_fn, discard
-from .validation import check_bool, check_int, check_key
+from ..backends.base import StepRecord
+from ..errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
+from ..journal import check_fn, discard
+from ..validation import check_bool, check_int, check_key
+from . import manager as _tasks
 
 if TYPE_CHECKING:
-    from .tasks import TaskManager
+    from .manager import TaskManager
 
 # The audit entries of the records come from statekeel.tasks (step_notes, read at each call: tasks imports
 # this module while it loads).

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import tasks as _tasks
-from .backends.base import StepRecord, TaskRecord
-from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .validation import check_bool, check_int, check_key, check_text
+from ..backends.base import StepRecord, TaskRecord
+from ..errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
+from ..validation import check_bool, check_int, check_key, check_text
+from . import manager as _tasks
 
 if TYPE_CHECKING:
-    from .tasks import TaskManager
+    from .manager import TaskManager
 
 # A requeue or cancel re-judges a task changed between its read and its write this many times.
 _TRIES = 3

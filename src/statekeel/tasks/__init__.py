@@ -1,0 +1,40 @@
+"""Tasks: a state machine with conditional transitions, leases with fencing, and a step journal
+(:class:`TaskManager`, ``store.tasks``). ``manager.py`` holds the manager, ``steps.py`` the step journal,
+``operations.py`` what an operator does to tasks (resolve, requeue, cancel)."""
+
+from __future__ import annotations
+
+from .manager import (
+    FINISHED,
+    LEASE_EXPIRY_ACTOR,
+    MAX_LEASE_SECONDS,
+    TRANSITIONS,
+    UNSPECIFIED_ACTOR,
+    Task,
+    TaskManager,
+    check_lease_seconds,
+    check_status,
+    created_note,
+    plan_transition,
+    task_note,
+    transition_note,
+)
+from .steps import TaskStep, check_step_args
+
+__all__ = [
+    "FINISHED",
+    "LEASE_EXPIRY_ACTOR",
+    "MAX_LEASE_SECONDS",
+    "TRANSITIONS",
+    "UNSPECIFIED_ACTOR",
+    "Task",
+    "TaskManager",
+    "TaskStep",
+    "check_lease_seconds",
+    "check_status",
+    "check_step_args",
+    "created_note",
+    "plan_transition",
+    "task_note",
+    "transition_note",
+]
