@@ -20,9 +20,9 @@ from rich.table import Table
 
 from ..audit import AuditVerification
 from ..backup import BackupReport, discard_files
+from ..codec.encryption import RotationReport
 from ..copy import CopyReport
 from ..copying import copy_store
-from ..encryption import RotationReport
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention

@@ -8,8 +8,8 @@ import os
 import click
 from rich.table import Table
 
+from ..codec.keyring import create_keyring
 from ..erasure import ErasureReport
-from ..keyring import create_keyring
 from ..store import redact_url
 from ..wording import counted
 from . import main

@@ -19,7 +19,7 @@ store was opened with ``encrypt_existing=True`` (the migration mode, in which
 
 A key id is derived from the key (:func:`key_id`): the store never holds a key, only the ids.
 
-With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.keyring`),
+With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.codec.keyring`),
 messages and memories are sealed under per-subject data keys instead, named by their own key ids in the
 same envelope; a value under a data key that an erasure destroyed raises
 :class:`~statekeel.errors.SubjectErased`.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import (
+from ..errors import (
     DecryptionError,
     EncryptionError,
     InvalidArgument,
@@ -49,10 +49,10 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .codec import Codec
-    from .fallback import FallbackDir
+    from ..fallback import FallbackDir
+    from ..resealing import Resealer
     from .keyring import KeyRing
-    from .resealing import Resealer
+    from .tagged import Codec
 
 VERSION = 1
 KEY_BYTES = 32
@@ -207,7 +207,7 @@ class Cipher:
         kid = self.key_id.encode("ascii")
         self._header = bytes((VERSION, len(kid))) + kid
         self.allow_plaintext = allow_plaintext
-        # With a key ring, the values of a subject are sealed under its data key (see statekeel.keyring).
+        # With a key ring, the values of a subject are sealed under its data key (statekeel.codec.keyring).
         self.ring = ring
         from cryptography.exceptions import InvalidTag
 
