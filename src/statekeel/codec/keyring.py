@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import InvalidArgument, KeyRingError
-from .encryption import KEY_BYTES, NONCE_BYTES, aead_for, check_keys, key_id
+from .aead import KEY_BYTES, NONCE_BYTES, aead_for, check_keys, key_id
 
 FORMAT = "1"
 CHECK = b"statekeel key ring"
