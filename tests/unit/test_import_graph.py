@@ -51,13 +51,6 @@ CORE = (
 KNOWN_CYCLES: dict[str, tuple[str, ...]] = {
     # Every command module registers on the click group its package defines.
     "the commands and their group": ("statekeel.cli",),
-    # The step and operation helpers read the clock and the audit notes through statekeel.tasks (tests
-    # patch them there).
-    "the task manager and its helpers": (
-        "statekeel.tasks.manager",
-        "statekeel.tasks.operations",
-        "statekeel.tasks.steps",
-    ),
     # create_app imports the pages when it builds its routes.
     "the viewer's app and its pages": ("statekeel.ui",),
 }
