@@ -28,7 +28,6 @@ from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
 from ..store import open_store, redact_url, sqlite_file
 from ..wording import counted
-from . import main
 from .common import (
     KEY_FILE_ENV,
     F,
@@ -47,6 +46,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 from .operate import settle_commands
 
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for
