@@ -34,7 +34,7 @@ sys.path.insert(0, HERE)
 import statekeel  # noqa: E402
 from common import pg_databases, write_results  # noqa: E402
 from messages import turn  # noqa: E402
-from statekeel.encryption import make_cipher  # noqa: E402
+from statekeel.codec.encryption import make_cipher  # noqa: E402
 
 KEY = os.urandom(32)
 NEW_KEY = os.urandom(32)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from .approvals import Approval, ApprovalLog
 from .audit import AuditEntry, AuditLog, AuditVerification
 from .backends.base import Branch
+from .codec.encryption import RotationReport, key_id
+from .codec.keyring import create_keyring
 from .copy import CopyReport, TableCopy
 from .copying import copy_store
-from .encryption import RotationReport, key_id
 from .erasure import ErasureReport
 from .errors import (
     AuditKeyRequired,
@@ -59,7 +60,6 @@ from .fallback import ReplayReport
 from .files import Drift, FileLedger, FileRecord, checksum_file
 from .health import StoreInfo
 from .imports import ImportReport, import_store
-from .keyring import create_keyring
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
 from .sessions import Rewind, Session, SessionLock, SessionManager

@@ -35,8 +35,8 @@ it finishes (the audit entry is written by the run that finishes). On SQLite del
 (``secure_delete``) and the WAL is checkpointed and truncated at the end, so the subject's text is gone
 from the database file and its WAL; on PostgreSQL see ``docs/retention.md`` (VACUUM).
 
-With a key ring (``open_store(keyring=...)``, see :mod:`statekeel.keyring`) the erasure also destroys the
-data keys of the subject and of each session it erases, after their rows are gone, so the copies of
+With a key ring (``open_store(keyring=...)``, see :mod:`statekeel.codec.keyring`) the erasure also destroys
+the data keys of the subject and of each session it erases, after their rows are gone, so the copies of
 those rows in backups taken before can no longer be read (:class:`~statekeel.errors.SubjectErased`). The
 keys to destroy are recorded in the ring before the first row goes, so a run killed between the rows and
 the keys is finished by the next. Without a ring, erasure deletes rows only: a backup keeps what it held.

@@ -1,4 +1,4 @@
-"""What key rotation (:func:`statekeel.encryption.rotate`) needs from storage, as Protocols: the core
+"""What key rotation (:func:`statekeel.codec.encryption.rotate`) needs from storage, as Protocols: the core
 knows no backend, and every backend's ``reseal_rows`` (see ``EncryptionBackend``) fits them."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .backends.nats.url import PAIRED_KINDS, parse_nats_url
 from .backup import BackupReport, backup
 from .chain import MIN_AUDIT_KEY_BYTES
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
-from .encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
+from .codec.encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
 from .erasure import ErasureReport, erase
 from .errors import InvalidArgument, NotFound, StorageCorrupt, Unsupported
 from .fallback import default_dir as default_fallback_dir
@@ -54,7 +54,7 @@ class StoreOptions:
     # Never in a repr (logs, tracebacks): the keys are the secret.
     encryption_key: bytes | tuple[bytes, ...] | None = field(default=None, repr=False)
     encrypt_existing: bool = False
-    # The key ring of per-subject data keys (statekeel.keyring): a file outside the database's backups.
+    # The key ring of per-subject data keys (statekeel.codec.keyring): a file outside the database's backups.
     keyring: str | os.PathLike[str] | None = None
     migrate: bool = True
     audit_key: bytes | None = None
@@ -515,7 +515,7 @@ class Store:
         dropped from ``encryption_key``: nothing the store reads still needs them (a quarantined
         fallback file, set aside for a person, keeps the key it was written under).
         ``on_batch(table, scanned, rewritten)`` is called after each committed batch with that table's
-        counts so far (for a progress display). See :mod:`statekeel.encryption`.
+        counts so far (for a progress display). See :mod:`statekeel.codec.encryption`.
 
         store = await open_store(url, encryption_key=[new_key, old_key])
         report = await store.rotate_encryption_key()
@@ -662,7 +662,7 @@ def open_store(
     and approval arguments with AES-256-GCM. A list ``[current, old, ...]`` reads values sealed under any of
     them and writes under the first; :meth:`Store.rotate_encryption_key` moves everything to the first. With
     a key, plaintext found on read is refused unless ``encrypt_existing=True`` (to encrypt a store written
-    without a key). See :mod:`statekeel.encryption`.
+    without a key). See :mod:`statekeel.codec.encryption`.
 
     ``keyring`` (a path, with ``encryption_key``; made once by :func:`statekeel.create_keyring`) seals each
     session's messages and each memory scope's memories under a data key of their own, kept in that file
@@ -670,7 +670,7 @@ def open_store(
     database taken before (backups) can no longer be read for it. Back the ring up apart from the
     database, and open the same ring from every process of the store. A missing, too open or damaged
     ring, or one made with another store key, raises ``KeyRingError`` before anything is written. See
-    :mod:`statekeel.keyring`.
+    :mod:`statekeel.codec.keyring`.
     """
     options = StoreOptions(
         fallback_dir=fallback_dir,

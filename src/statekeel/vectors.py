@@ -413,7 +413,7 @@ class VectorIndex:
         check_key(source_id, "source_id")
         check_key(model, "model")
         raw, values = to_float32(embedding, "embedding", model=model)
-        self._check_dim(model, len(values))
+        self.check_dim(model, len(values))
         version = None if source_version is None else _check_version(source_version, "source_version")
         meta = _check_metadata(metadata)
         write = VectorWrite(
@@ -437,8 +437,9 @@ class VectorIndex:
             self._dims.setdefault(w.model, w.dim)
         return written
 
-    def _check_dim(self, model: str, dim: int) -> None:
-        # The model's dimension as last seen; the backend checks again in the write's transaction.
+    def check_dim(self, model: str, dim: int) -> None:
+        """Raise ``DimensionMismatch`` when ``dim`` is not the dimension of ``model``'s vectors as last seen
+        (before a write; the backend checks again in the write's transaction)."""
         expected = self._dims.get(model)
         if expected is not None and expected != dim:
             raise DimensionMismatch(
@@ -625,7 +626,7 @@ class VectorIndex:
                 )
             for (source_id, version, meta), emb in zip(todo, embeddings, strict=True):
                 raw, values = to_float32(emb, f"the embedding of {source_id!r}", model=model)
-                self._check_dim(model, len(values))
+                self.check_dim(model, len(values))
                 writes.append(
                     VectorWrite(
                         vec_id=None,

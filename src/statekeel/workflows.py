@@ -29,7 +29,7 @@ from typing import Any
 from .backends.base import WORKFLOW_STATUSES, NewWorkflowStep, StorageBackend, TaskRecord, WorkflowRecord
 from .codec import Codec
 from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .tasks import TaskManager, created_note, plan_transition, transition_note
+from .tasks import TaskManager, created_note, new_task, plan_transition, transition_note
 from .validation import check_int, check_key, check_text
 
 Workflow = WorkflowRecord
@@ -179,7 +179,8 @@ class WorkflowEngine:
             NewWorkflowStep(
                 name=step.name,
                 depends_on=step.depends_on,
-                task=self.tasks._new_task(
+                task=new_task(
+                    self.codec,
                     step.title or step.name,
                     workflow_id=workflow_id,
                     priority=step.priority,

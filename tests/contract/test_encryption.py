@@ -25,9 +25,9 @@ import pytest
 import statekeel
 from helpers import database_write_locked, kill9_when, mariadb_raw
 from statekeel.codec import Codec
-from statekeel.encryption import ROTATION_TABLES, VERSION, make_cipher
+from statekeel.codec.encryption import ROTATION_TABLES, VERSION, make_cipher
+from statekeel.codec.keyring import open_keyring
 from statekeel.fallback import FallbackDir, file_stem
-from statekeel.keyring import open_keyring
 
 Store = statekeel.Store
 KEY_A = bytes(range(32))

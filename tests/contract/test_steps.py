@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import statekeel
+import statekeel.tasks.operations
 
 Store = statekeel.Store
 
@@ -281,7 +282,7 @@ async def test_a_step_whose_audit_entry_fails_is_not_started_and_fn_does_not_run
     def refuse(*args: object) -> None:
         raise statekeel.BackendUnavailable("the audit log is not writable")
 
-    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
+    monkeypatch.setattr("statekeel.tasks.rules.task_note", refuse)
     fn = Counter()
     with pytest.raises(statekeel.BackendUnavailable):
         await store.tasks.step(task.id, "charge", fn)
@@ -393,7 +394,7 @@ async def test_resolve_step_never_settles_a_run_started_again_after_it_judged_th
     task = await _running(store)
     await _crash_after_start(store, task.id, "read")
     await store.tasks.expire_leases(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
-    judge = store.tasks._live_lease
+    judge = statekeel.tasks.operations.live_lease
 
     async def rerun_in_between(*args: Any) -> Any:
         overridden = await judge(*args)
@@ -402,7 +403,7 @@ async def test_resolve_step_never_settles_a_run_started_again_after_it_judged_th
         assert run
         return overridden
 
-    monkeypatch.setattr(store.tasks, "_live_lease", rerun_in_between)
+    monkeypatch.setattr(statekeel.tasks.operations, "live_lease", rerun_in_between)
     with pytest.raises(statekeel.ConflictError, match="started again"):
         await store.tasks.resolve_step(task.id, "read", "succeeded", result="by hand")
     record = await store.tasks.get_step(task.id, "read")

@@ -13,19 +13,19 @@ from collections.abc import Callable
 import pytest
 
 import statekeel
-import statekeel.tasks
+import statekeel.tasks.rules
 
 Store = statekeel.Store
 
 
 def _clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Callable[[], dt.datetime]:
     """Move the task manager's clock ``seconds`` ahead of the real one; return the moved clock."""
-    real = statekeel.tasks._utcnow
+    real = statekeel.tasks.rules.utcnow
 
     def moved() -> dt.datetime:
         return real() + dt.timedelta(seconds=seconds)
 
-    monkeypatch.setattr(statekeel.tasks, "_utcnow", moved)
+    monkeypatch.setattr(statekeel.tasks.rules, "utcnow", moved)
     return moved
 
 

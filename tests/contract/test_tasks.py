@@ -473,7 +473,7 @@ async def test_a_transition_whose_audit_entry_fails_is_not_made(
     def refuse(*args: object) -> None:
         raise statekeel.BackendUnavailable("the audit log is not writable")
 
-    monkeypatch.setattr("statekeel.tasks.task_note", refuse)
+    monkeypatch.setattr("statekeel.tasks.rules.task_note", refuse)
     with pytest.raises(statekeel.BackendUnavailable):
         await store.tasks.transition(task.id, "running")
     with pytest.raises(statekeel.BackendUnavailable):

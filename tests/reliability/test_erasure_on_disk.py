@@ -72,7 +72,7 @@ async def test_the_subjects_text_is_gone_from_the_database_file_wal_and_fallback
 ERASE_CHILD = """
 import asyncio, os, sys, time
 import statekeel
-from statekeel.keyring import KeyRing
+from statekeel.codec.keyring import KeyRing
 
 url, ring, point, reached = sys.argv[1:5]
 

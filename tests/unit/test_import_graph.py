@@ -1,6 +1,7 @@
 """The layering of ``src/statekeel``, read from the imports themselves (parsed with ``ast``, nothing
 imported): the store facade's helpers never import it back, the core knows no backend, each record has one
-import path, and no new import cycle appears."""
+import path, no import cycle exists (an import inside a function counts; only one under ``if
+TYPE_CHECKING:`` does not), and no module uses another module's ``_private`` name."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ CORE = (
     "statekeel.buffer",
     "statekeel.chain",
     "statekeel.codec",
-    "statekeel.encryption",
+    "statekeel.codec.aead",
+    "statekeel.codec.encryption",
+    "statekeel.codec.keyring",
+    "statekeel.codec.tagged",
     "statekeel.errors",
     "statekeel.holders",
     "statekeel.journal",
@@ -42,32 +46,6 @@ CORE = (
     "statekeel.transcripts.messages",
     "statekeel.transcripts.window",
 )
-
-# Cycles that exist on purpose (outside TYPE_CHECKING), each as the modules it may hold. Any other
-# cycle, or one of these reaching a module outside its set, fails the test.
-KNOWN_CYCLES: dict[str, tuple[str, ...]] = {
-    # Every command module registers on the click group its package defines.
-    "the commands and their group": ("statekeel.cli",),
-    # The step and operation helpers read the clock and the audit notes through statekeel.tasks (tests
-    # patch them there).
-    "the task manager and its helpers": (
-        "statekeel.tasks",
-        "statekeel.task_operations",
-        "statekeel.task_steps",
-    ),
-    # make_cipher opens the key ring (a lazy import), and the ring seals its data keys with encryption's
-    # AEAD: to break, move the AEAD helpers the ring needs below both.
-    "the cipher and its key ring": ("statekeel.encryption", "statekeel.keyring"),
-    # create_app imports the pages when it builds its routes.
-    "the viewer's app and its pages": ("statekeel.ui",),
-}
-
-
-def _known(component: set[str]) -> bool:
-    return any(
-        all(any(m == p or m.startswith(p + ".") for p in members) for m in component)
-        for members in KNOWN_CYCLES.values()
-    )
 
 
 def _name(path: Path) -> str:
@@ -88,14 +66,12 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return inside
 
 
-@cache
-def imports_of(module: str, *, type_checking: bool = True) -> frozenset[str]:
-    """The statekeel modules ``module`` imports, anywhere in it (a function's lazy import too); with
-    ``type_checking=False`` leaving out the imports under ``if TYPE_CHECKING:``. ``from pkg import sub``
-    imports the submodule ``pkg.sub``, and the package only when a name is not a submodule."""
-    path = modules()[module]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+def imports_in(source: str, module: str, *, is_package: bool = False, type_checking: bool = True) -> set[str]:
+    """The modules the code ``source`` of ``module`` imports, anywhere in it (a function's lazy import
+    too); with ``type_checking=False`` leaving out the imports under ``if TYPE_CHECKING:``. ``from pkg
+    import sub`` imports the submodule ``pkg.sub``, and the package only when a name is not a submodule."""
+    tree = ast.parse(source)
+    package = module if is_package else module.rpartition(".")[0]
     skipped = set() if type_checking else _type_checking_nodes(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -104,16 +80,30 @@ def imports_of(module: str, *, type_checking: bool = True) -> frozenset[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _target(node, package)
             subs = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules()]
             found.update(subs)
             if len(subs) < len(node.names):
                 found.add(target)
-    return frozenset(name for name in found if name.startswith("statekeel") and name != module)
+    return {name for name in found if name.startswith("statekeel") and name != module}
+
+
+def _target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from ... import`` names."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+@cache
+def imports_of(module: str, *, type_checking: bool = True) -> frozenset[str]:
+    """The statekeel modules ``module`` imports (see :func:`imports_in`)."""
+    path = modules()[module]
+    source = path.read_text(encoding="utf-8")
+    return frozenset(
+        imports_in(source, module, is_package=path.name == "__init__.py", type_checking=type_checking)
+    )
 
 
 def reaches(start: str, goal: str, *, type_checking: bool = True) -> list[str] | None:
@@ -132,8 +122,13 @@ def reaches(start: str, goal: str, *, type_checking: bool = True) -> list[str] |
 
 
 def cycles(*, type_checking: bool) -> list[set[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
+    """The import cycles of ``src/statekeel``."""
     graph = {m: {i for i in imports_of(m, type_checking=type_checking) if i in modules()} for m in modules()}
+    return components(graph)
+
+
+def components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -197,6 +192,103 @@ def test_every_record_is_imported_from_the_contract_and_no_module_mirrors_it() -
     assert importers == []
 
 
-def test_no_import_cycle_but_the_known_ones() -> None:
-    unexplained = [sorted(component) for component in cycles(type_checking=False) if not _known(component)]
-    assert unexplained == []
+def test_a_cycle_is_found_through_a_functions_lazy_import_but_not_through_type_checking() -> None:
+    lazy = "def f():\n    from .b import x\n"
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import x\n"
+    assert imports_in(lazy, "statekeel.a", type_checking=False) == {"statekeel.b"}
+    assert imports_in(typed, "statekeel.a", type_checking=False) == set()
+    assert imports_in(typed, "statekeel.a") == {"statekeel.b"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert components(graph) == [{"a", "b", "c"}]
+
+
+def test_no_import_cycle_outside_type_checking() -> None:
+    found = [sorted(component) for component in cycles(type_checking=False)]
+    assert found == [], "import cycles (break them, or make the import type-only under TYPE_CHECKING)"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _on_self(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
+def private_names(source: str) -> set[str]:
+    """The ``_private`` names ``source`` defines: its functions, classes, methods, assigned names, the
+    attributes it sets on ``self`` or ``cls``, and ``__slots__`` entries."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _on_self(node):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+        ):
+            names.update(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant))
+    return {name for name in names if isinstance(name, str) and _private(name)}
+
+
+# A named tuple's public API is spelt with a leading underscore (so as not to clash with its fields).
+NAMED_TUPLE_API = frozenset({"_asdict", "_fields", "_make", "_replace"})
+
+
+def borrowed_privates(source: str, module: str, everywhere: dict[str, set[str]]) -> list[str]:
+    """Where ``source`` (of ``module``) uses a ``_private`` name of another statekeel module: imports it
+    (``from .m import _x``), reads it off a module (``m._x``), or off an object (``other._x``, not ``self``
+    or ``cls``) when ``_x`` is defined in another module and not in this one. A mixin's ``self._x`` is its
+    class's own."""
+    own = private_names(source)
+    elsewhere = set().union(*(names for name, names in everywhere.items() if name != module)) - own
+    elsewhere -= NAMED_TUPLE_API
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("statekeel")):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if _private(a.name)]
+        elif (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and node.attr in elsewhere
+            and not _on_self(node)
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+    return [f"{line}: {use}" for line, use in sorted(found)]
+
+
+@cache
+def _private_names_of_every_module() -> dict[str, set[str]]:
+    return {module: private_names(path.read_text(encoding="utf-8")) for module, path in modules().items()}
+
+
+def test_a_borrowed_private_name_is_found() -> None:
+    everywhere = {"statekeel.a": {"_secret", "_held"}, "statekeel.b": set()}
+    source = (
+        "from .a import _secret\n"
+        "from . import a\n"
+        "def f(manager, self):\n"
+        "    a._secret()\n"
+        "    manager._held = 1\n"
+        "    self._held\n"
+    )
+    found = borrowed_privates(source, "statekeel.b", everywhere)
+    assert found == ["1: import _secret", "4: a._secret", "5: manager._held"]
+    # Set on self, the name is this module's own: another object's is then this module's business too.
+    own = "class C:\n    def __init__(self):\n        self._held = 1\n"
+    own += "    def f(self, other):\n        other._held\n"
+    assert borrowed_privates(own, "statekeel.b", everywhere) == []
+
+
+def test_no_module_uses_another_modules_private_name() -> None:
+    everywhere = _private_names_of_every_module()
+    found = {
+        module: uses
+        for module, path in sorted(modules().items())
+        if (uses := borrowed_privates(path.read_text(encoding="utf-8"), module, everywhere))
+    }
+    assert found == {}, "make a public name instead of reaching into another module's private one"

@@ -8,6 +8,10 @@
   ``sessions/tools.py`` never import the manager (not even for type checking).
 - Nothing outside ``sessions/`` reaches into the session manager's private members (``store.sessions._x``):
   the adapters and recovery use its public methods.
+- The folders show the architecture: the task modules are the package ``tasks/`` (the step journal, the
+  operator's operations and their shared rules never import the manager, except for type checking); the
+  codec, the cipher and the key ring are the package ``codec/``, with one direction between them (codec
+  -> cipher -> key ring -> AEAD helpers, the codec naming the cipher only for type checking).
 """
 
 from __future__ import annotations
@@ -73,11 +77,20 @@ def _session_private_uses(path: Path, private: set[str]) -> list[str]:
     return found
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """The absolute names of the modules ``path`` imports (relative imports resolved)."""
+def _imported_modules(path: Path, *, type_checking: bool = True) -> set[str]:
+    """The absolute names of the modules ``path`` imports (relative imports resolved); with
+    ``type_checking=False`` leaving out those under ``if TYPE_CHECKING:``."""
     package = ".".join(path.relative_to(SRC).with_suffix("").parts[:-1])
+    tree = _tree(path)
+    skipped: set[int] = set()
+    if not type_checking:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skipped.update(id(child) for child in ast.walk(node))
     names = set()
-    for node in ast.walk(_tree(path)):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -152,3 +165,36 @@ def test_no_module_outside_sessions_reaches_into_the_session_managers_privates()
         use for path in _sources() if SESSIONS not in path.parents for use in _manager_private_uses(path)
     ]
     assert not found, "private members of SessionManager used outside sessions/:\n" + "\n".join(found)
+
+
+TASKS = PACKAGE / "tasks"
+CODEC = PACKAGE / "codec"
+
+
+def _imports_within(path: Path, package: str, *, type_checking: bool) -> set[str]:
+    """The modules of ``package`` that ``path`` imports, by their names inside it (``pkg.mod.name`` is
+    module ``mod``)."""
+    found = _imported_modules(path, type_checking=type_checking)
+    names = {name.removeprefix(package + ".") for name in found if name.startswith(package + ".")}
+    return {name.split(".")[0] for name in names}
+
+
+def test_the_task_modules_are_one_package_whose_helpers_never_import_the_manager() -> None:
+    assert not [p.name for p in PACKAGE.glob("task*.py")], "the task modules belong in tasks/"
+    assert {p.name for p in TASKS.glob("*.py")} >= {"__init__.py", "manager.py", "steps.py", "operations.py"}
+    for name in ("rules.py", "steps.py", "operations.py"):
+        assert "manager" not in _imports_within(TASKS / name, "statekeel.tasks", type_checking=False), name
+    assert _imports_within(TASKS / "rules.py", "statekeel.tasks", type_checking=True) == set()
+
+
+def test_the_codec_the_cipher_and_the_key_ring_are_one_package_with_one_direction() -> None:
+    for name in ("codec.py", "encryption.py", "keyring.py"):
+        assert not (PACKAGE / name).exists(), f"{name} belongs in codec/"
+    below = {
+        "aead.py": set(),
+        "keyring.py": {"aead"},
+        "encryption.py": {"aead", "keyring"},
+        "tagged.py": set(),  # the cipher only under TYPE_CHECKING
+    }
+    found = {name: _imports_within(CODEC / name, "statekeel.codec", type_checking=False) for name in below}
+    assert found == below

@@ -1,4 +1,5 @@
-"""The SQL dialects define the same named queries, each with the same parameters.
+"""The SQL dialects define the same named queries, each with the same parameters, but for the ones a
+dialect has no use for (``NOT_NEEDED``, each with its reason): those it must not define.
 
 Every operation is written once over the ``Tx`` interface and runs a query by name with positional
 arguments, so a query missing from one dialect, or taking another number of parameters there, fails only
@@ -9,6 +10,7 @@ checked as they are added.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,32 @@ from statekeel.backends.sql.copy import TABLES, table_spec
 SQLITE = load_queries("statekeel.backends.sqlite")
 POSTGRES = load_queries("statekeel.backends.postgres")
 MYSQL = load_queries("statekeel.backends.mysql")
+BACKENDS = Path(__file__).resolve().parents[2] / "src" / "statekeel" / "backends"
+
+# The save in one statement (backends/sql/save.py): only PostgreSQL runs it, where each statement is a
+# network round trip.
+ONE_STATEMENT_SAVE = frozenset({"session_save"})
+_ONE_STATEMENT_SAVE_UNUSED = (
+    "saves with session_advance_head and message_insert (its writer's connection, no round trip a statement)"
+)
+_SEGMENTS_UNUSED = "keeps no sealed segments (only SQLite's Tx sets segments: a load there costs per row)"
+# The named queries a dialect does not define, and why it needs none. Every other name is in all three.
+NOT_NEEDED: dict[str, dict[str, str]] = {
+    "sqlite": dict.fromkeys(ONE_STATEMENT_SAVE, _ONE_STATEMENT_SAVE_UNUSED),
+    "postgres": dict.fromkeys(segments.QUERIES, _SEGMENTS_UNUSED),
+    "mysql": {
+        **dict.fromkeys(segments.QUERIES, _SEGMENTS_UNUSED),
+        # MySQL's driver sends the messages' rows as one multi-row INSERT already.
+        **dict.fromkeys(ONE_STATEMENT_SAVE, _ONE_STATEMENT_SAVE_UNUSED),
+    },
+}
+DIALECTS = {"sqlite": SQLITE, "postgres": POSTGRES, "mysql": MYSQL}
+EVERY_NAME = sorted(set(SQLITE) | set(POSTGRES) | set(MYSQL))
+
+
+def needed(dialect: str) -> set[str]:
+    return set(EVERY_NAME) - set(NOT_NEEDED[dialect])
+
 
 # Comments and string literals may hold text that looks like a parameter; they are removed first.
 _COMMENT_OR_STRING = re.compile(r"--[^\n]*|'(?:[^']|'')*'")
@@ -32,16 +60,26 @@ def parameters(sql: str, pattern: re.Pattern[str]) -> set[int]:
     return {int(n) for n in found}
 
 
-def test_both_dialects_define_the_same_query_names() -> None:
-    assert SQLITE, "no SQLite queries were loaded"
-    # Sealed segments are SQLite's alone (its Tx sets ``segments``); every other name is in both.
-    assert sorted(set(SQLITE) - set(POSTGRES)) == sorted(segments.QUERIES), "defined for SQLite only"
-    assert sorted(set(POSTGRES) - set(SQLITE)) == [], "defined for PostgreSQL only"
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_a_dialect_defines_every_query_name_but_the_ones_it_does_not_need(dialect: str) -> None:
+    queries = DIALECTS[dialect]
+    assert queries, f"no {dialect} queries were loaded"
+    assert sorted(needed(dialect) - set(queries)) == [], f"missing from the {dialect} dialect"
+    # A query a dialect never runs is not kept there to make the sets match.
+    assert sorted(set(queries) & set(NOT_NEEDED[dialect])) == [], f"defined for {dialect}, never run there"
 
 
-def test_the_mysql_dialect_defines_the_same_query_names() -> None:
-    assert sorted(set(POSTGRES) - set(MYSQL)) == [], "missing from the MySQL/MariaDB dialect"
-    assert sorted(set(MYSQL) - set(POSTGRES)) == [], "defined for MySQL/MariaDB only"
+def test_only_a_dialect_that_defines_the_one_statement_save_runs_it() -> None:
+    runs = {
+        dialect
+        for dialect in DIALECTS
+        if any("op_save_in_one_statement" in p.read_text() for p in (BACKENDS / dialect).glob("*.py"))
+    }
+    assert runs == {d for d in DIALECTS if set(DIALECTS[d]) >= ONE_STATEMENT_SAVE} == {"postgres"}
+
+
+def test_segments_are_the_only_queries_sqlite_alone_defines() -> None:
+    assert set(SQLITE) - set(POSTGRES) - set(MYSQL) == segments.QUERIES
 
 
 def _bound_by_selects(name: str, given: int) -> int:
@@ -58,7 +96,7 @@ def _bound_by_selects(name: str, given: int) -> int:
     return bound
 
 
-@pytest.mark.parametrize("name", sorted(set(POSTGRES) | set(MYSQL)))
+@pytest.mark.parametrize("name", sorted(needed("postgres") & needed("mysql")))
 def test_a_query_takes_the_same_parameters_in_the_mysql_dialect(name: str) -> None:
     assert name in POSTGRES and name in MYSQL, f"{name} is missing from one dialect"
     pg = parameters(POSTGRES[name], _POSTGRES_PARAM)
@@ -71,7 +109,7 @@ def test_a_query_takes_the_same_parameters_in_the_mysql_dialect(name: str) -> No
     assert len(extra) <= _bound_by_selects(name, len(pg)), f"{name}: a parameter no caller or SELECT binds"
 
 
-@pytest.mark.parametrize("name", sorted((set(SQLITE) | set(POSTGRES)) - segments.QUERIES))
+@pytest.mark.parametrize("name", sorted(needed("sqlite") & needed("postgres")))
 def test_a_query_takes_the_same_parameters_in_both_dialects(name: str) -> None:
     assert name in SQLITE and name in POSTGRES, f"{name} is missing from one dialect"
     lite = parameters(SQLITE[name], _SQLITE_PARAM)

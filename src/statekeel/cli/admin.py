@@ -20,15 +20,14 @@ from rich.table import Table
 
 from ..audit import AuditVerification
 from ..backup import BackupReport, discard_files
+from ..codec.encryption import RotationReport
 from ..copy import CopyReport
 from ..copying import copy_store
-from ..encryption import RotationReport
 from ..errors import ConflictError, MigrationError
 from ..recovery import RecoveryReport
 from ..retention import PurgeReport, Retention
 from ..store import open_store, redact_url, sqlite_file
 from ..wording import counted
-from . import main
 from .common import (
     KEY_FILE_ENV,
     F,
@@ -47,6 +46,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 from .operate import settle_commands
 
 # What recover() reports, by what it means: found and repaired (or to repair), needs a person, for

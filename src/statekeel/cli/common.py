@@ -22,7 +22,7 @@ from rich.text import Text
 
 from .. import reading
 from ..chain import MIN_AUDIT_KEY_BYTES
-from ..encryption import read_key_file
+from ..codec.encryption import read_key_file
 from ..errors import (
     AuditKeyRequired,
     DecryptionError,

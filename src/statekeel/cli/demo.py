@@ -26,10 +26,10 @@ from ..demo.story import run_story
 from ..demo.story_agent import CRASH_POINTS
 from ..demo.story_report import StoryPrinter, as_json
 from ..errors import StatekeelError
-from ..store import resolve_url
-from . import main, redact_url
+from ..store import redact_url, resolve_url
 from .common import console as make_console
 from .common import visible
+from .group import main
 
 
 def _fail(ctx: click.Context, message: str) -> None:

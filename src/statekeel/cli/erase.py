@@ -8,11 +8,10 @@ import os
 import click
 from rich.table import Table
 
+from ..codec.keyring import create_keyring
 from ..erasure import ErasureReport
-from ..keyring import create_keyring
 from ..store import redact_url
 from ..wording import counted
-from . import main
 from .common import (
     Failure,
     Keys,
@@ -26,6 +25,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 
 
 async def _erase(

@@ -19,7 +19,6 @@ from ..export import KIND_GROUPS, ExportReport, export_store
 from ..imports import ImportReport, import_store
 from ..store import open_store, redact_url, sqlite_file
 from ..wording import counted
-from . import main
 from .common import (
     Keys,
     command_audit_key,
@@ -34,6 +33,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..store import open_store, redact_url
 from ..wording import counted
-from . import main
 from .common import (
     command_audit_key,
     command_keyring,
@@ -29,6 +28,7 @@ from .common import (
     store_url,
 )
 from .export import import_export_file
+from .group import main
 
 SOURCES = ("openai-agents-sqlite", "langgraph-sqlite")
 

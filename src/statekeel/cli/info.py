@@ -16,7 +16,6 @@ from rich.table import Table
 from ..health import PROBLEM, HealthReport, StoreInfo
 from ..store import redact_url
 from ..wording import counted
-from . import main
 from .common import (
     Keys,
     console,
@@ -29,6 +28,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 
 
 def _by_status(name: str, counts: dict[str, int]) -> str:

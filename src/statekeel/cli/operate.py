@@ -22,7 +22,6 @@ from rich.table import Table
 from ..backends.base import StepRecord, TaskRecord
 from ..recovery import RecoveryReport
 from ..store import Store, redact_url
-from . import main
 from .common import (
     F,
     Failure,
@@ -37,6 +36,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 from .tasks import tasks
 
 

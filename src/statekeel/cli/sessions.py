@@ -20,7 +20,6 @@ from ..backends.base import SESSION_STATUSES, LoadedSession, SessionRecord
 from ..store import redact_url
 from ..ui.transcript import Entry, Fold, Part, ToolCall, build_transcript, compact, pretty
 from ..wording import counted
-from . import main
 from .common import (
     Failure,
     Keys,
@@ -35,6 +34,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 
 
 async def _sessions(

@@ -16,7 +16,6 @@ from ..backends.base import TASK_STATUSES, Span, TaskRecord
 from ..store import redact_url
 from ..ui.layout import waterfall
 from ..wording import counted
-from . import main
 from .common import (
     Failure,
     Keys,
@@ -31,6 +30,7 @@ from .common import (
     store_options,
     store_url,
 )
+from .group import main
 
 
 def _when(value: dt.datetime | None) -> str:

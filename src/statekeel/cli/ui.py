@@ -8,7 +8,7 @@ import signal
 import click
 
 from ..errors import StatekeelError
-from . import main, redact_url
+from ..store import redact_url
 from .common import (
     audit_key_option,
     command_audit_key,
@@ -18,6 +18,7 @@ from .common import (
     store_keys,
     store_url,
 )
+from .group import main
 
 
 @main.command()

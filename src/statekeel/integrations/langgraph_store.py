@@ -423,7 +423,7 @@ class StatekeelStore(BaseStore):
                     expected=dims,
                     got=len(values),
                 )
-            self.store.vectors._check_dim(self.model, len(values))
+            self.store.vectors.check_dim(self.model, len(values))
 
     def _texts(self, op: PutOp) -> builtins.list[tuple[str, str]]:
         if op.index is False:

@@ -67,15 +67,27 @@ class SessionLock:
     saves made while it is held are fenced by the lease's token.
     """
 
-    def __init__(self, manager: SessionManager, key: str) -> None:
+    def __init__(self, manager: SessionManager, key: str, held: dict[str, SessionLock]) -> None:
         self.key = key
         self._manager = manager
+        # The manager's table of the locks held, by key: a holder enters itself, and leaves on release.
+        self._held = held
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
         self._depth = 0
         self.lease: SessionLease | None = None
         self.lost = False
         self._renewer: asyncio.Task[None] | None = None
+
+    @property
+    def holder(self) -> asyncio.Task[Any] | None:
+        """The task holding the lock (None while no one does)."""
+        return self._holder
+
+    @property
+    def renewer(self) -> asyncio.Task[None] | None:
+        """The background task renewing the held lease (None while the lock is not held)."""
+        return self._renewer
 
     def locked(self) -> bool:
         """Whether some task of this process holds it."""
@@ -108,7 +120,7 @@ class SessionLock:
             ) from None
         self._holder = task
         self._depth = 1
-        manager._held[self.key] = self
+        self._held[self.key] = self
         try:
             self.lease = await acquire_lease(
                 manager.backend, self.key, manager.owner_id, manager.lease_seconds, deadline
@@ -123,8 +135,8 @@ class SessionLock:
     def _unhold(self) -> None:
         self._holder = None
         self._depth = 0
-        if self._manager._held.get(self.key) is self:
-            del self._manager._held[self.key]
+        if self._held.get(self.key) is self:
+            del self._held[self.key]
         self._lock.release()
 
     async def release(self) -> None:

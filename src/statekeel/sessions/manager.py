@@ -143,7 +143,7 @@ class SessionManager(SessionListing, SessionBranches):
         check_key(key)
         lock = self._locks.get(key)
         if lock is None:
-            lock = SessionLock(self, key)
+            lock = SessionLock(self, key, self._held)
             self._locks[key] = lock
         return lock
 
@@ -593,8 +593,8 @@ class SessionManager(SessionListing, SessionBranches):
         self._writes.closed = True
         tasks = list(self._fallback.tasks)
         for lock in list(self._held.values()):
-            if lock._renewer is not None:
-                tasks.append(lock._renewer)
+            if lock.renewer is not None:
+                tasks.append(lock.renewer)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -128,7 +128,7 @@ class ToolCalls:
         """Whether another holder has the session's lock: another task of this manager, or a live lease."""
         held = self._held.get(key)
         if held is not None:
-            return held._holder is not asyncio.current_task()
+            return held.holder is not asyncio.current_task()
         lease = await self.backend.read_session_lease(key)
         if lease is None or lease.owner is None or lease.owner == self.owner:
             return False

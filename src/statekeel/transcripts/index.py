@@ -14,18 +14,18 @@ from ..errors import (
 )
 from ..validation import check_int, check_text
 from .messages import (
-    _BLANK_SCREENSHOT,
-    _RESPONSES_ANSWER,
-    _RESPONSES_ANSWERS,
+    BLANK_SCREENSHOT,
     INTERRUPTED_TEXT,
+    RESPONSES_ANSWER,
+    RESPONSES_ANSWERS,
     Dialect,
+    Parsed,
     Repair,
     ToolCall,
     ToolResult,
     TranscriptState,
-    _fail,
-    _parse,
-    _Parsed,
+    fail,
+    parse_message,
 )
 
 # --- the transcript as a whole ---------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _keys(calls: list[ToolCall], dialect: Dialect) -> list[_Key]:
 class _Step:
     """What one message changes, computed before anything changes (so a refused message changes nothing)."""
 
-    parsed: _Parsed
+    parsed: Parsed
     index: int
     new_calls: list[ToolCall]
     answers: list[ToolResult]
@@ -125,7 +125,7 @@ class TranscriptIndex:
                 "use normalize_item() for pydantic models"
             )
         i = self.next_index
-        p = _parse(message, i, strict)
+        p = parse_message(message, i, strict)
         if not p.calls and not p.results and not p.malformed:
             return self._plain_step(p, i)
         new_calls: list[ToolCall] = []
@@ -135,7 +135,7 @@ class TranscriptIndex:
             # An id may come again once its earlier call has its result (some providers reuse ids from
             # one turn to the next): the new call is then the one a result with that id answers.
             if key in self._unanswered or key in fresh:
-                _fail(
+                fail(
                     p,
                     f"messages[{i}] makes tool call {call.call_id!r}, the id of an earlier call of this "
                     "transcript that has no result yet; each waiting call needs its own id",
@@ -171,10 +171,10 @@ class TranscriptIndex:
                     **fields,
                 )
             elif result.dialect is Dialect.OPENAI_RESPONSES:
-                if made.kind not in _RESPONSES_ANSWERS[result.kind]:
+                if made.kind not in RESPONSES_ANSWERS[result.kind]:
                     error = UnknownToolCall(
                         f"messages[{i}] is a {result.kind} for call {result.call_id!r}, but that call is a "
-                        f"{made.kind}; answer it with a {_RESPONSES_ANSWER[made.kind]} item",
+                        f"{made.kind}; answer it with a {RESPONSES_ANSWER[made.kind]} item",
                         **fields,
                     )
             elif result.dialect is Dialect.OPENAI_CHAT:
@@ -250,7 +250,7 @@ class TranscriptIndex:
             anth_from,
         )
 
-    def _plain_step(self, p: _Parsed, i: int) -> _Step:
+    def _plain_step(self, p: Parsed, i: int) -> _Step:
         """What a message without tool calls or results changes: the general rules of :meth:`_step`
         with nothing to add or answer (most messages; this is their fast path)."""
         abandoned: list[_Key] = []
@@ -457,10 +457,10 @@ def interrupted_answer(call: ToolCall, text: str = INTERRUPTED_TEXT) -> dict[str
         return {"role": "tool", "tool_call_id": call.call_id, "content": text}
     if call.dialect is Dialect.ANTHROPIC:
         return {"type": "tool_result", "tool_use_id": call.call_id, "content": text, "is_error": True}
-    kind = _RESPONSES_ANSWER[call.kind]
+    kind = RESPONSES_ANSWER[call.kind]
     item: dict[str, Any] = {"type": kind, "call_id": call.call_id}
     if kind == "computer_call_output":
-        item["output"] = {"type": "computer_screenshot", "image_url": _BLANK_SCREENSHOT}
+        item["output"] = {"type": "computer_screenshot", "image_url": BLANK_SCREENSHOT}
     elif kind == "shell_call_output":
         item["output"] = [{"stdout": "", "stderr": text, "outcome": {"type": "exit", "exit_code": 1}}]
         item["status"] = "incomplete"
@@ -489,7 +489,7 @@ def tool_result(call: ToolCall, output: Any) -> dict[str, Any]:
     if call.dialect is Dialect.ANTHROPIC:
         block = {"type": "tool_result", "tool_use_id": call.call_id, "content": output}
         return {"role": "user", "content": [block]}
-    kind = _RESPONSES_ANSWER[call.kind]
+    kind = RESPONSES_ANSWER[call.kind]
     item: dict[str, Any] = {"type": kind, "call_id": call.call_id, "output": output}
     if call.caller is not None and kind != "computer_call_output" and call.kind != "local_shell_call":
         item["caller"] = call.caller

@@ -9,7 +9,7 @@ from ..errors import (
     SerializationError,
 )
 from .messages import (
-    _valid_id,
+    valid_id,
 )
 
 # --- items from provider SDKs ----------------------------------------------------------------------------
@@ -59,10 +59,10 @@ def role_of(message: Any) -> str | None:
     if type(message) is not dict:
         return None
     role = message.get("role")
-    if _valid_id(role):
+    if valid_id(role):
         return role
     kind = message.get("type")
-    return kind if role is None and _valid_id(kind) else None
+    return kind if role is None and valid_id(kind) else None
 
 
 def normalize_item(item: Any) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def normalize_item(item: Any) -> dict[str, Any]:
             type=type(item).__name__,
         )
     role, kind = value.get("role"), value.get("type")
-    if not _valid_id(role) and not _valid_id(kind):
+    if not valid_id(role) and not valid_id(kind):
         raise InvalidArgument(
             "a message needs a non-empty str 'role' (chat and Anthropic messages) or 'type' (Responses "
             f"items); got role={role!r}, type={kind!r}"

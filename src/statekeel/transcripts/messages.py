@@ -8,13 +8,11 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeGuard
 
 from ..errors import (
     TranscriptError,
 )
-
-_M = TypeVar("_M", bound=Mapping[str, Any])
 
 INTERRUPTED_TEXT = "interrupted: the agent stopped before this tool call returned a result"
 
@@ -153,7 +151,7 @@ def _without_results(message: Mapping[str, Any], call_ids: set[str]) -> Mapping[
 # --- the Responses item types that are tool calls a client answers ---------------------------------------
 
 # call item type -> the output item type an interrupted answer uses
-_RESPONSES_ANSWER = {
+RESPONSES_ANSWER = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",
     "computer_call": "computer_call_output",
@@ -163,7 +161,7 @@ _RESPONSES_ANSWER = {
     "tool_search_call": "tool_search_output",
 }
 # output item type -> the call item types it answers
-_RESPONSES_ANSWERS = {
+RESPONSES_ANSWERS = {
     "function_call_output": frozenset({"function_call", "local_shell_call"}),
     "custom_tool_call_output": frozenset({"custom_tool_call"}),
     "computer_call_output": frozenset({"computer_call"}),
@@ -192,14 +190,16 @@ def _blank_png_data_url() -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-_BLANK_SCREENSHOT = _blank_png_data_url()
+BLANK_SCREENSHOT = _blank_png_data_url()
 
 
 # --- reading one message ---------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
-class _Parsed:
+class Parsed:
+    """What one message holds for pairing: its role, tool calls and results, and whether it is readable."""
+
     index: int
     strict: bool  # raise on what cannot be read (a message being added), or mark it (a stored one)
     role: str | None
@@ -211,34 +211,37 @@ class _Parsed:
     malformed: bool = False
 
 
-def _fail(parsed: _Parsed, message: str, **fields: Any) -> None:
+def fail(parsed: Parsed, message: str, **fields: Any) -> None:
+    """Raise ``TranscriptError`` for a message being added (strict); mark a stored one malformed."""
     if parsed.strict:
         raise TranscriptError(message, **fields)
     parsed.malformed = True
 
 
-def _valid_id(value: Any) -> TypeGuard[str]:
+def valid_id(value: Any) -> TypeGuard[str]:
+    """Whether ``value`` can be a tool call id: a non-empty str."""
     return type(value) is str and value != ""
 
 
-def _checked_id(p: _Parsed, value: Any, dialect: Dialect, what: str, wanted: str) -> str | None:
+def _checked_id(p: Parsed, value: Any, dialect: Dialect, what: str, wanted: str) -> str | None:
     """``value`` if it is a usable call id; otherwise the error (strict) or a malformed mark."""
-    if _valid_id(value):
+    if valid_id(value):
         return value
     what = what.format(where=f"messages[{p.index}]")  # built only here: this runs for every message
-    _fail(p, f"{what} is {value!r}; it must be {wanted}", call_id=value, dialect=dialect.value, index=p.index)
+    fail(p, f"{what} is {value!r}; it must be {wanted}", call_id=value, dialect=dialect.value, index=p.index)
     return None
 
 
-def _parse(message: Mapping[str, Any], i: int, strict: bool) -> _Parsed:
+def parse_message(message: Mapping[str, Any], i: int, strict: bool) -> Parsed:
+    """What message ``i`` holds for pairing, in any dialect (see :class:`Parsed`)."""
     role = message.get("role")
     role = role if type(role) is str else None
     kind = message.get("type")
     kind = kind if type(kind) is str else None
-    p = _Parsed(i, strict, role=role, calls=[], results=[], user_start=False, only_results=False)
+    p = Parsed(i, strict, role=role, calls=[], results=[], user_start=False, only_results=False)
     client_side = message.get("execution") == "client"
 
-    if kind in _RESPONSES_ANSWER and (kind not in _CLIENT_ONLY or client_side):
+    if kind in RESPONSES_ANSWER and (kind not in _CLIENT_ONLY or client_side):
         call_id = _checked_id(
             p,
             message.get("call_id"),
@@ -252,7 +255,7 @@ def _parse(message: Mapping[str, Any], i: int, strict: bool) -> _Parsed:
             caller = message.get("caller")
             p.calls.append(ToolCall(call_id, Dialect.OPENAI_RESPONSES, kind, name, i, caller=caller))
         return p
-    if kind in _RESPONSES_ANSWERS and (kind not in _CLIENT_ONLY or client_side):
+    if kind in RESPONSES_ANSWERS and (kind not in _CLIENT_ONLY or client_side):
         call_id = message.get("call_id")
         if call_id is None and kind == "local_shell_call_output":
             call_id = message.get("id")  # the type definitions name the call's id ``id`` here
@@ -290,10 +293,10 @@ def _parse(message: Mapping[str, Any], i: int, strict: bool) -> _Parsed:
     return p
 
 
-def _parse_chat_calls(tool_calls: Any, p: _Parsed) -> None:
+def _parse_chat_calls(tool_calls: Any, p: Parsed) -> None:
     i = p.index
     if type(tool_calls) is not list:
-        _fail(
+        fail(
             p,
             f"messages[{i}].tool_calls must be a list of tool calls, got {type(tool_calls).__name__}",
             call_id=None,
@@ -318,7 +321,7 @@ def _parse_chat_calls(tool_calls: Any, p: _Parsed) -> None:
         p.calls.append(ToolCall(call_id, Dialect.OPENAI_CHAT, kind, name if type(name) is str else None, i))
 
 
-def _parse_blocks(content: list[Any], p: _Parsed) -> None:
+def _parse_blocks(content: list[Any], p: Parsed) -> None:
     i = p.index
     leading = True
     only_results = bool(content)
@@ -345,7 +348,7 @@ def _parse_blocks(content: list[Any], p: _Parsed) -> None:
             if call_id is not None:
                 p.results.append((ToolResult(call_id, Dialect.ANTHROPIC, "tool_result", i), leading))
         elif kind in ("tool_use", "tool_result"):
-            _fail(
+            fail(
                 p,
                 f"messages[{i}].content[{n}] is a {kind} block in a {p.role} message; tool_use blocks "
                 "belong to assistant messages and tool_result blocks to user messages",
@@ -358,7 +361,7 @@ def _parse_blocks(content: list[Any], p: _Parsed) -> None:
             leading = only_results = False
     p.only_results = only_results and p.role == "user"
     if chat_calls and any(c.dialect is Dialect.ANTHROPIC for c in p.calls):
-        _fail(
+        fail(
             p,
             f"messages[{i}] holds both chat tool_calls and Anthropic tool_use blocks; use one format "
             "per message",
@@ -371,7 +374,7 @@ def _parse_blocks(content: list[Any], p: _Parsed) -> None:
 def dialect_of(message: Mapping[str, Any]) -> Dialect | None:
     """The dialect a message is written in, or None for a plain ``role``/``content`` message that every
     dialect accepts (a user question, an assistant answer without tool calls)."""
-    p = _parse(message, 0, strict=False)
+    p = parse_message(message, 0, strict=False)
     for call in p.calls:
         return call.dialect
     for result, _ in p.results:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..validation import check_int
 from .index import TranscriptIndex
-from .messages import _M, Dialect
+from .messages import Dialect
+
+_M = TypeVar("_M", bound=Mapping[str, Any])
 
 # --- the window history() hands out ----------------------------------------------------------------------
 

@@ -18,12 +18,14 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import BackendUnavailable, DecryptionError, InvalidArgument, NotFound, StatekeelError
 from ..store import Store, open_store, redact_url
 from .layout import duration_text
+from .page import PageError, Ui
+from .pages import routes
 from .transcript import compact, pretty
 
 log = logging.getLogger("statekeel.ui")
@@ -44,16 +46,6 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"cross-origin-opener-policy", b"same-origin"),
 )
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-
-
-class PageError(Exception):
-    """Ends a page with an error page of ``status`` (404 for an unknown id, 400 for a bad parameter)."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
 
 
 class Guard:
@@ -167,36 +159,6 @@ def check_files_root(root: str | os.PathLike[str] | None) -> str | None:
     return path
 
 
-class Ui:
-    """What the pages share: the store, the templates, the store's URL (password blanked) and the
-    directory the file ledger's paths are relative to (None: not given)."""
-
-    def __init__(
-        self, store: Store | None, templates: jinja2.Environment, url: str, files_root: str | None = None
-    ) -> None:
-        self._store = store
-        self.templates = templates
-        self.url = url
-        self.files_root = files_root
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            raise BackendUnavailable("the store is not open (the application's lifespan has not started)")
-        return self._store
-
-    def render(
-        self, request: Request, template: str, /, *, status_code: int = 200, **context: Any
-    ) -> HTMLResponse:
-        page = self.templates.get_template(template)
-        context.setdefault("section", request.url.path)
-        html = page.render(store_url=self.url, path=request.url.path, **context)
-        return HTMLResponse(html, status_code=status_code)
-
-    def error(self, request: Request, status: int, title: str, detail: str) -> HTMLResponse:
-        return self.render(request, "error.html", status_code=status, title=title, detail=detail)
-
-
 def _status_of(exc: StatekeelError) -> tuple[int, str]:
     if isinstance(exc, NotFound):
         return 404, "Not found"
@@ -228,8 +190,6 @@ def create_app(
 
         app = create_app("sqlite:///agent-state.db", allowed_hosts=LOOPBACK_NAMES)
     """
-    from .pages import routes
-
     if token is not None and not token:
         raise InvalidArgument("token must be a non-empty str or None")
     root = check_files_root(files_root)
@@ -244,11 +204,11 @@ def create_app(
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # migrate=False: looking at a store never upgrades it under the agents that use it.
             store = await open_store(url, migrate=False, encryption_key=encryption_key, audit_key=audit_key)
-            ui._store = store
+            ui.attach(store)
             try:
                 yield
             finally:
-                ui._store = None
+                ui.attach(None)
                 await store.close()
 
     async def http_error(request: Request, exc: Exception) -> Response:

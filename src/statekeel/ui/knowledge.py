@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from ..backends.base import MEMORY_TYPES, Contradiction, Drift, FileRecord, Memory
 from ..validation import check_key
-from .app import PageError, Ui
+from .page import PageError, Ui
 
 MEMORIES_SHOWN = 50
 SCOPES_SHOWN = 100

@@ -21,9 +21,9 @@ from ..backends.base import (
 )
 from ..errors import InvalidArgument, Unsupported
 from ..validation import check_key
-from .app import PageError, Ui
 from .knowledge import knowledge_pages, unheld
 from .layout import DagStep, dag_layout, waterfall
+from .page import PageError, Ui
 from .sessions import session_page, trace_sessions
 
 PAGE_SIZE = 50

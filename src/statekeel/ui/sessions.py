@@ -20,7 +20,7 @@ from ..errors import InvalidArgument, Unsupported
 from ..store import Store
 from ..usage import ModelUsage, Usage
 from ..validation import check_key
-from .app import PageError, Ui
+from .page import PageError, Ui
 from .transcript import build_transcript
 
 TRACES_SHOWN = 20

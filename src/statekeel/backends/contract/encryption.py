@@ -1,4 +1,4 @@
-"""Key rotation of the encrypted fields (see :mod:`statekeel.encryption`)."""
+"""Key rotation of the encrypted fields (see :mod:`statekeel.codec.encryption`)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ class ResealPage:
 
 
 class EncryptionBackend(abc.ABC):
-    """Key rotation of the encrypted fields (see :mod:`statekeel.encryption`), one transaction per batch."""
+    """Key rotation of the encrypted fields (see :mod:`statekeel.codec.encryption`), one transaction a
+    batch."""
 
     @abc.abstractmethod
     async def reseal_rows(self, table: str, *, after: tuple[Any, ...] | None, limit: int) -> ResealPage:
-        """Read up to ``limit`` rows of ``table`` (one of ``statekeel.encryption.ROTATION_TABLES``) in key
-        order after ``after`` (None: from the start) and re-seal under the codec's current key each encrypted
-        field that is under another key (or, in ``encrypt_existing`` mode, in plaintext), in one
-        transaction. A row changed meanwhile by its own writer keeps what that writer wrote."""
+        """Read up to ``limit`` rows of ``table`` (one of ``statekeel.codec.encryption.ROTATION_TABLES``)
+        in key order after ``after`` (None: from the start) and re-seal under the codec's current key each
+        encrypted field that is under another key (or, in ``encrypt_existing`` mode, in plaintext), in
+        one transaction. A row changed meanwhile by its own writer keeps what that writer wrote."""

@@ -72,30 +72,6 @@ WHERE `key` = $4 AND head_seq = $5 AND ($7 IS NULL OR created_at = $7)
 SELECT `key`, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
        calls_owner, write_id, parent_key, parent_seq, rewinds FROM sessions WHERE `key` = $4;
 
--- name: session_save
--- PostgreSQL's one-statement save (see its sessions.sql), as a script. A save here runs
--- session_advance_head and message_insert (whose rows the driver sends as one multi-row INSERT), so this
--- form is not run; it keeps the dialects' query sets equal. $13, $14: the lease's token and owner; $15,
--- $16, $17: the messages' roles, payloads and usages as JSON arrays.
-UPDATE sessions
-SET head_seq = head_seq + $1, metadata = COALESCE($2, metadata),
-    status = COALESCE($6, status), version = version + 1, updated_at = $3,
-    open_calls = CASE WHEN $9 IS NOT NULL THEN $9 WHEN $1 > 0 THEN -1 ELSE open_calls END,
-    calls_owner = CASE WHEN $9 IS NOT NULL THEN $10 ELSE calls_owner END,
-    write_id = $11
-WHERE `key` = $4 AND head_seq = $5 AND ($7 IS NULL OR created_at = $7)
-  AND ($12 IS NULL OR rewinds = $12)
-  AND ($8 IS NULL OR version = $8)
-  AND ($13 IS NULL OR EXISTS (SELECT 1 FROM session_leases WHERE session_key = $4 AND token = $13
-                                                               AND owner = $14));
-INSERT INTO messages (session_key, seq, role, payload, created_at, `usage`)
-SELECT $4, $5 + r.n - 1, r.role, p.payload, $3, u.u
-FROM JSON_TABLE($15, '$[*]' COLUMNS (n FOR ORDINALITY, role VARCHAR(255) PATH '$')) AS r
-JOIN JSON_TABLE($16, '$[*]' COLUMNS (n FOR ORDINALITY, payload LONGTEXT PATH '$')) AS p USING (n)
-JOIN JSON_TABLE($17, '$[*]' COLUMNS (n FOR ORDINALITY, u LONGTEXT PATH '$')) AS u USING (n);
-SELECT `key`, status, metadata, last_consolidated, head_seq, version, created_at, updated_at, open_calls,
-       calls_owner, write_id, parent_key, parent_seq, rewinds FROM sessions WHERE `key` = $4;
-
 -- name: session_set_consolidated
 UPDATE sessions SET last_consolidated = $1, version = version + 1, updated_at = $2
 WHERE `key` = $3 AND last_consolidated = $4;

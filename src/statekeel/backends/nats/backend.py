@@ -231,6 +231,6 @@ class NatsBackend(NatsErasure, NatsAudit, StorageBackend):
                 return len(rows)
             if table == "messages":
                 return sum(r["head_seq"] - r["last_consolidated"] for r in rows)
-            states = [await self._read_state(r["key"]) for r in rows]
+            states = [await self.read_state(r["key"]) for r in rows]
             return sum(1 for st in states for step in st.steps.values() if step is not None)
         raise Unsupported(f"a NATS store holds no table {table!r}", kind="copy", url=self.url)

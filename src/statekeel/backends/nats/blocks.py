@@ -115,7 +115,7 @@ async def commit(sessions: NatsSessions, block: Block) -> None:
     wid = f"s-{uuid.uuid4().hex}"
     event = {**block.event, "after": base.seq, "wid": wid}
     headers = {"Nats-Expected-Last-Subject-Sequence": str(base.read_seq), "Nats-Msg-Id": wid}
-    stream = sessions._sessions_stream
+    stream = sessions.sessions_stream
     conflict = ConflictError(
         f"session {key!r} changed in the store while the atomic() block that writes it ran; nothing "
         "of the block was written: load the session again and retry",
@@ -123,7 +123,7 @@ async def commit(sessions: NatsSessions, block: Block) -> None:
     )
     try:
         seq, _ = await sessions.conn.publish(
-            sessions._subject(key),
+            sessions.session_subject(key),
             orjson.dumps(event),
             stream=stream,
             headers=headers,
@@ -133,7 +133,7 @@ async def commit(sessions: NatsSessions, block: Block) -> None:
         if exc.err_code == WRONG_LAST_SEQUENCE:
             raise conflict from None
         raise StorageCorrupt(f"the NATS stream {stream} refused: {exc.description}") from exc
-    state = await sessions._read_state(key)
+    state = await sessions.read_state(key)
     if state.writes.get(wid) != seq:
         raise conflict  # stored after another event (a condition the server lost): read past
-    await sessions._written(key, state, event, seq)
+    await sessions.written(key, state, event, seq)

@@ -63,7 +63,7 @@ class NatsErasure(NatsToolCalls, NatsTraces, ErasureBackend):
         began = time.perf_counter()
         counts: dict[str, int] = {}
         for key in keys:
-            state = await self._read_state(key)
+            state = await self.read_state(key)
             row = state.row
             if row is not None and not self._mine(row, subject):
                 continue  # the session no longer names the subject: it and what belongs to it stay
@@ -84,7 +84,7 @@ class NatsErasure(NatsToolCalls, NatsTraces, ErasureBackend):
                 if not live and held is not None:
                     live = not await self._purge_lease(key, revision)
                 if not live:
-                    await self._purge_subject(self._sessions_stream, self._subject(key))
+                    await self._purge_subject(self.sessions_stream, self.session_subject(key))
                 await self._purge_subject(f"{self.prefix}_index", f"{self.prefix}.i.{encode_token(key)}")
             for kind, n in found.items():
                 _add(counts, kind, n)

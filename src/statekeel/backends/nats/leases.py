@@ -68,7 +68,7 @@ class NatsLeases(NatsSessions):
             token = current["token"] + 1
             if held is None:
                 # A first or purged entry (erasure): above any fence the session's subject still has.
-                token = max(token, (await self._read_state(key)).fence + 1)
+                token = max(token, (await self.read_state(key)).fence + 1)
             taken = {"owner": owner, "token": token, "expires_at": now + int(ttl_seconds * 1e6)}
             if not await self._put_lease(key, revision, taken):
                 continue  # another process changed the entry since it was read: decide again

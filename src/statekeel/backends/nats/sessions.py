@@ -140,10 +140,12 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
     # -- plumbing -----------------------------------------------------------------------------------------
 
     @property
-    def _sessions_stream(self) -> str:
+    def sessions_stream(self) -> str:
+        """The stream holding every session's events (``<prefix>_sessions``)."""
         return f"{self.prefix}_sessions"
 
-    def _subject(self, key: str) -> str:
+    def session_subject(self, key: str) -> str:
+        """The subject of session ``key``'s events (``InvalidArgument`` for a key that cannot be one)."""
         check_key(key, "session key")
         return checked_subject(f"{self.prefix}.s.{encode_token(key)}", "session key", key)
 
@@ -161,13 +163,13 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
                 assert block.work is not None
                 return block.work
             if block.key is None:
-                return block.pin(key, await self._read_state(key))
-        return await self._read_state(key)
+                return block.pin(key, await self.read_state(key))
+        return await self.read_state(key)
 
-    async def _read_state(self, key: str) -> SessionState:
+    async def read_state(self, key: str) -> SessionState:
         """The session's state as of its last event (read on from what this process saw)."""
-        subject = self._subject(key)
-        stream = self._sessions_stream
+        subject = self.session_subject(key)
+        stream = self.sessions_stream
         last = await self.conn.last(stream, subject)
         state = self._states.get(key)
         if last is None or last.seq is None:
@@ -203,7 +205,7 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
         again on the newer state when another writer changed the session first. With ``lease``, the
         lease's KV entry is checked first (``LeaseLost``), and ``decide`` checks the fence. Inside an
         ``atomic()`` block the event joins the block's (published at its end), unless ``own``."""
-        subject = self._subject(key)
+        subject = self.session_subject(key)
         block = None if own else self._open_block()
         if block is not None:
             if lease is not None:
@@ -217,7 +219,7 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
         while True:
             if lease is not None:
                 await self._check_lease(key, lease)
-            state = await self._read_state(key) if own else await self._state(key)
+            state = await self.read_state(key) if own else await self._state(key)
             event, result = decide(state)
             if event is None:
                 return result(state)
@@ -225,7 +227,7 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
             event = {**event, "after": state.seq, "wid": wid}
             payload = orjson.dumps(event)
             headers = {"Nats-Expected-Last-Subject-Sequence": str(state.read_seq), "Nats-Msg-Id": wid}
-            stream = self._sessions_stream
+            stream = self.sessions_stream
             try:
                 seq, _ = await self.conn.publish(
                     subject, payload, stream=stream, headers=headers, what=f"session {key!r}"
@@ -244,17 +246,17 @@ class NatsSessions(LeaseEntries, NatsBranches, SessionBackend):
                     state = await self._state(key)
             if state.writes.get(wid) != seq:
                 continue  # not folded: decide again on what is there
-            await self._written(key, state, event, seq)
+            await self.written(key, state, event, seq)
             return result(state)
 
-    async def _written(self, key: str, state: SessionState, event: dict[str, Any], seq: int) -> None:
+    async def written(self, key: str, state: SessionState, event: dict[str, Any], seq: int) -> None:
         """What follows an event stored at ``seq`` and folded: the index (when the row changed), and the
         purge of the events before a tombstone."""
         if "row" in event:
             await self._index(key, state)
         if event.get("reset"):
             # The events before the tombstone go; the tombstone (with the fence) stays.
-            await self.conn.purge(self._sessions_stream, self._subject(key), before_seq=seq)
+            await self.conn.purge(self.sessions_stream, self.session_subject(key), before_seq=seq)
 
     async def _next_seq(self, stream: str, subject: str, start: int) -> int | None:
         try:

@@ -1,0 +1,1 @@
+"""The PostgreSQL dialect: the backend with failover, its URL target, schema and named queries (``*.sql``)."""

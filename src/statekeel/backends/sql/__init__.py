@@ -133,7 +133,7 @@ class Tx(abc.ABC):
         """A stored JSON column back to Python values (tagged types restored)."""
         return self.codec.decode(value)
 
-    # Encrypted fields (see statekeel.encryption): ``kind`` and ``identity`` name the record, and are
+    # Encrypted fields (see statekeel.codec.encryption): ``kind`` and ``identity`` name the record, and are
     # authenticated with the ciphertext, so a value moved to another row does not open.
 
     def sealed_in(self, raw: bytes, kind: str, *identity: str | int, subject: str | None = None) -> Any:

@@ -1,4 +1,5 @@
-"""Key rotation of the encrypted fields: the operation every SQL dialect shares (see statekeel.encryption).
+"""Key rotation of the encrypted fields: the operation every SQL dialect shares (see
+statekeel.codec.encryption).
 
 Each batch reads rows of one table in key order, re-seals under the current key the fields that are under
 another one (or in plaintext, in ``encrypt_existing`` mode) and writes them back in the same transaction,
@@ -14,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ...encryption import ROTATION_TABLES, Cipher, Identity
+from ...codec.encryption import ROTATION_TABLES, Cipher, Identity
 from ...errors import InvalidArgument
 from ..base import EncryptionBackend, ResealPage
 from . import Row, SqlBackend, Tx

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import tasks as _tasks
-from .backends.base import StepRecord
-from .errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
-from .journal import check_fn, discard
-from .validation import check_bool, check_int, check_key
+from ..backends.base import StepRecord
+from ..errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
+from ..journal import check_fn, discard
+from ..validation import check_bool, check_int, check_key
+from . import rules
 
 if TYPE_CHECKING:
-    from .tasks import TaskManager
-
-# The audit entries of the records come from statekeel.tasks (step_notes, read at each call: tasks imports
-# this module while it loads).
+    from .manager import TaskManager
 
 
 def check_step_args(
@@ -56,13 +53,13 @@ class TaskStep:
         self.actor = actor
 
     async def begin(self) -> tuple[StepRecord, bool]:
-        started = _tasks._step_notes("task.step.started", self.actor)
+        started = rules.step_notes("task.step.started", self.actor)
         return await self.backend.begin_step(
             self.task_id,
             self.step_key,
             rerun_started=self.idempotent,
             lease_epoch=self.lease_epoch,
-            now=_tasks._utcnow(),
+            now=rules.utcnow(),
             # run is True when a started record was written (a first run or a re-run); a replay writes
             # nothing.
             audit=lambda out: started(out[0] if out[1] else None),
@@ -87,7 +84,7 @@ class TaskStep:
             status="failed",
             attempt=record.attempt,
             error=error,
-            audit=_tasks._step_notes("task.step.failed", self.actor, error_sha256=_tasks._digest(error)),
+            audit=rules.step_notes("task.step.failed", self.actor, error_sha256=rules.digest(error)),
         )
 
     async def succeeded(self, record: StepRecord, value: Any) -> Any:
@@ -108,7 +105,7 @@ class TaskStep:
             status="succeeded",
             attempt=record.attempt,
             result=raw,
-            audit=_tasks._step_notes("task.step.succeeded", self.actor, result_sha256=_tasks._digest(raw)),
+            audit=rules.step_notes("task.step.succeeded", self.actor, result_sha256=rules.digest(raw)),
         )
         if done is None:
             current = await self.backend.get_step(task_id, step_key)

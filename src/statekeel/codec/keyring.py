@@ -37,8 +37,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .encryption import KEY_BYTES, NONCE_BYTES, aead_for, check_keys, key_id
-from .errors import InvalidArgument, KeyRingError
+from ..errors import InvalidArgument, KeyRingError
+from .aead import KEY_BYTES, NONCE_BYTES, aead_for, check_keys, key_id
 
 FORMAT = "1"
 CHECK = b"statekeel key ring"
@@ -533,7 +533,7 @@ async def create_keyring(path: str | os.PathLike[str], encryption_key: bytes | l
     """Create a new, empty key ring at ``path`` for a store whose store key is ``encryption_key`` (its
     first key, if a list), owner-only (0600; a missing directory is created 0700), and return its absolute
     path. An existing file is never overwritten (``InvalidArgument``). Back the ring up apart from the
-    database: see :mod:`statekeel.keyring`."""
+    database: see :mod:`statekeel.codec.keyring`."""
     return await asyncio.to_thread(_create, path, encryption_key)
 
 

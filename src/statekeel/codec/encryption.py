@@ -19,7 +19,7 @@ store was opened with ``encrypt_existing=True`` (the migration mode, in which
 
 A key id is derived from the key (:func:`key_id`): the store never holds a key, only the ids.
 
-With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.keyring`),
+With a key ring (``open_store(url, encryption_key=key, keyring=path)``, see :mod:`statekeel.codec.keyring`),
 messages and memories are sealed under per-subject data keys instead, named by their own key ids in the
 same envelope; a value under a data key that an erasure destroyed raises
 :class:`~statekeel.errors.SubjectErased`.
@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import hashlib
-import hmac
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import (
+from ..errors import (
     DecryptionError,
     EncryptionError,
     InvalidArgument,
@@ -47,48 +45,19 @@ from .errors import (
     StatekeelError,
     SubjectErased,
 )
+from .aead import KEY_BYTES, NONCE_BYTES, aead_for, check_keys, key_id
+from .keyring import KeyRing, open_keyring
 
 if TYPE_CHECKING:
-    from .codec import Codec
-    from .fallback import FallbackDir
-    from .keyring import KeyRing
-    from .resealing import Resealer
+    from ..fallback import FallbackDir
+    from ..resealing import Resealer
+    from .tagged import Codec
 
 VERSION = 1
-KEY_BYTES = 32
-NONCE_BYTES = 12
 TAG = "$sk"  # the codec's reserved key (statekeel.codec.TAG): a user object never carries it unescaped
 ENVELOPE = "enc"
-INSTALL_HINT = "pip install 'statekeel[encryption]'"
 
 Identity = tuple[str | int, ...]
-
-
-def key_id(key: bytes) -> str:
-    """The id under which values sealed with ``key`` are stored: 16 hex digits of an HMAC of a fixed
-    label, which names the key in errors and reports without revealing it."""
-    return hmac.new(key, b"statekeel encryption key id", hashlib.sha256).hexdigest()[:16]
-
-
-def check_keys(value: Any) -> tuple[bytes, ...]:
-    """``encryption_key`` as a tuple of keys, current first: one key (bytes) or a non-empty list of them."""
-    keys = (value,) if isinstance(value, bytes) else value
-    if not isinstance(keys, (list, tuple)) or not keys:
-        raise InvalidArgument(
-            "encryption_key must be 32 bytes (os.urandom(32)) or a non-empty list of such keys, current "
-            f"first; got {type(value).__name__}"
-        )
-    for key in keys:
-        if type(key) is not bytes or len(key) != KEY_BYTES:
-            size = f" of {len(key)} bytes" if isinstance(key, bytes) else ""
-            raise InvalidArgument(
-                f"each encryption key must be {KEY_BYTES} bytes (AES-256; os.urandom(32)), got "
-                f"{type(key).__name__}{size}"
-            )
-    ids = [key_id(k) for k in keys]
-    if len(set(ids)) != len(ids):
-        raise InvalidArgument("encryption_key lists the same key twice")
-    return tuple(keys)
 
 
 KEY_FILE_MAX_BYTES = 64 * 1024
@@ -164,18 +133,6 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
     return tuple(keys)
 
 
-def aead_for(key: bytes) -> Any:
-    """The AES-256-GCM cipher of ``key`` (raises ``EncryptionError`` without the cryptography package)."""
-    try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    except ImportError:
-        raise EncryptionError(
-            f"encryption_key needs the cryptography package, which is not installed: {INSTALL_HINT}",
-            hint="",
-        ) from None
-    return AESGCM(key)
-
-
 def _associated(header: bytes, kind: str, identity: Identity) -> bytes:
     return header + orjson.dumps([kind, *identity])
 
@@ -207,7 +164,7 @@ class Cipher:
         kid = self.key_id.encode("ascii")
         self._header = bytes((VERSION, len(kid))) + kid
         self.allow_plaintext = allow_plaintext
-        # With a key ring, the values of a subject are sealed under its data key (see statekeel.keyring).
+        # With a key ring, the values of a subject are sealed under its data key (statekeel.codec.keyring).
         self.ring = ring
         from cryptography.exceptions import InvalidTag
 
@@ -350,8 +307,6 @@ def make_cipher(
     keys = check_keys(encryption_key)
     ring = None
     if keyring is not None:
-        from .keyring import open_keyring  # keyring imports this module
-
         ring = open_keyring(keyring, keys)
     return Cipher(keys, allow_plaintext=encrypt_existing, ring=ring)
 

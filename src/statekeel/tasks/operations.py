@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import tasks as _tasks
-from .backends.base import StepRecord, TaskRecord
-from .errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
-from .validation import check_bool, check_int, check_key, check_text
+from ..backends.base import StepRecord, TaskRecord
+from ..errors import ConflictError, InvalidArgument, InvalidTransition, NotFound
+from ..validation import check_bool, check_int, check_key, check_text
+from . import rules
 
 if TYPE_CHECKING:
-    from .tasks import TaskManager
+    from .manager import TaskManager
 
 # A requeue or cancel re-judges a task changed between its read and its write this many times.
 _TRIES = 3
@@ -70,15 +70,15 @@ async def resolve_step(
             step_key=step_key,
             current=seen.status,
         )
-    overridden = await tasks._live_lease(task_id, step_key, lease_epoch, force)
+    overridden = await live_lease(tasks, task_id, step_key, lease_epoch, force)
     extra: dict[str, Any] = {}
     if overridden is not None:
         extra = {"forced": True, "lease_owner": overridden.lease_owner, "lease_epoch": overridden.lease_epoch}
-    notes = _tasks._step_notes(
+    notes = rules.step_notes(
         "task.step.resolved",
-        actor or _tasks.UNSPECIFIED_ACTOR,
-        result_sha256=_tasks._digest(result_raw),
-        error_sha256=_tasks._digest(error_raw),
+        actor or rules.UNSPECIFIED_ACTOR,
+        result_sha256=rules.digest(result_raw),
+        error_sha256=rules.digest(error_raw),
         **extra,
     )
     # Conditional on the attempt judged above: a run started again meanwhile is not settled blindly.
@@ -120,7 +120,7 @@ async def live_lease(
     if task is None:
         raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
     expires = task.lease_expires_at
-    if task.status != "running" or (expires is not None and expires <= _tasks._utcnow()):
+    if task.status != "running" or (expires is not None and expires <= rules.utcnow()):
         return None  # no live worker: the step's runner is gone
     if lease_epoch is not None and lease_epoch == task.lease_epoch:
         return None  # the lease's own holder: it knows its function is not running
@@ -154,14 +154,14 @@ async def _move(
         current = await tasks.backend.get_task(task_id)
         if current is None:
             raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
-        change = _tasks.plan_transition(current, to, error=error)
+        change = rules.plan_transition(current, to, error=error)
         updated = await tasks.backend.update_task(
             task_id,
             expected_status=current.status,
             expected_version=current.version,
             change=change,
             lease_valid_at=None,
-            audit=_tasks._transition_notes(actor, current.status, via, extra),
+            audit=rules.transition_notes(actor, current.status, via, extra),
         )
         if updated is not None:
             return updated

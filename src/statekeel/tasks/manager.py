@@ -32,176 +32,42 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-import hashlib
-import math
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from . import task_operations as _ops
-from .backends.base import (
-    TASK_STATUSES,
-    AuditNote,
-    NewTask,
+from ..backends.base import (
     Page,
     StepRecord,
     StorageBackend,
-    TaskChange,
     TaskRecord,
     every_item,
 )
-from .codec import Codec, canonical
-from .errors import (
+from ..codec import Codec
+from ..errors import (
     ConflictError,
     InvalidArgument,
-    InvalidTransition,
     LeaseLost,
     NotFound,
     StepInTransaction,
 )
-from .journal import StepFn, check_outside_transaction, discard, run_step
-from .task_steps import TaskStep, check_step_args
-from .validation import check_aware, check_int, check_key, check_text
+from ..journal import StepFn, check_outside_transaction, discard, run_step
+from ..validation import check_aware, check_int, check_key
+from . import operations as _ops
+from . import rules
+from .rules import (
+    LEASE_EXPIRY_ACTOR,
+    UNSPECIFIED_ACTOR,
+    Task,
+    check_lease_seconds,
+    check_status,
+    created_note,
+    plan_transition,
+    transition_note,
+)
+from .steps import TaskStep, check_step_args
 
-Task = TaskRecord
-"""A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
-
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "pending": frozenset({"queued", "running", "cancelled"}),
-    "queued": frozenset({"running", "cancelled"}),
-    "running": frozenset({"success", "failed", "cancelled", "suspended", "interrupted"}),
-    "suspended": frozenset({"queued", "running", "cancelled"}),
-    "interrupted": frozenset({"queued", "running", "failed", "cancelled"}),
-    "failed": frozenset({"queued"}),
-    "success": frozenset(),
-    "cancelled": frozenset(),
-}
-FINISHED = frozenset({"success", "failed", "cancelled"})
 # Tries per transition when the caller gave no expected_version: a concurrent change is re-judged.
 _TRANSITION_TRIES = 3
-MAX_LEASE_SECONDS = 7 * 24 * 3600
-
-
-# Actors of the audit entries of changes statekeel makes by itself.
-LEASE_EXPIRY_ACTOR = "statekeel.lease-expiry"
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-UNSPECIFIED_ACTOR = "unspecified"
-
-
-def _digest(raw: bytes | None) -> str | None:
-    return None if raw is None else hashlib.sha256(raw).hexdigest()
-
-
-# The audit entries of task changes are built here and appended by the backend in the change's own
-# transaction (``audit=`` of the backend's task methods): one write, one commit.
-
-
-def task_note(kind: str, actor: str, task_id: str, data: dict[str, Any]) -> AuditNote:
-    """The audit entry of a change to task ``task_id``: subject ``task:<id>``, ``data`` with the id."""
-    return kind, actor, f"task:{task_id}", canonical({"task_id": task_id, **data}).decode("utf-8")
-
-
-def transition_note(
-    actor: str, before: str, task: TaskRecord, via: str, extra: dict[str, Any] | None = None
-) -> AuditNote:
-    """The ``task.transitioned`` entry of ``task`` (as the change left it), from status ``before``."""
-    data: dict[str, Any] = {"from": before, "to": task.status, "version": task.version, "via": via}
-    data.update(extra or {})
-    if task.status == "running":
-        data["lease_epoch"] = task.lease_epoch
-        data["lease_owner"] = task.lease_owner
-    if task.status == "failed" or before == "failed":
-        data["retry_count"] = task.retry_count
-    return task_note("task.transitioned", actor, task.id, data)
-
-
-def created_note(task: TaskRecord, via: str) -> AuditNote:
-    """The ``task.created`` entry of a new task."""
-    data = {"status": task.status, "workflow_id": task.workflow_id, "version": task.version, "via": via}
-    return task_note("task.created", UNSPECIFIED_ACTOR, task.id, data)
-
-
-def _transition_notes(
-    actor: str, before: str, via: str, extra: dict[str, Any] | None = None
-) -> Callable[[TaskRecord | None], list[AuditNote]]:
-    """The entry of the transition a task write returned (none when its condition did not hold)."""
-    return lambda task: [] if task is None else [transition_note(actor, before, task, via, extra)]
-
-
-def _step_notes(kind: str, actor: str, **extra: Any) -> Callable[[StepRecord | None], list[AuditNote]]:
-    """The entry of a step record a journal write returned (none when it wrote nothing)."""
-
-    def notes(step: StepRecord | None) -> list[AuditNote]:
-        if step is None:
-            return []
-        data = {"step_key": step.step_key, "attempt": step.attempt, "status": step.status, **extra}
-        return [task_note(kind, actor, step.task_id, data)]
-
-    return notes
-
-
-def check_status(status: Any, what: str = "status") -> str:
-    """Return ``status`` if it is one of :data:`TASK_STATUSES`."""
-    if status not in TASK_STATUSES or type(status) is not str:
-        raise InvalidArgument(
-            f"{what} {status!r} is not a task status; use one of {', '.join(TASK_STATUSES)}", status=status
-        )
-    return status
-
-
-def check_lease_seconds(value: Any) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= MAX_LEASE_SECONDS:
-        raise InvalidArgument(
-            f"lease_seconds must be a number of seconds in (0, {MAX_LEASE_SECONDS}], got {value!r}",
-            value=value,
-        )
-    return float(value)
-
-
-def plan_transition(
-    current: TaskRecord,
-    new_status: str,
-    *,
-    result: bytes | None = None,
-    error: bytes | None = None,
-    now: dt.datetime | None = None,
-) -> TaskChange:
-    """The field values ``current`` gets by moving to ``new_status``; ``InvalidTransition`` if illegal."""
-    allowed = TRANSITIONS[current.status]
-    if new_status not in allowed:
-        options = ", ".join(sorted(allowed)) or "none: it is terminal"
-        raise InvalidTransition(
-            f"task {current.id!r} is {current.status}; it cannot become {new_status} (allowed: {options})",
-            task_id=current.id,
-            current=current.status,
-            requested=new_status,
-        )
-    now = now or _utcnow()
-    retry_count = current.retry_count
-    if current.status == "failed":
-        if retry_count >= current.max_retries:
-            raise InvalidTransition(
-                f"task {current.id!r} failed and used all its {current.max_retries} retries; it stays failed",
-                task_id=current.id,
-                current=current.status,
-                requested=new_status,
-            )
-        retry_count += 1
-    return TaskChange(
-        status=new_status,
-        retry_count=retry_count,
-        # Only claim() grants a lease; leaving "running" ends it.
-        lease_expires_at=None,
-        started_at=current.started_at or (now if new_status == "running" else None),
-        completed_at=now if new_status in FINISHED else None,
-        result=result,
-        error=error,
-    )
 
 
 class TaskManager:
@@ -228,7 +94,8 @@ class TaskManager:
     ) -> Task:
         """Create a task (``status`` "pending" or "queued"). With an ``idempotency_key`` that was used
         before, return that earlier task unchanged instead of creating another one."""
-        new = self._new_task(
+        new = rules.new_task(
+            self.codec,
             title,
             workflow_id=workflow_id,
             parent_task_id=parent_task_id,
@@ -243,53 +110,6 @@ class TaskManager:
             new, audit=lambda out: [created_note(out[0], "create")] if out[1] else []
         )
         return record
-
-    def _new_task(
-        self,
-        title: Any,
-        *,
-        workflow_id: Any = None,
-        parent_task_id: Any = None,
-        priority: Any = 5,
-        max_retries: Any = 3,
-        metadata: Any = None,
-        idempotency_key: Any = None,
-        description: Any = None,
-        status: Any = "pending",
-    ) -> NewTask:
-        """A validated :class:`NewTask` (typed error before anything is written)."""
-        check_text(title, "title")
-        if workflow_id is not None:
-            check_key(workflow_id, "workflow_id")
-        if parent_task_id is not None:
-            check_key(parent_task_id, "parent_task_id")
-        if idempotency_key is not None:
-            check_key(idempotency_key, "idempotency_key")
-        check_int(priority, "priority", minimum=None)
-        if not -(2**31) <= priority < 2**31:
-            raise InvalidArgument(f"priority must fit in 32 bits, got {priority}", value=priority)
-        check_int(max_retries, "max_retries", minimum=0)
-        if max_retries >= 2**31:
-            raise InvalidArgument(f"max_retries must fit in 32 bits, got {max_retries}", value=max_retries)
-        if description is not None:
-            check_text(description, "description", allow_empty=True)
-        if status not in ("pending", "queued"):
-            check_status(status)
-            raise InvalidArgument(f"a new task starts pending or queued, not {status}", status=status)
-        if metadata is not None and type(metadata) is not dict:
-            raise InvalidArgument(f"metadata must be a dict, got {type(metadata).__name__}")
-        return NewTask(
-            id=str(uuid.uuid4()),
-            title=title,
-            status=status,
-            description=description,
-            priority=priority,
-            max_retries=max_retries,
-            metadata=self.codec.encode(metadata or {}, where="metadata"),
-            workflow_id=workflow_id,
-            parent_task_id=parent_task_id,
-            idempotency_key=idempotency_key,
-        )
 
     async def get(self, task_id: str) -> Task | None:
         """The task, or None if it does not exist (a failed read raises)."""
@@ -383,7 +203,7 @@ class TaskManager:
         fenced = worker_id is not None or lease_epoch is not None
         for _ in range(tries):
             current = await self._require(task_id)
-            now = _utcnow()
+            now = rules.utcnow()
             _check_fence(current, worker_id, lease_epoch, now)
             if expected_version is not None and current.version != expected_version:
                 raise ConflictError(
@@ -399,12 +219,12 @@ class TaskManager:
                 expected_version=current.version,
                 change=change,
                 lease_valid_at=now if fenced else None,
-                audit=_transition_notes(who, current.status, "transition"),
+                audit=rules.transition_notes(who, current.status, "transition"),
             )
             if updated is not None:
                 return updated
         latest = await self._require(task_id)
-        _check_fence(latest, worker_id, lease_epoch, _utcnow())
+        _check_fence(latest, worker_id, lease_epoch, rules.utcnow())
         raise ConflictError(
             f"task {task_id!r} changed while moving it to {new_status} (now {latest.status}, version "
             f"{latest.version})",
@@ -424,12 +244,12 @@ class TaskManager:
         seconds = check_lease_seconds(lease_seconds)
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
-        expires = _utcnow() + dt.timedelta(seconds=seconds)
+        expires = rules.utcnow() + dt.timedelta(seconds=seconds)
         return await self.backend.claim_task(
             worker_id,
             lease_expires_at=expires,
             workflow_id=workflow_id,
-            audit=_transition_notes(worker_id, "queued", "claim"),
+            audit=rules.transition_notes(worker_id, "queued", "claim"),
         )
 
     async def heartbeat(
@@ -442,7 +262,7 @@ class TaskManager:
         check_key(worker_id, "worker_id")
         check_int(lease_epoch, "lease_epoch", minimum=1)
         seconds = check_lease_seconds(lease_seconds)
-        now = _utcnow()
+        now = rules.utcnow()
         expires = now + dt.timedelta(seconds=seconds)
         task = await self.backend.heartbeat_task(
             task_id, worker_id, lease_epoch, lease_expires_at=expires, now=now
@@ -455,7 +275,7 @@ class TaskManager:
 
     async def expire_leases(self, now: dt.datetime | None = None) -> builtins.list[Task]:
         """Move running tasks whose lease ended before ``now`` to interrupted and return them."""
-        when = _utcnow() if now is None else check_aware(now, "now")
+        when = rules.utcnow() if now is None else check_aware(now, "now")
         return await self.backend.expire_task_leases(
             when,
             audit=lambda out: [
@@ -539,12 +359,6 @@ class TaskManager:
             self, task_id, step_key, outcome, succeeded, result, error, actor, lease_epoch, force
         )
 
-    async def _live_lease(
-        self, task_id: str, step_key: str, lease_epoch: int | None, force: bool
-    ) -> TaskRecord | None:
-        # resolve_step()'s judgement of the task's lease: a method, so a test can act right after it.
-        return await _ops.live_lease(self, task_id, step_key, lease_epoch, force)
-
     async def requeue(self, task_id: str, *, actor: str) -> Task:
         """Put a task back in the queue for a worker to claim: a pending, suspended, interrupted or failed
         one (a failed task uses one of its retries; ``InvalidTransition`` when none is left, or for a
@@ -578,7 +392,7 @@ class TaskManager:
 
     async def steps_in_doubt(self, now: dt.datetime | None = None) -> builtins.list[StepRecord]:
         """Steps started but never finished whose task is not running under a live lease (for recovery)."""
-        when = _utcnow() if now is None else check_aware(now, "now")
+        when = rules.utcnow() if now is None else check_aware(now, "now")
         return await self.backend.steps_in_doubt(when)
 
 

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 
 import orjson
 
-from .errors import DecryptionError, PayloadTooLarge, SerializationError
+from ..errors import DecryptionError, PayloadTooLarge, SerializationError
 
 if TYPE_CHECKING:
     from .encryption import Cipher
@@ -324,7 +324,7 @@ def _untag(tag: str, value: dict[str, Any]) -> Any:
             object.__setattr__(obj, name, field_value)
         return obj
     if tag == "enc":
-        # An encrypted field read by a store opened without its key (see statekeel.encryption).
+        # An encrypted field read by a store opened without its key (see statekeel.codec.encryption).
         raise DecryptionError(
             "a stored value is encrypted, but this store was opened without an encryption key",
             kind=None,
@@ -360,8 +360,8 @@ _BUILTIN_TAGS = frozenset(
 class Codec:
     """Encodes values to JSON bytes with limits; decodes them back exactly.
 
-    ``cipher`` (a store's :class:`~statekeel.encryption.Cipher`, None without ``encryption_key``) is what
-    the backends seal and open encrypted fields with; plain :meth:`encode` / :meth:`decode` never use it.
+    ``cipher`` (a store's :class:`~statekeel.codec.encryption.Cipher`, None without ``encryption_key``) is
+    what the backends seal and open encrypted fields with; plain :meth:`encode` / :meth:`decode` never use it.
     """
 
     __slots__ = ("cipher", "max_depth", "max_record_bytes")
