@@ -33,7 +33,15 @@ from typing import Any, TypeVar
 import asyncpg
 
 from ...codec import Codec
-from ...errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
+from ...errors import (
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    NotFound,
+    StatekeelError,
+)
 from ..base import MigrationInfo, SessionRecord
 from ..sql import SCHEMA_TABLES, Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
@@ -397,14 +405,30 @@ class PostgresBackend(
             # A session's first save inserts its row first, which the same statement could not update; a
             # save without messages is a metadata change. Both run as before, in a transaction.
             return await super()._write_append(*args)
-        return await self._write_statement(op_save_in_one_statement, key, head, messages, metadata, *rest)
+        try:
+            return await self._write_statement(op_save_in_one_statement, key, head, messages, metadata, *rest)
+        except BackendUnavailable as exc:
+            write_id = rest[-2]
+            if getattr(exc, "outcome", None) != "unknown" or write_id is None:
+                raise
+            # A re-run refused after a lost answer: the row's write id says whether the first run landed
+            # (then it is settled as saved); otherwise the outcome stays unknown, never a refusal.
+            try:
+                found = await self.load_session(key)
+            except BackendUnavailable:
+                raise exc from None
+            if found is None or found.write_id != write_id or found.head_seq != head + len(messages):
+                raise
+            log.info("%s: session %r: a save whose answer was lost had landed; settled", self.target, key)
+            return found
 
     async def _write_statement(self, op: Op[T], *args: Any) -> T:
         """Run an ``op`` whose write is one statement, on a connection without BEGIN and COMMIT: the
         statement commits on its own (its reads, when it changed nothing, run after it, each on its own).
         A lost connection runs it again on a fresh one, once or as failover allows: the write is
-        conditional, so it cannot apply twice, but a second attempt refused by a conflict may have been
-        refused by the first one's write, so that outcome is unknown, as a lost COMMIT's is."""
+        conditional, so it cannot apply twice, but a second attempt refused (a conflict, a lease taken
+        over meanwhile, the row deleted) may have been refused because the first one landed, so any
+        refusal of it is unknown, as a lost COMMIT's outcome is — never a definite answer."""
         if self._current.get() is not None:
             return await self._write(op, *args)
         pool = self._require_pool()
@@ -428,12 +452,15 @@ class PostgresBackend(
                 if self.target.read_only:
                     raise translate(exc, self.target) from None
                 await self._lost(exc, retries)
-            except ConflictError:
+            except (ConflictError, LeaseLost, NotFound, InvalidTransition):
                 if lost is not None:
                     raise unknown_outcome(lost, self.target) from None
                 raise
             except BaseException as exc:
-                raise translate(exc, self.target) from None
+                refused = translate(exc, self.target)
+                if lost is not None and isinstance(refused, ConflictError):
+                    raise unknown_outcome(lost, self.target) from None
+                raise refused from None
 
     async def _lost(self, exc: BaseException, retries: _Retries) -> None:
         """A call met a dead connection or the wrong node: return to run it again, or raise."""
