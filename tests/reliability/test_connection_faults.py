@@ -35,7 +35,7 @@ class CommitAnswerDropper:
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.armed = False
-        self.armed_statement = False
+        self.armed_statement = 0
         self.dropped = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -55,10 +55,11 @@ class CommitAnswerDropper:
     def drop_next_commit_answer(self) -> None:
         self.armed = True
 
-    def drop_next_statement_answer(self) -> None:
+    def drop_next_statement_answer(self, times: int = 1) -> None:
         """Drop the answer to the next statement the client executes (extended protocol: Execute, then
-        Sync). A statement outside a transaction commits as it runs: a session save on PostgreSQL is one."""
-        self.armed_statement = True
+        Sync), and to the ``times - 1`` after it (each on its own connection: the statement's re-runs). A
+        statement outside a transaction commits as it runs: a session save on PostgreSQL is one."""
+        self.armed_statement = times
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(self.host, self.port)
@@ -97,7 +98,8 @@ class CommitAnswerDropper:
             if self.armed_statement and kind == b"E":
                 executed = True
             if executed and kind == b"S":
-                self.armed_statement = executed = False
+                self.armed_statement -= 1
+                executed = False
                 committed.set()
             writer.write(head + body)
             await writer.drain()
@@ -274,9 +276,11 @@ async def _after_a_lost_commit_answer(
         s.add_message("user", "kept")
         await store.sessions.save(s)
         s.add_message("assistant", "answer lost")
-        proxy.drop_next_statement_answer()  # the save commits as its one statement runs
+        # The save commits as its one statement runs; the answer to its re-run on a fresh connection is
+        # lost too (were it heard, the re-run's refusal would be settled by the write id at once).
+        proxy.drop_next_statement_answer(times=2)
         await store.sessions.save(s)
-        assert proxy.dropped == 1
+        assert proxy.dropped == 2
         assert len(fallback_files(fallback)) == 1
         yield store, s
 
