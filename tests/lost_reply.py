@@ -137,3 +137,17 @@ def _on_sqlite(patch: pytest.MonkeyPatch, engine: Any, lost: LostReply) -> None:
         )
 
     patch.setattr(engine, "_write", committed_then_lost)
+
+
+@contextlib.contextmanager
+def lose_the_next_write_reply(store: statekeel.Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[LostReply]:
+    """Within the block, the next write of a SQL engine commits and its caller then hears
+    ``BackendUnavailable(outcome="unknown")``, as from a COMMIT whose answer was lost (a task's or a
+    step's record: the backends raise that for a lost COMMIT, see ``test_connection_faults.py``)."""
+    engine: Any = store.backend
+    if isinstance(engine, CompositeBackend):
+        engine = engine.rest
+    lost = LostReply()
+    with monkeypatch.context() as patch:
+        _on_sqlite(patch, engine, lost)  # the engine's write wrapper, whichever SQL dialect it is
+        yield lost
