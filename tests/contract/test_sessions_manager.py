@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import statekeel
+from lost_reply import lose_the_next_reply
 from statekeel.backends.base import NewMessage
 from statekeel.sessions import Session, SessionManager
 
@@ -841,6 +842,68 @@ async def test_another_writer_after_a_cancelled_save_still_makes_the_next_save_c
     s.add_message("user", "c")
     with pytest.raises(statekeel.ConflictError):
         await sm.save(s)
+    assert await stored_contents(store, "s") == ["a", "b", "theirs"]
+
+
+async def a_saved_b_reply_lost(store: statekeel.Store, monkeypatch: pytest.MonkeyPatch) -> Session:
+    """Session "s" with "a" saved, and "b" saved by a save that landed and whose reply was lost: the
+    backend's call raised outcome unknown, so the save kept "b" in its fallback file."""
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "a")
+    await store.sessions.save(s)
+    s.add_message("assistant", "b")
+    with lose_the_next_reply(store, monkeypatch) as lost:
+        await store.sessions.save(s)  # it cannot know: kept in its fallback file
+    assert lost.landed and lost.swallowed >= 1
+    assert [m["content"] for m in s.unsaved()] == ["b"]
+    assert await stored_contents(store, "s") == ["a", "b"]
+    return s
+
+
+async def test_a_write_whose_reply_was_lost_after_it_landed_raises_unknown_outcome(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = await store.sessions.get_or_create("s")
+    s.add_message("user", "a")
+    await store.sessions.save(s)
+    batch = [NewMessage("assistant", store.codec.encode({"role": "assistant", "content": "b"}))]
+    with lose_the_next_reply(store, monkeypatch), pytest.raises(statekeel.BackendUnavailable) as info:
+        await store.backend.append_messages("s", 1, batch, write_id="w-lost")
+    assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
+    assert await stored_contents(store, "s") == ["a", "b"]  # it landed, once
+
+
+async def test_a_save_whose_reply_was_lost_is_settled_by_the_next_save_without_duplicate_or_conflict(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    s = await a_saved_b_reply_lost(store, monkeypatch)
+    assert len(fallback_files(os.path.join(os.fspath(tmp_path), "fallback"))) == 1
+    s.add_message("user", "c")
+    await store.sessions.save(s)  # its own write, recognised by its write id
+    assert await stored_contents(store, "s") == ["a", "b", "c"]
+    assert not s.is_dirty()
+    assert fallback_files(os.path.join(os.fspath(tmp_path), "fallback")) == []
+
+
+async def test_a_load_after_a_save_whose_reply_was_lost_returns_the_session_settled(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = await a_saved_b_reply_lost(store, monkeypatch)
+    assert await store.sessions.load("s") is s
+    assert not s.is_dirty() and s.saved_head == 2
+    s.add_message("user", "c")
+    await store.sessions.save(s)
+    assert await stored_contents(store, "s") == ["a", "b", "c"]
+
+
+async def test_another_writer_after_a_save_whose_reply_was_lost_still_makes_the_next_save_conflict(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = await a_saved_b_reply_lost(store, monkeypatch)
+    await append_elsewhere(store, "s", "theirs")
+    s.add_message("user", "c")
+    with pytest.raises(statekeel.ConflictError):
+        await store.sessions.save(s)
     assert await stored_contents(store, "s") == ["a", "b", "theirs"]
 
 

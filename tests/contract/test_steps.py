@@ -13,6 +13,7 @@ import pytest
 
 import statekeel
 import statekeel.tasks.operations
+from lost_reply import lose_the_next_write_reply
 
 Store = statekeel.Store
 
@@ -96,6 +97,48 @@ async def test_a_started_non_idempotent_step_is_in_doubt_and_fn_is_not_called(st
         await store.tasks.step(task.id, "charge", fn)
     assert fn.calls == 0
     assert info.value.record.status == "started" and info.value.step_key == "charge"
+
+
+async def test_a_step_start_whose_answer_was_lost_is_recognised_by_its_retry_and_fn_runs_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _running(store)
+    fn = Counter("charged")
+    with (
+        lose_the_next_write_reply(store, monkeypatch) as lost,
+        pytest.raises(statekeel.BackendUnavailable) as info,
+    ):
+        await store.tasks.step(task.id, "charge", fn, lease_epoch=task.lease_epoch)
+    assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
+    assert lost.landed and fn.calls == 0  # the started record landed; fn never ran
+    [started] = await store.tasks.steps(task.id)
+    assert started.status == "started"
+    # The same worker's retry finds its own start (not a start in doubt) and runs fn, once.
+    assert await store.tasks.step(task.id, "charge", fn, lease_epoch=task.lease_epoch) == "charged"
+    assert fn.calls == 1
+    [done] = await store.tasks.steps(task.id)
+    assert (done.status, done.attempt) == ("succeeded", 1)
+    entries = await store.audit.query(subject=f"task:{task.id}", kind="task.step.started")
+    assert len(entries) == 1  # its start was recorded once
+    assert (await store.audit.verify()).ok
+
+
+async def test_a_lost_start_restarted_by_another_runner_meanwhile_is_in_doubt_for_its_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _running(store)
+    fn = Counter()
+    with (
+        lose_the_next_write_reply(store, monkeypatch),
+        pytest.raises(statekeel.BackendUnavailable),
+    ):
+        await store.tasks.step(task.id, "charge", fn)
+    # Another runner starts it again (its own attempt): its function may be running now.
+    _, run = await store.backend.begin_step(task.id, "charge", rerun_started=True)
+    assert run
+    with pytest.raises(statekeel.StepInDoubt) as info:
+        await store.tasks.step(task.id, "charge", fn)
+    assert fn.calls == 0 and info.value.record.attempt == 2
 
 
 async def test_a_started_idempotent_step_is_run_again(store: Store) -> None:

@@ -35,7 +35,7 @@ class CommitAnswerDropper:
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.armed = False
-        self.armed_statement = False
+        self.armed_statement = 0
         self.dropped = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -55,10 +55,11 @@ class CommitAnswerDropper:
     def drop_next_commit_answer(self) -> None:
         self.armed = True
 
-    def drop_next_statement_answer(self) -> None:
+    def drop_next_statement_answer(self, times: int = 1) -> None:
         """Drop the answer to the next statement the client executes (extended protocol: Execute, then
-        Sync). A statement outside a transaction commits as it runs: a session save on PostgreSQL is one."""
-        self.armed_statement = True
+        Sync), and to the ``times - 1`` after it (each on its own connection: the statement's re-runs). A
+        statement outside a transaction commits as it runs: a session save on PostgreSQL is one."""
+        self.armed_statement = times
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(self.host, self.port)
@@ -97,7 +98,8 @@ class CommitAnswerDropper:
             if self.armed_statement and kind == b"E":
                 executed = True
             if executed and kind == b"S":
-                self.armed_statement = executed = False
+                self.armed_statement -= 1
+                executed = False
                 committed.set()
             writer.write(head + body)
             await writer.drain()
@@ -170,6 +172,76 @@ async def test_a_commit_whose_answer_is_lost_raises_unknown_outcome_and_a_re_rea
         assert (await store.audit.verify()).count == 4
 
 
+async def _rerun_after(store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, between: Any) -> None:
+    """Run ``between()`` when the backend has met the lost answer and before it runs the save again."""
+    b = store.backend
+    lost = b._lost  # type: ignore[attr-defined]
+
+    async def lost_then(exc: BaseException, retries: Any) -> None:
+        await lost(exc, retries)
+        await between()
+
+    monkeypatch.setattr(b, "_lost", lost_then)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("write_id", [None, "w-1"])
+async def test_a_save_re_run_after_its_lost_answer_and_a_lease_takeover_is_never_reported_refused(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch, write_id: str | None
+) -> None:
+    async with (
+        _through_proxy(pg_migrated) as (url, proxy),
+        statekeel.open_store(url) as store,
+        statekeel.open_store(pg_migrated) as other,
+    ):
+        b = store.backend
+        await b.append_messages("s", 0, [message(store, "kept")], create=True)
+        mine = await b.acquire_session_lease("s", "A", 30)
+
+        async def taken_over() -> None:
+            assert await other.backend.release_session_lease(mine)
+            assert (await other.backend.acquire_session_lease("s", "B", 30)).acquired
+
+        await _rerun_after(store, monkeypatch, taken_over)
+        proxy.drop_next_statement_answer()
+        if write_id is None:
+            # The re-run is refused because the lease is B's now: that says nothing of the first run.
+            with pytest.raises(statekeel.BackendUnavailable) as info:
+                await b.append_messages("s", 1, [message(store, "landed")], lease=mine)
+            assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
+        else:
+            # Its own write id in the row: the first run landed, settled as saved.
+            record = await b.append_messages(
+                "s", 1, [message(store, "landed")], lease=mine, write_id=write_id
+            )
+            assert (record.head_seq, record.write_id) == (2, write_id)
+        assert proxy.dropped == 1
+        assert [m.payload["content"] for m in await b.read_messages("s")] == ["kept", "landed"]
+
+
+@pytest.mark.postgres
+async def test_a_save_re_run_after_its_lost_answer_and_a_delete_is_unknown_not_not_found(
+    pg_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        _through_proxy(pg_migrated) as (url, proxy),
+        statekeel.open_store(url) as store,
+        statekeel.open_store(pg_migrated) as other,
+    ):
+        b = store.backend
+        await b.append_messages("s", 0, [message(store, "kept")], create=True)
+
+        async def deleted() -> None:
+            assert await other.backend.delete_session("s")
+
+        await _rerun_after(store, monkeypatch, deleted)
+        proxy.drop_next_statement_answer()
+        with pytest.raises(statekeel.BackendUnavailable) as info:
+            await b.append_messages("s", 1, [message(store, "landed")], write_id="w-1")
+        assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
+        assert proxy.dropped == 1
+
+
 @pytest.mark.postgres
 async def test_a_lost_commit_answer_in_an_atomic_block_is_unknown_and_the_block_landed_whole(
     pg_migrated: str,
@@ -204,9 +276,11 @@ async def _after_a_lost_commit_answer(
         s.add_message("user", "kept")
         await store.sessions.save(s)
         s.add_message("assistant", "answer lost")
-        proxy.drop_next_statement_answer()  # the save commits as its one statement runs
+        # The save commits as its one statement runs; the answer to its re-run on a fresh connection is
+        # lost too (were it heard, the re-run's refusal would be settled by the write id at once).
+        proxy.drop_next_statement_answer(times=2)
         await store.sessions.save(s)
-        assert proxy.dropped == 1
+        assert proxy.dropped == 2
         assert len(fallback_files(fallback)) == 1
         yield store, s
 

@@ -76,6 +76,9 @@ class TaskManager:
     def __init__(self, backend: StorageBackend, codec: Codec) -> None:
         self.backend = backend
         self.codec = codec
+        # The attempt ids of step starts whose answer was lost, by (task, step, lease epoch): the retry
+        # of such a start sends the same id and learns whether its record landed.
+        self.unheard_starts: dict[tuple[str, str, int | None], str] = {}
 
     # --- tasks --------------------------------------------------------------------------------------
 

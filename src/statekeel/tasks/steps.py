@@ -3,16 +3,20 @@ lease, and the audit entries its records commit with. :class:`~statekeel.tasks.T
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import StepRecord
-from ..errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
+from ..errors import BackendUnavailable, ConflictError, InvalidArgument, SerializationError, StepInDoubt
 from ..journal import check_fn, discard
 from ..validation import check_bool, check_int, check_key
 from . import rules
 
 if TYPE_CHECKING:
     from .manager import TaskManager
+
+# At most this many step starts whose answer was lost are remembered per TaskManager.
+_UNHEARD_STARTS = 1024
 
 
 def check_step_args(
@@ -51,19 +55,40 @@ class TaskStep:
         self.idempotent = idempotent
         self.lease_epoch = lease_epoch
         self.actor = actor
+        self.starts = tasks.unheard_starts
 
     async def begin(self) -> tuple[StepRecord, bool]:
         started = rules.step_notes("task.step.started", self.actor)
-        return await self.backend.begin_step(
-            self.task_id,
-            self.step_key,
-            rerun_started=self.idempotent,
-            lease_epoch=self.lease_epoch,
-            now=rules.utcnow(),
-            # run is True when a started record was written (a first run or a re-run); a replay writes
-            # nothing.
-            audit=lambda out: started(out[0] if out[1] else None),
-        )
+        # A start whose answer was lost is retried with its attempt id: if its record landed, it is this
+        # start's (fn never ran) and fn runs now, instead of the record being taken for a start in doubt.
+        unheard = self.starts
+        key = (self.task_id, self.step_key, self.lease_epoch)
+        attempt_id = unheard.get(key) or secrets.token_hex(12)
+        try:
+            out = await self.backend.begin_step(
+                self.task_id,
+                self.step_key,
+                rerun_started=self.idempotent,
+                lease_epoch=self.lease_epoch,
+                now=rules.utcnow(),
+                # run is True when a started record was written (a first run or a re-run); a replay
+                # writes nothing.
+                audit=lambda out: started(out[0] if out[1] else None),
+                attempt_id=attempt_id,
+            )
+        except BackendUnavailable as exc:
+            if getattr(exc, "outcome", None) == "unknown":
+                if key not in unheard and len(unheard) >= _UNHEARD_STARTS:
+                    unheard.pop(next(iter(unheard)))  # the oldest: its retry, if any, is in doubt
+                unheard[key] = attempt_id
+            else:
+                unheard.pop(key, None)
+            raise
+        except BaseException:
+            unheard.pop(key, None)
+            raise
+        unheard.pop(key, None)
+        return out
 
     def recorded(self, record: StepRecord) -> Any:
         """The outcome of a step that is not run again: its result if it succeeded, else ``StepInDoubt``."""

@@ -238,8 +238,12 @@ class TaskBackend(abc.ABC):
         lease_epoch: int | None = None,
         now: dt.datetime | None = None,
         audit: AuditNotes | None = None,
+        attempt_id: str | None = None,
     ) -> tuple[StepRecord, bool]:
         """Record that a step starts, in its own transaction. Returns ``(record, run)``.
+
+        ``attempt_id`` (the caller's id for this start) is stored with the started record: a retry of a
+        start whose answer was lost, with the same id, finds its own record and gets ``run`` True.
 
         With ``lease_epoch``, ``LeaseLost`` unless the task is running at that epoch under a lease that has
         not expired at ``now`` (the caller's clock), checked in the same transaction: a worker whose lease

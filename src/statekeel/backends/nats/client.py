@@ -394,6 +394,7 @@ class NatsConnection:
         ``nats.js.errors.APIError`` of the server (a failed expectation) is raised as it is."""
         self.check_size(subject, payload, headers, what)
         last: BaseException | None = None
+        maybe_stored = False  # a timeout or a closed connection: the server may have stored it
         for _ in range(attempts):
             try:
                 ack = await self.js.publish(subject, payload, stream=stream, headers=dict(headers))
@@ -402,6 +403,7 @@ class NatsConnection:
                 raise
             except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as exc:
                 last = exc
+                maybe_stored = True
                 if "Nats-Msg-Id" not in headers:
                     break
                 await asyncio.sleep(0.1)
@@ -411,10 +413,19 @@ class NatsConnection:
             except Exception as exc:
                 raise translate(exc, what) from exc
         assert last is not None
+        if not maybe_stored:  # no stream answered at all: nothing was stored
+            raise BackendUnavailable(
+                f"{what}: no NATS stream answered ({type(last).__name__}); nothing was stored",
+                write_id=headers.get("Nats-Msg-Id"),
+            )
+        # Stored perhaps, though its ack never came: unknown until a read settles it (a session's next
+        # save or load finds its write id in the event), never a definite failure.
         raise BackendUnavailable(
             f"{what}: the NATS server did not acknowledge the message ({type(last).__name__}); it may or "
-            "may not be stored",
+            "may not be stored: re-read before retrying it",
             write_id=headers.get("Nats-Msg-Id"),
+            outcome="unknown",
+            hint="",
         )
 
     def check_size(self, subject: str, payload: bytes, headers: dict[str, str], what: str) -> None:

@@ -26,14 +26,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 import asyncpg
 
 from ...codec import Codec
-from ...errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
+from ...errors import (
+    BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    NotFound,
+    StatekeelError,
+)
 from ..base import MigrationInfo, SessionRecord
 from ..sql import SCHEMA_TABLES, Op, Row, Tx, load_queries
 from ..sql.approvals import SqlApprovals
@@ -397,22 +405,43 @@ class PostgresBackend(
             # A session's first save inserts its row first, which the same statement could not update; a
             # save without messages is a metadata change. Both run as before, in a transaction.
             return await super()._write_append(*args)
-        return await self._write_statement(op_save_in_one_statement, key, head, messages, metadata, *rest)
+        write_id = rest[-2]
 
-    async def _write_statement(self, op: Op[T], *args: Any) -> T:
+        async def settle() -> SessionRecord | None:
+            # A re-run refused after a lost answer: the row's write id says whether the first run landed
+            # (then it is settled as saved); otherwise the outcome stays unknown, never a refusal.
+            found = await self.load_session(key)
+            if found is None or write_id is None or found.write_id != write_id:
+                return None
+            if found.head_seq != head + len(messages):
+                return None
+            log.info("%s: session %r: a save whose answer was lost had landed; settled", self.target, key)
+            return found
+
+        return await self._write_statement(
+            op_save_in_one_statement, key, head, messages, metadata, *rest, settle=settle
+        )
+
+    async def _write_statement(
+        self, op: Op[T], *args: Any, settle: Callable[[], Awaitable[T | None]] | None = None
+    ) -> T:
         """Run an ``op`` whose write is one statement, on a connection without BEGIN and COMMIT: the
         statement commits on its own (its reads, when it changed nothing, run after it, each on its own).
         A lost connection runs it again on a fresh one, once or as failover allows: the write is
-        conditional, so it cannot apply twice, but a second attempt refused by a conflict may have been
-        refused by the first one's write, so that outcome is unknown, as a lost COMMIT's is."""
+        conditional, so it cannot apply twice, but a second attempt refused (a conflict, a lease taken
+        over meanwhile, the row deleted) may have been refused because the first one landed, so any
+        refusal of it is unknown, as a lost COMMIT's outcome is — never a definite answer — unless
+        ``settle()`` reads that the first run landed (then its result is returned)."""
         if self._current.get() is not None:
             return await self._write(op, *args)
         pool = self._require_pool()
         retries = _Retries(self.target.failover_timeout)
         lost: BaseException | None = None
         while True:
+            sent = False
             try:
                 conn = await pool.acquire()
+                sent = True
                 failure: BaseException | None = None
                 try:
                     return await op(PgTx(conn, self.codec), *args)
@@ -422,18 +451,36 @@ class PostgresBackend(
                 finally:
                     await self._release(pool, conn, failure)
             except CONNECTION_ERRORS as exc:
-                lost = exc
-                await self._lost(exc, retries)
+                if sent:
+                    lost = exc  # the statement may have run and committed
+                try:
+                    await self._lost(exc, retries)
+                except BackendUnavailable:
+                    if lost is not None:  # no run heard of: one of them may have landed
+                        raise unknown_outcome(lost, self.target) from None
+                    raise
             except WRONG_NODE_ERRORS as exc:
                 if self.target.read_only:
                     raise translate(exc, self.target) from None
-                await self._lost(exc, retries)
-            except ConflictError:
-                if lost is not None:
-                    raise unknown_outcome(lost, self.target) from None
-                raise
+                try:
+                    await self._lost(exc, retries)
+                except BackendUnavailable:
+                    if lost is not None:
+                        raise unknown_outcome(lost, self.target) from None
+                    raise
             except BaseException as exc:
-                raise translate(exc, self.target) from None
+                refused = translate(exc, self.target)
+                if lost is None or not isinstance(
+                    refused, ConflictError | LeaseLost | NotFound | InvalidTransition
+                ):
+                    raise refused from None
+                settled = None
+                if settle is not None:
+                    with suppress(BackendUnavailable):
+                        settled = await settle()
+                if settled is None:
+                    raise unknown_outcome(lost, self.target) from None
+                return settled
 
     async def _lost(self, exc: BaseException, retries: _Retries) -> None:
         """A call met a dead connection or the wrong node: return to run it again, or raise."""

@@ -79,15 +79,15 @@ FROM tasks WHERE id = $1 FOR SHARE;
 SELECT * FROM task_steps WHERE task_id = $1 AND step_key = $2;
 
 -- name: step_insert
-INSERT INTO task_steps (task_id, step_key, status, attempt, started_at, first_started_at)
-VALUES ($1, $2, 'started', 1, $3, $3)
+INSERT INTO task_steps (task_id, step_key, status, attempt, started_at, first_started_at, attempt_id)
+VALUES ($1, $2, 'started', 1, $3, $3, $4)
 ON CONFLICT (task_id, step_key) DO NOTHING
 RETURNING *;
 
 -- name: step_restart
 UPDATE task_steps
 SET status = 'started', attempt = attempt + 1, started_at = $1, finished_at = NULL, result = NULL,
-    error = NULL
+    error = NULL, attempt_id = $6
 WHERE task_id = $2 AND step_key = $3 AND status = $4 AND attempt = $5
 RETURNING *;
 

@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any
 
 from ...errors import LeaseLost, NotFound
+from ...validation import check_str
 from ..base import AuditNotes, NewTask, Page, StepRecord, TaskBackend, TaskChange, TaskRecord
 from . import Row, SqlBackend, Tx, utcnow
 from .audit import audited
@@ -184,8 +185,16 @@ async def op_expired_task_leases(tx: Tx, now: dt.datetime) -> list[TaskRecord]:
 
 
 async def op_begin_step(
-    tx: Tx, task_id: str, step_key: str, rerun_started: bool, lease_epoch: int | None, at: dt.datetime
-) -> tuple[StepRecord, bool]:
+    tx: Tx,
+    task_id: str,
+    step_key: str,
+    rerun_started: bool,
+    lease_epoch: int | None,
+    at: dt.datetime,
+    attempt_id: str | None = None,
+) -> tuple[StepRecord, bool, bool]:
+    """``(record, run, own)``: ``own`` when the started record found is this very start (``attempt_id``),
+    retried after its answer was lost."""
     now = tx.ts_in(at)
     if lease_epoch is not None:
         # PostgreSQL: FOR SHARE holds off a takeover (claim) until this record is committed.
@@ -207,21 +216,24 @@ async def op_begin_step(
         # A fenced start has read the task already (task_fence); only an unfenced one must look.
         if lease_epoch is None and await tx.fetchone("task_get", task_id) is None:
             raise NotFound(f"task {task_id!r} does not exist", task_id=task_id)
-        row = await tx.fetchone("step_insert", task_id, step_key, now)
+        row = await tx.fetchone("step_insert", task_id, step_key, now, attempt_id)
         if row is not None:
-            return step_from_row(tx, row), True
+            return step_from_row(tx, row), True, False
         # Another runner inserted it between our read and insert (PostgreSQL): judge what it wrote.
         row = await tx.fetchone("step_get", task_id, step_key)
         assert row is not None
     status = row["status"]
+    if status == "started" and attempt_id is not None and row["attempt_id"] == attempt_id:
+        # This very start, retried after its answer was lost: its function never ran, so it runs now.
+        return step_from_row(tx, row), True, True
     if status == "succeeded" or (status == "started" and not rerun_started):
-        return step_from_row(tx, row), False
-    restarted = await tx.fetchone("step_restart", now, task_id, step_key, status, row["attempt"])
+        return step_from_row(tx, row), False, False
+    restarted = await tx.fetchone("step_restart", now, task_id, step_key, status, row["attempt"], attempt_id)
     if restarted is None:  # settled or restarted by someone else meanwhile: report what is there now
         current = await tx.fetchone("step_get", task_id, step_key)
         assert current is not None
-        return step_from_row(tx, current), False
-    return step_from_row(tx, restarted), True
+        return step_from_row(tx, current), False, False
+    return step_from_row(tx, restarted), True, False
 
 
 async def op_finish_step(
@@ -340,15 +352,22 @@ class SqlTasks(SqlBackend, TaskBackend):
         lease_epoch: int | None = None,
         now: dt.datetime | None = None,
         audit: AuditNotes | None = None,
+        attempt_id: str | None = None,
     ) -> tuple[StepRecord, bool]:
-        return await self._write(
-            audited(op_begin_step, audit, self.audit_key, self.audit_outbox),
+        if attempt_id is not None:
+            check_str(attempt_id, "attempt_id")
+        # Its own start found again was audited when it was written: no second entry for it.
+        notes = None if audit is None else (lambda out: () if out[2] else audit(out[:2]))
+        record, run, _ = await self._write(
+            audited(op_begin_step, notes, self.audit_key, self.audit_outbox),
             task_id,
             step_key,
             rerun_started,
             lease_epoch,
             now or utcnow(),
+            attempt_id,
         )
+        return record, run
 
     async def finish_step(
         self,
