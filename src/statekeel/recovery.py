@@ -524,7 +524,7 @@ async def recover(
         await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
     if held("tasks"):
         # Read before the move clears them: when each lease expired.
-        expiring = await _guarded(report, "tasks", lambda: _expired_leases(store, when), [])
+        expiring: list[Task] = await _guarded(report, "tasks", lambda: _expired_leases(store, when), [])
         report.lease_expired_at = {t.id: t.lease_expires_at for t in expiring if t.lease_expires_at}
         if repair:
             report.interrupted_tasks = await _guarded(
