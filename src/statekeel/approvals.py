@@ -200,12 +200,15 @@ class ApprovalLog:
                 f"approval {approval_id!r} was already consumed by {current.consumed_by!r}",
                 approval_id=approval_id,
                 current="consumed",
+                # A retry meets the same used approval: reloading cannot change that.
+                hint="An approval is used once; request a new one for another run of the action",
             )
         if verb == "decided" and current.status != "pending":
             raise ConflictError(
                 f"approval {approval_id!r} was already {current.status} by {current.decided_by!r}",
                 approval_id=approval_id,
                 current=current.status,
+                hint="A decision stands and is not made again; request a new approval to ask again",
             )
         if current.expires_at is not None and current.expires_at <= now:
             raise InvalidTransition(

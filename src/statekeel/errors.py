@@ -305,6 +305,13 @@ class SyncCallRefused(StatekeelError, asyncio.InvalidStateError):
     )
 
 
+class SessionClosed(SyncCallRefused, RuntimeError):
+    """A framework session adapter was used after its ``close()``: every operation refuses, as the
+    framework's own sessions do once closed (the Agents SDK's ``SQLiteSession`` raises ``RuntimeError``)."""
+
+    hint = "Make a new session object to go on; what the closed one stored is kept"
+
+
 __all__ = [
     "AuditKeyRequired",
     "AuditTampered",
@@ -326,6 +333,7 @@ __all__ = [
     "PayloadTooLarge",
     "SchemaTooNew",
     "SerializationError",
+    "SessionClosed",
     "StatekeelError",
     "StepInDoubt",
     "StepInTransaction",

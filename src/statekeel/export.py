@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import orjson
 
 from .backends.base import CopyTableInfo, StorageBackend
-from .errors import InvalidArgument, StorageCorrupt
+from .errors import InvalidArgument, StorageCorrupt, Unsupported
 from .validation import check_bool, check_int
 
 if TYPE_CHECKING:
@@ -243,9 +243,20 @@ async def export_store(
     ``sessions``: only those sessions' records; ``kinds``: only those kinds (``sessions``, ``tasks``,
     ``audit``, ``memory``, ``files``, ``traces``, ``vectors``, ``checkpoints``, or table names).
     ``on_batch(kind, records_so_far)`` is called after each page written (for a progress display).
-    Raises ``InvalidArgument`` for bad arguments and an existing ``path`` (unless ``overwrite``), before
-    anything is written.
+    Raises ``InvalidArgument`` for bad arguments and an existing ``path`` (unless ``overwrite``), and
+    ``Unsupported`` for a store with state on NATS (``docs/nats.md``), before anything is written.
     """
+    # First: a plain NATS store has no store.memory, which the isinstance check below would touch.
+    held = getattr(getattr(store, "backend", None), "kinds", None)
+    if isinstance(held, frozenset) and "copy" not in held:
+        # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md).
+        raise Unsupported(
+            "this store keeps state on NATS, which is not rows: an export (like backup and copy_store) "
+            "is refused, no file written. Back the NATS streams up with NATS's own tools; the SQL store "
+            "of a paired one (?rest=) exports on its own URL",
+            kind="copy",
+            hint="",
+        )
     if not isinstance(store, Exportable):
         raise InvalidArgument(f"store must be an open statekeel Store, got {type(store).__name__}")
     if not isinstance(path, str | os.PathLike):

@@ -34,7 +34,9 @@ class StoreInfo:
     ``fallback_files`` counts session fallback files waiting to be replayed. ``integrity`` lists the
     problems the storage engine's check found (empty when healthy; None when not checked). ``incidents``
     lists damage statekeel noticed in its own storage and nobody has acknowledged yet (e.g. a WAL file
-    deleted before its commits were checkpointed: writes were lost).
+    deleted before its commits were checkpointed: writes were lost). ``not_held`` names the kinds of
+    ``counts`` the store does not hold (a plain ``nats://`` store: ``tasks``, ``memory`` …), whose counts
+    are no count at all: not a 0.
     """
 
     url: str
@@ -48,6 +50,7 @@ class StoreInfo:
     fallback_files: int
     integrity: tuple[str, ...] | None
     incidents: tuple[Incident, ...] = ()
+    not_held: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -29,7 +29,7 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Protocol, runtime_checkable
 
 import orjson
@@ -40,6 +40,30 @@ from .export import FORMAT, FORMAT_VERSION, ProgressCallback
 from .validation import check_int
 
 ON_CONFLICT = ("fail",)
+
+
+def _open_calls_before_9(row: dict[str, Any]) -> Any:
+    # Migration 0009 marked a session with live messages "count unknown" (-1), counted again once read.
+    return -1 if (row.get("head_seq") or 0) > (row.get("last_consolidated") or 0) else 0
+
+
+# The columns a migration added to a table that existed before it: (table, column) -> (the schema version
+# that added it, what that migration gave the rows already there: a value, or a function of the row). A
+# file exported before that version lacks the column; its rows get what the migration would have given
+# them, so an old export imports as the upgraded store of its time would hold it. Any other column a file
+# lacks is one its schema version had: such a file is refused.
+ADDED_COLUMNS: dict[tuple[str, str], tuple[int, Any]] = {
+    ("audit_log", "mac"): (8, None),
+    ("sessions", "open_calls"): (9, _open_calls_before_9),
+    ("sessions", "calls_owner"): (9, None),
+    ("sessions", "write_id"): (12, None),
+    ("sessions", "parent_key"): (13, None),
+    ("sessions", "parent_seq"): (13, None),
+    ("sessions", "rewinds"): (13, 0),
+    ("compressions", "kind"): (13, "compression"),
+    ("messages", "usage"): (13, None),
+    ("message_archive", "usage"): (13, None),
+}
 # A header line longer than this is not one of ours (it names columns and counts, not data).
 _MAX_HEADER = 16 << 20
 _LINES_PER_READ = 2000
@@ -66,6 +90,8 @@ class _Header:
     counts: dict[str, int]
     body_bytes: int
     sha256: str
+    # Per kind, the store's columns the file lacks (added by a later migration), filled on import.
+    missing: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _corrupt(path: str, what: str, **fields: Any) -> ExportCorrupt:
@@ -173,13 +199,14 @@ class _Records:
         if set(row) != {c for c, _ in columns}:
             raise _corrupt(self.path, f"line {self.line} does not hold the columns of {kind}", line=self.line)
         self.counts[kind] += 1
-        kinds = dict(columns)
         try:
-            return kind, tuple(
-                decode_value(kinds[c], row[c]) if c in row else None for c, _ in self.tables[kind].columns
-            )
+            values = {c: decode_value(k, row[c]) for c, k in columns}
         except (ValueError, TypeError) as exc:
             raise _corrupt(self.path, f"line {self.line}: {exc}", line=self.line) from None
+        for column in self.header.missing.get(kind, ()):
+            fill = ADDED_COLUMNS[(kind, column)][1]
+            values[column] = fill(values) if callable(fill) else fill
+        return kind, tuple(values[c] for c, _ in self.tables[kind].columns)
 
     def verify(self) -> None:
         """After the last line: counts, size and hash as the header says."""
@@ -196,6 +223,9 @@ class _Records:
 
 
 def _check_columns(path: str, header: _Header, tables: dict[str, CopyTableInfo]) -> None:
+    """Every column of the file is one the store has; every column the file lacks was added after the
+    file's schema version (``ADDED_COLUMNS``), and is recorded in ``header.missing`` to be filled."""
+    schema = header.fields["schema_version"]
     for kind, columns in header.columns.items():
         info = tables.get(kind)
         if info is None:
@@ -204,6 +234,20 @@ def _check_columns(path: str, header: _Header, tables: dict[str, CopyTableInfo])
         for column, col_kind in columns:
             if ours.get(column) != col_kind:
                 raise _corrupt(path, f"column {kind}.{column} ({col_kind}) is not one this store has")
+        theirs = {c for c, _ in columns}
+        missing = tuple(c for c, _ in info.columns if c not in theirs)
+        for column in missing:
+            added = ADDED_COLUMNS.get((kind, column))
+            if added is None or added[0] <= schema:
+                raise _corrupt(
+                    path,
+                    f"its records of {kind} lack the column {column}, which a store of schema version "
+                    f"{schema} (the file's) has",
+                    kind=kind,
+                    column=column,
+                )
+        if missing:
+            header.missing[kind] = missing
 
 
 def _first_pass(path: str, tables: dict[str, CopyTableInfo], schema: int) -> _Header:
@@ -269,9 +313,11 @@ async def _load(
             try:
                 await backend.import_rows(kind_of_pending, pending)
             except ConflictError as exc:
+                # The database's own reason says which: a key held already, a missing parent row, a
+                # value its column refuses. Nothing else is known here; guessing misled users.
                 raise ConflictError(
-                    f"a record of {kind_of_pending} does not fit this store ({exc.message}): its key is "
-                    "held already, or a row it refers to is missing; nothing was imported",
+                    f"a record of {kind_of_pending} was refused by this store ({exc.message}); nothing "
+                    "was imported",
                     kind=kind_of_pending,
                     hint="",
                 ) from exc

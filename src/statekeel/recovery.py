@@ -137,6 +137,9 @@ class RecoveryReport:
     # session key -> why it could not be checked or repaired (e.g. a damaged history); the others were
     sessions_failed: dict[str, str] = field(default_factory=dict)
     interrupted_tasks: list[Task] = field(default_factory=list)
+    # task id -> when the lease of each of interrupted_tasks expired (moving a task to interrupted clears
+    # its lease, so its record no longer says)
+    lease_expired_at: dict[str, dt.datetime] = field(default_factory=dict)
     steps_in_doubt: list[StepRecord] = field(default_factory=list)
     # sessions' tool calls started through run_tool by a process that is gone, without a result
     tool_calls_in_doubt: list[SessionStepRecord] = field(default_factory=list)
@@ -218,7 +221,7 @@ class RecoveryReport:
                     "title": t.title,
                     "lease_owner": t.lease_owner,
                     "lease_epoch": t.lease_epoch,
-                    "lease_expires_at": _when(t.lease_expires_at),
+                    "lease_expires_at": _when(self.lease_expired_at.get(t.id, t.lease_expires_at)),
                 }
                 for t in self.interrupted_tasks
             ],
@@ -520,14 +523,17 @@ async def recover(
             report.fallback = await _guarded(report, "fallback", store.sessions.replay_fallback, None)
         await _guarded(report, "sessions", lambda: _repair_sessions(store, report, repair, when), None)
     if held("tasks"):
+        # Read before the move clears them: when each lease expired.
+        expiring: list[Task] = await _guarded(report, "tasks", lambda: _expired_leases(store, when), [])
+        report.lease_expired_at = {t.id: t.lease_expires_at for t in expiring if t.lease_expires_at}
         if repair:
             report.interrupted_tasks = await _guarded(
                 report, "tasks", lambda: store.tasks.expire_leases(now=when), []
             )
         else:
-            report.interrupted_tasks = await _guarded(
-                report, "tasks", lambda: _expired_leases(store, when), []
-            )
+            report.interrupted_tasks = expiring
+        moved = {t.id for t in report.interrupted_tasks}
+        report.lease_expired_at = {k: v for k, v in report.lease_expired_at.items() if k in moved}
         report.steps_in_doubt = await _guarded(
             report, "steps", lambda: store.tasks.steps_in_doubt(now=when), []
         )

@@ -252,6 +252,9 @@ MANAGER_KINDS: dict[str, frozenset[str]] = {
     "vectors": frozenset({"vectors"}),
 }
 
+# The kinds StoreInfo.counts counts, in its order (StateCounts' fields).
+COUNTED_KINDS = ("sessions", "tasks", "workflows", "approvals", "audit", "memory", "files", "checkpoints")
+
 M = TypeVar("M")
 
 
@@ -573,6 +576,7 @@ class Store:
             fallback_files=waiting,
             integrity=problems,
             incidents=tuple(await backend.list_incidents()),
+            not_held=tuple(kind for kind in COUNTED_KINDS if not self.holds(kind)),
         )
 
     async def close(self) -> None:

@@ -9,6 +9,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 import statekeel
 from helpers import one_line_error, run_statekeel
 
@@ -65,6 +67,24 @@ def test_export_of_one_session_and_one_kind(tmp_path: Path) -> None:
     assert report["counts"]["sessions"] == 1 and report["counts"]["messages"] == 3
     bad = run_statekeel("export", str(tmp_path / "x.jsonl"), "--db", src, "--kind", "nope", cwd=tmp_path)
     assert "unknown kind" in one_line_error(bad)
+
+
+@pytest.mark.parametrize("pairing", ["plain", "paired"])
+def test_export_of_a_nats_store_is_refused_as_docs_nats_says_with_no_file_left(
+    nats_url: str, tmp_path: Path, pairing: str
+) -> None:
+    url = nats_url if pairing == "plain" else f"{nats_url}&rest=sqlite:///{tmp_path / 'rest.db'}"
+
+    async def fill() -> None:
+        async with statekeel.open_store(url) as store, store.sessions.open("chat") as session:
+            session.add_message("user", "hello")
+
+    asyncio.run(fill())
+    out = tmp_path / "state.jsonl"
+    error = one_line_error(run_statekeel("export", str(out), "--db", url, cwd=tmp_path))
+    assert "Unsupported" in error and "not rows" in error
+    assert "NATS's own tools" in error and "memory" not in error
+    assert sorted(p.name for p in tmp_path.iterdir() if "state" in p.name) == []
 
 
 def test_a_truncated_file_is_refused_and_no_store_is_created(tmp_path: Path) -> None:

@@ -302,9 +302,32 @@ def test_recover_names_every_call_task_step_and_approval_it_found(tmp_path: Path
     repaired = json.loads(done.stdout)["details"]
     assert repaired["orphaned_tool_calls"] == details["orphaned_tool_calls"]
     assert repaired["interrupted_tasks"][0]["id"] == names["lapsed"]
+    assert (
+        repaired["interrupted_tasks"][0]["lease_expires_at"]
+        == details["interrupted_tasks"][0]["lease_expires_at"]
+    )
+    assert repaired["interrupted_tasks"][0]["lease_expires_at"] is not None
     again = json.loads(run_statekeel("recover", "--json", "--db", url, cwd=tmp_path).stdout)["details"]
     assert again["orphaned_tool_calls"] == {} and again["interrupted_tasks"] == []
     assert [s["step_key"] for s in again["steps_in_doubt"]] == ["push"]
+
+
+def test_recover_says_when_the_lease_of_each_task_it_interrupted_expired(tmp_path: Path) -> None:
+    names = store_needing_recovery(tmp_path / "s.db")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    async def expiry() -> str:
+        async with statekeel.open_store(url) as store:
+            task = await store.tasks.get(names["lapsed"])
+            assert task.lease_expires_at is not None
+            return task.lease_expires_at.isoformat(timespec="seconds")
+
+    expired = asyncio.run(expiry())
+    for args in (("--dry-run",), ()):
+        out = flat(run_statekeel("recover", *args, "--db", url, cwd=tmp_path).stdout)
+        task = f"task {names['lapsed']} (long build)"
+        assert f"{task}: held by worker-dead at epoch 1, its lease expired at {expired}" in out
+        assert "expired never" not in out
 
 
 def test_recover_dry_run_exits_0_when_only_repairs_are_waiting(tmp_path: Path) -> None:
@@ -386,3 +409,29 @@ def test_recover_on_a_keyed_audit_chain_needs_the_audit_key_and_keeps_the_chain_
     assert "at least 32" in one_line_error(
         run_statekeel("doctor", "--db", url, cwd=tmp_path, env={"STATEKEEL_AUDIT_KEY_FILE": str(short)})
     )
+
+
+def test_status_of_a_plain_nats_store_says_not_held_for_the_kinds_it_does_not_hold(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async def fill() -> None:
+        async with statekeel.open_store(nats_url) as store, store.sessions.open("chat") as session:
+            session.add_message("user", "hello")
+
+    asyncio.run(fill())
+    result = run_statekeel("status", "--db", nats_url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "sessions: 1 (1 active)" in out and "audit entries: 0" in out
+    for line in (
+        "tasks: not held",
+        "workflows: not held",
+        "approvals: not held",
+        "langgraph threads: not held",
+    ):
+        assert line in out
+    assert "memories: not held, file changes: not held" in out
+    facts = json.loads(run_statekeel("status", "--json", "--db", nats_url, cwd=tmp_path).stdout)
+    assert set(facts["not_held"]) == {"tasks", "workflows", "approvals", "memory", "files", "checkpoints"}
+    assert facts["counts"]["tasks"] is None and facts["counts"]["memories"] is None
+    assert facts["counts"]["sessions"]["active"] == 1 and facts["counts"]["audit_entries"] == 0

@@ -282,3 +282,102 @@ async def test_an_export_carries_forks_rewinds_and_usage(store: statekeel.Store,
         archived = await dst.sessions.archived("p", rewind.compression_id)
         assert [a.payload["content"] for a in archived] == ["m2", "m3"]
         assert (await dst.sessions.usage("f")).input_tokens == 3
+
+
+OLD_EXPORTS = Path(__file__).parent.parent / "migration" / "fixtures" / "exports"
+# What tests/migration/fixtures/exports/make_exports.py writes into every file.
+OLD_MESSAGES = {"alice": [f"alice turn {i} ü" for i in range(6)], "bob": ["bob asks", "bob is answered"]}
+
+
+def by_key(records: list[dict[str, Any]], kind: str, key: tuple[str, ...]) -> dict[Any, dict[str, Any]]:
+    return {tuple(r["row"][k] for k in key): r["row"] for r in records if r["kind"] == kind}
+
+
+@pytest.mark.parametrize("version", [12, 13, 14, 15])
+async def test_an_export_of_every_older_schema_imports_filled_as_its_migrations_fill_it(
+    store: statekeel.Store, tmp_path: Path, version: int
+) -> None:
+    fixture = OLD_EXPORTS / f"schema_{version}.jsonl"
+    assert header(fixture)["schema_version"] == version
+    report = await statekeel.import_store(store, fixture)
+    assert report.counts == header(fixture)["counts"] and report.schema_version == version
+    assert (await store.audit.verify()).ok
+
+    # Record for record: every value of the file as it was, every column it lacks as its migration fills it.
+    again = tmp_path / "again.jsonl"
+    await statekeel.export_store(store, again)
+    old, new = body(fixture), body(again)
+    infos = {t.name: t for t in await store.backend.copy_tables()}
+    for kind, columns in header(fixture)["columns"].items():
+        key = infos[kind].key
+        theirs, ours = by_key(old, kind, key), by_key(new, kind, key)
+        assert set(theirs) == set(ours), kind
+        for k, row in theirs.items():
+            assert {c: ours[k][c] for c, _ in columns} == row, (kind, k)
+    for row in by_key(new, "sessions", ("key",)).values():
+        if version < 13:
+            assert (row["parent_key"], row["parent_seq"], row["rewinds"]) == (None, None, 0)
+    for row in by_key(new, "compressions", ("session_key", "compression_id")).values():
+        assert row["kind"] in ("compression", "rewind")
+        if version < 13:
+            assert row["kind"] == "compression"
+
+    alice = await store.sessions.load("alice", include_archived=True)
+    assert alice is not None and alice.metadata == {"owner": "alice"}
+    assert [m["content"] for m in alice.messages] == OLD_MESSAGES["alice"]
+    assert [s.summary for s in alice.summaries] == ["alice said hello twice"]
+    # The imported session goes on as one of this store's own: a save, then a rewind (which needs the
+    # columns schema 13 added).
+    alice.add_message("user", "after the import")
+    await store.sessions.save(alice)
+    await store.sessions.rewind("alice", 5, reason="undo")
+    bob = await store.sessions.load("bob")
+    assert bob is not None and [m["content"] for m in bob.messages] == OLD_MESSAGES["bob"]
+    tasks = (await store.tasks.list()).items
+    assert sorted(t.title for t in tasks) == ["a", "b", "child", "parent"]  # a, b: the workflow's
+    child = next(t for t in tasks if t.title == "child")
+    assert child.parent_task_id == next(t.id for t in tasks if t.title == "parent")
+    assert [m.content for m in (await store.memory.query(scope="u1", key="name")).items] == ["Alice"]
+
+
+async def test_an_older_export_lacking_a_column_its_schema_had_is_refused(
+    store: statekeel.Store, tmp_path: Path
+) -> None:
+    raw = (OLD_EXPORTS / "schema_12.jsonl").read_bytes()
+    end = raw.index(b"\n")
+    head = orjson.loads(raw[:end])
+    head["columns"]["sessions"] = [c for c in head["columns"]["sessions"] if c[0] != "write_id"]
+    lines = [orjson.loads(line) for line in raw[end + 1 :].splitlines()]
+    for record in lines:
+        if record["kind"] == "sessions":
+            del record["row"]["write_id"]
+    out = b"".join(orjson.dumps(r) + b"\n" for r in lines)
+    head["body_bytes"], head["body_sha256"] = len(out), hashlib.sha256(out).hexdigest()
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(orjson.dumps(head) + b"\n" + out)
+    with pytest.raises(statekeel.ExportCorrupt, match="lack the column write_id"):
+        await statekeel.import_store(store, path)
+    assert not any((await row_counts(store)).values())
+
+
+async def test_a_refused_record_says_what_the_store_refused(store: statekeel.Store, tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'src.db'}") as src:
+        session = await src.sessions.get_or_create("bob")
+        session.add_message("user", "mine")
+        await src.sessions.save(session)
+        await statekeel.export_store(src, path, kinds=["sessions"])
+    raw = path.read_bytes()
+    end = raw.index(b"\n")
+    head = orjson.loads(raw[:end])
+    # Messages without their session: into an empty store, so no key can be held already.
+    lines = [r for r in map(orjson.loads, raw[end + 1 :].splitlines()) if r["kind"] != "sessions"]
+    out = b"".join(orjson.dumps(r) + b"\n" for r in lines)
+    head["counts"]["sessions"] = 0
+    head["body_bytes"], head["body_sha256"] = len(out), hashlib.sha256(out).hexdigest()
+    path.write_bytes(orjson.dumps(head) + b"\n" + out)
+    with pytest.raises(statekeel.ConflictError, match="nothing was imported") as caught:
+        await statekeel.import_store(store, path)
+    assert "held already" not in caught.value.message
+    assert caught.value.hint == ""
+    assert not any((await row_counts(store)).values())

@@ -193,6 +193,44 @@ async def test_clear_session_empties_it_and_it_can_be_used_again(make: Factory) 
     assert await session.get_items() == [user("again")]
 
 
+CLOSED_OPERATIONS: dict[str, Callable[[Any], Any]] = {
+    "get_items": lambda s: s.get_items(),
+    "get_items(limit=1)": lambda s: s.get_items(limit=1),
+    "add_items": lambda s: s.add_items([user("late")]),
+    "add_items([])": lambda s: s.add_items([]),
+    "pop_item": lambda s: s.pop_item(),
+    "clear_session": lambda s: s.clear_session(),
+}
+
+
+@pytest.mark.parametrize("used", [True, False], ids=["used", "never-used"])
+@pytest.mark.parametrize("operation", list(CLOSED_OPERATIONS))
+async def test_every_operation_after_close_raises_runtime_error(
+    make: Factory, operation: str, used: bool
+) -> None:
+    session = make()
+    if used:
+        await session.add_items([user("a")])
+    session.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await CLOSED_OPERATIONS[operation](session)
+    session.close()  # a second close is no error
+
+
+async def test_a_closed_session_on_the_applications_store_refuses_and_leaves_the_store_open(
+    tmp_path: Path,
+) -> None:
+    async with statekeel.open_store(f"sqlite:///{tmp_path / 'app.db'}") as store:
+        session = StatekeelSession.from_store(store, "s1")
+        await session.add_items([user("a")])
+        session.close()
+        for operation in CLOSED_OPERATIONS.values():
+            with pytest.raises(statekeel.SessionClosed):
+                await operation(session)
+        loaded = await store.sessions.load("s1")
+        assert loaded is not None and [m["content"] for m in loaded.messages] == ["a"]
+
+
 # --- sequences a strict transcript refuses and the SDK stores ------------------------------------------
 
 

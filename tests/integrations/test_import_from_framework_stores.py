@@ -130,16 +130,69 @@ async def test_one_sdk_session_and_what_was_added_since_are_imported(tmp_path: P
         assert bob is not None and bob.messages == [*SDK_ITEMS["bob"], user("later")]
 
 
-async def test_an_sdk_session_the_store_holds_with_other_items_is_refused_whole(tmp_path: Path) -> None:
+async def test_an_sdk_session_whose_history_diverged_is_reported_a_conflict_and_the_others_imported(
+    tmp_path: Path,
+) -> None:
     source = tmp_path / "sdk.db"
     await asyncio.to_thread(write_sdk_database, source)
     async with statekeel.open_store(f"sqlite:///{tmp_path / 'sk.db'}") as store:
         own = await store.sessions.get_or_create("bob")
         own.add_message("user", "something else")
         await store.sessions.save(own)
-        with pytest.raises(statekeel.ConflictError, match="holds other items"):
-            await import_openai_agents_sqlite(store, source)
-        assert await store.sessions.load("alice") is None  # nothing was imported
+        report = await import_openai_agents_sqlite(store, source)
+        outcomes = {s.key: s for s in report.sessions}
+        assert outcomes["bob"].outcome == "conflict" and "diverged at item 0" in outcomes["bob"].reason
+        assert outcomes["alice"].outcome == "imported"
+        bob = await store.sessions.load("bob")
+        assert bob is not None and [m["content"] for m in bob.messages] == ["something else"]
+        alice = await store.sessions.load("alice")
+        assert alice is not None and alice.messages == SDK_ITEMS["alice"]
+
+
+def test_an_import_run_again_after_the_session_went_on_in_statekeel_adds_only_what_is_new(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "sdk.db"
+    write_sdk_database(source)
+    url = f"sqlite:///{tmp_path / 'sk.db'}"
+    first = run_statekeel("import", "--from", "openai-agents-sqlite", str(source), "--db", url, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+
+    async def continue_alice_in_statekeel() -> None:
+        session = StatekeelSession("alice", url)
+        try:
+            await session.add_items([user("went on in statekeel")])
+        finally:
+            session.close()
+
+    asyncio.run(continue_alice_in_statekeel())
+
+    async def add_to_bob_in_the_source() -> None:
+        session = SQLiteSession("bob", source)
+        try:
+            await session.add_items([user("new in the source")])
+        finally:
+            session.close()
+
+    asyncio.run(add_to_bob_in_the_source())
+    again = run_statekeel("import", "--from", "openai-agents-sqlite", str(source), "--db", url, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    out = " ".join(again.stdout.split())
+    assert f"session alice: skipped: the store holds all {len(SDK_ITEMS['alice'])} of its items" in out
+    assert f"session bob: imported 1 new item after the {len(SDK_ITEMS['bob'])} the store held" in out
+
+    async def read() -> dict[str, list[Any]]:
+        async with statekeel.open_store(url) as store:
+            out = {}
+            for key in ("alice", "bob"):
+                loaded = await store.sessions.load(key)
+                assert loaded is not None
+                out[key] = loaded.messages
+            return out
+
+    held = asyncio.run(read())
+    assert held["alice"] == [*SDK_ITEMS["alice"], user("went on in statekeel")]
+    assert held["bob"] == [*SDK_ITEMS["bob"], user("new in the source")]
 
 
 # --- LangGraph's SqliteSaver -------------------------------------------------------------------------

@@ -100,3 +100,21 @@ async def test_a_value_postgres_refuses_says_once_that_nothing_was_written(pg_mi
         with pytest.raises(statekeel.InvalidArgument) as info:
             await store.backend.append_messages("s", 0, [], create=True, metadata=b'{"k": "\\u0000"}')
     assert str(info.value).lower().count("nothing was written") == 1
+
+
+@pytest.mark.kinds("approvals")
+async def test_an_approval_decided_or_used_already_is_refused_without_advice_to_retry(
+    store: statekeel.Store,
+) -> None:
+    approval = await store.approvals.request("repo", "deploy", {"env": "prod"}, requested_by="agent")
+    await store.approvals.decide(approval.id, True, "ada")
+    with pytest.raises(statekeel.ConflictError) as decided:
+        await store.approvals.decide(approval.id, False, "bob")
+    await store.approvals.consume(approval.id, "run-1")
+    with pytest.raises(statekeel.ConflictError) as used:
+        await store.approvals.consume(approval.id, "run-2")
+    for caught, what in ((decided, "already granted by 'ada'"), (used, "already consumed by 'run-1'")):
+        text = str(caught.value)
+        assert what in text
+        assert "retry" not in text and "re-apply" not in text
+        assert "request a new" in text

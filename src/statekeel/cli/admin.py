@@ -194,6 +194,11 @@ def _when(value: dt.datetime | None) -> str:
     return "never" if value is None else value.isoformat(timespec="seconds")
 
 
+def _lease_expired(at: dt.datetime | None) -> str:
+    # A task recovery moved had a lease that expired: with its time when known, never "never".
+    return "its lease expired" if at is None else f"its lease expired at {_when(at)}"
+
+
 def _names(report: RecoveryReport) -> dict[str, list[str]]:
     """The lines under each count of the recover command: what it counts, by name."""
     fallback = report.fallback
@@ -209,8 +214,8 @@ def _names(report: RecoveryReport) -> dict[str, list[str]]:
             f"session {key}: {', '.join(ids)}" for key, ids in sorted(report.orphaned_tool_calls.items())
         ],
         "interrupted_tasks": [
-            f"task {t.id} ({t.title}): held by {t.lease_owner or 'nobody'} at epoch {t.lease_epoch}, lease "
-            f"expired {_when(t.lease_expires_at)}"
+            f"task {t.id} ({t.title}): held by {t.lease_owner or 'nobody'} at epoch {t.lease_epoch}, "
+            + _lease_expired(report.lease_expired_at.get(t.id, t.lease_expires_at))
             for t in report.interrupted_tasks
         ],
         "indexes_rebuilt": list(report.indexes_rebuilt),

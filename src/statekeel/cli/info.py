@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -51,16 +52,20 @@ def _print_facts(out: Console, facts: StoreInfo, *, migrations: bool) -> None:
     if counts is None:
         out.print("state counts: unavailable (see the integrity check)")
     else:
-        out.print(_by_status("sessions", counts.sessions), markup=False)
-        out.print(_by_status("tasks", counts.tasks), markup=False)
-        out.print(_by_status("workflows", counts.workflows), markup=False)
-        out.print(f"approvals pending: {counts.approvals_pending}")
-        out.print(f"audit entries: {counts.audit_entries}")
-        out.print(
-            f"memories: {counts.memories}, open contradictions: {counts.contradictions_open}, "
-            f"file changes: {counts.file_changes}"
-        )
-        out.print(f"langgraph threads: {counts.checkpoint_threads}, checkpoints: {counts.checkpoints}")
+        # A kind the store does not hold has no count: "not held", since a 0 would say it holds none.
+        def held(kind: str, text: str, name: str) -> str:
+            return f"{name}: not held" if kind in facts.not_held else text
+
+        out.print(held("sessions", _by_status("sessions", counts.sessions), "sessions"), markup=False)
+        out.print(held("tasks", _by_status("tasks", counts.tasks), "tasks"), markup=False)
+        out.print(held("workflows", _by_status("workflows", counts.workflows), "workflows"), markup=False)
+        out.print(held("approvals", f"approvals pending: {counts.approvals_pending}", "approvals"))
+        out.print(held("audit", f"audit entries: {counts.audit_entries}", "audit entries"))
+        memories = f"memories: {counts.memories}, open contradictions: {counts.contradictions_open}"
+        files = f"file changes: {counts.file_changes}"
+        out.print(f"{held('memory', memories, 'memories')}, {held('files', files, 'file changes')}")
+        threads = f"langgraph threads: {counts.checkpoint_threads}, checkpoints: {counts.checkpoints}"
+        out.print(held("checkpoints", threads, "langgraph threads"))
     if facts.files is not None:
         out.print(
             f"database file: {size_text(facts.files.database_bytes)}, WAL: {size_text(facts.files.wal_bytes)}"
@@ -68,6 +73,32 @@ def _print_facts(out: Console, facts: StoreInfo, *, migrations: bool) -> None:
     where = f" in {escape(facts.fallback_dir)}" if facts.fallback_dir else ""
     colour = "yellow" if facts.fallback_files else "default"
     out.print(f"[{colour}]fallback files waiting for replay: {facts.fallback_files}[/{colour}]{where}")
+
+
+# StateCounts' fields by the kind each counts.
+_COUNT_FIELDS = {
+    "sessions": ("sessions",),
+    "tasks": ("tasks",),
+    "workflows": ("workflows",),
+    "approvals": ("approvals_pending",),
+    "audit": ("audit_entries",),
+    "memory": ("memories", "contradictions_open"),
+    "files": ("file_changes",),
+    "checkpoints": ("checkpoint_threads", "checkpoints"),
+}
+
+
+def _facts_json(facts: StoreInfo) -> dict[str, Any]:
+    """``status --json``: the facts, a kind the store does not hold counted as null (listed in
+    ``not_held``), never as 0."""
+    plain = {f.name: getattr(facts, f.name) for f in dataclasses.fields(facts)}
+    if facts.counts is not None:
+        counts = {f.name: getattr(facts.counts, f.name) for f in dataclasses.fields(facts.counts)}
+        for kind in facts.not_held:
+            for name in _COUNT_FIELDS[kind]:
+                counts[name] = None
+        plain["counts"] = counts
+    return plain
 
 
 def _print_health(out: Console, report: HealthReport) -> None:
@@ -125,7 +156,7 @@ def status(db: str | None, key_file: str | None, as_json: bool) -> None:
     url, keys = store_url(db), store_keys(key_file)
     facts = run(_status(url, keys), f"cannot read {redact_url(url)}")
     if as_json:
-        echo_json(facts)
+        echo_json(_facts_json(facts))
         return
     _print_facts(console(), facts, migrations=False)
 

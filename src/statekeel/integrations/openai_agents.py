@@ -46,7 +46,7 @@ from ..errors import (
     InvalidConfig,
     InvalidKey,
     SerializationError,
-    SyncCallRefused,
+    SessionClosed,
     UnserializableValue,
 )
 from ..sessions import Session as StoredSession
@@ -181,18 +181,21 @@ class StatekeelSession:
 
     # --- the store and its event loop -------------------------------------------------------------------
 
+    def _check_open(self, what: str) -> None:
+        """After ``close()`` every operation refuses, as ``SQLiteSession``'s do (a ``RuntimeError``)."""
+        if self._closed:
+            raise SessionClosed(f"StatekeelSession.{what}: the session was closed")
+
     def _loop(self, what: str) -> asyncio.AbstractEventLoop:
         """The event loop the store runs on (started with the session's own thread for a URL)."""
+        self._check_open(what)
         if self._url is None:
             if self._home is None:
                 self._home = running_loop()  # the store's loop: the first caller's
             assert self._home is not None  # every caller is a coroutine
             return self._home
         with self._thread_lock:
-            if self._closed:
-                raise SyncCallRefused(
-                    f"StatekeelSession.{what}: the session was closed; make a new StatekeelSession"
-                )
+            self._check_open(what)  # again under the lock: a close() from another thread may be done
             if self._thread is None:
                 self._thread = LoopThread(f"statekeel-session-{self.session_id}")
             return self._thread.loop
@@ -227,10 +230,12 @@ class StatekeelSession:
 
     def close(self) -> None:
         """Close the store if this session opened it (from a URL), as ``SQLiteSession.close()`` closes its
-        connections; a store passed in is left open. Callable from any thread, also on an event loop."""
+        connections; a store passed in is left open. Every later operation of this session raises
+        :class:`~statekeel.errors.SessionClosed` (a ``RuntimeError``). Callable from any thread, also on
+        an event loop, and more than once."""
         with self._thread_lock:
             thread, self._thread = self._thread, None
-            self._closed = self._url is not None
+            self._closed = True
         if thread is None:
             return
         try:
@@ -345,6 +350,7 @@ class StatekeelSession:
         (``InvalidConfig``), an item that is not a Responses item (``InvalidConfig``) or cannot be
         serialized (``UnserializableValue``, a ``TypeError`` as ``json.dumps`` raises, and a
         ``ValueError``)."""
+        self._check_open("add_items")  # before the empty batch's early return, as SQLiteSession does
         if not isinstance(items, Sequence) or isinstance(items, str | bytes):
             raise InvalidConfig(f"items must be a list of items, got {type(items).__name__}")
         if not items:
