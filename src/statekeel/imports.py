@@ -63,6 +63,7 @@ ADDED_COLUMNS: dict[tuple[str, str], tuple[int, Any]] = {
     ("compressions", "kind"): (13, "compression"),
     ("messages", "usage"): (13, None),
     ("message_archive", "usage"): (13, None),
+    ("memory_episodes", "rewinds"): (17, None),
 }
 # A header line longer than this is not one of ours (it names columns and counts, not data).
 _MAX_HEADER = 16 << 20
