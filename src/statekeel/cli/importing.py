@@ -113,7 +113,18 @@ def import_(
     )
     if source == "langgraph-sqlite":
         line += f", {counted(report.writes, 'pending write')}"
-    console().print(line, markup=False)
+    out = console()
+    out.print(line, markup=False)
+    for s in report.sessions:  # what was done with each session
+        if s.outcome == "imported":
+            said = f"imported {counted(s.added, 'new item')} after the {s.held} the store held"
+        elif s.outcome == "skipped":
+            said = f"skipped: the store holds all {s.held} of its items"
+        else:
+            said = f"conflict: {s.reason}"
+        out.print(f"session {s.key}: {said}", markup=False)
+    if report.sessions and any(s.outcome == "conflict" for s in report.sessions):
+        raise SystemExit(1)
 
 
 __all__ = ["import_"]

@@ -9,9 +9,11 @@
 
 The source is opened read-only and checked whole before anything is written: a file that is not a
 database of that shape, or an item statekeel cannot store, raises
-:class:`~statekeel.errors.InvalidImportSource` and writes nothing. An import may be run again: what the
-store holds already is skipped (an SDK session the store holds with other items is refused,
-``ConflictError``), the rest is added, and the counts are checked against the source afterwards.
+:class:`~statekeel.errors.InvalidImportSource` and writes nothing. An import may be run again, also after a
+session went on in statekeel (or recovery answered a call left waiting): per session, the items the store
+holds are skipped and those new in the source are added after them; a session whose history in the store
+diverged from the source's is left as it is and reported as a conflict (``SourceImportReport.sessions``),
+while the others are imported. The items are checked against the source afterwards.
 """
 
 from __future__ import annotations
@@ -68,6 +70,27 @@ class SourceImportReport:
     added: int
     skipped: int
     writes: int = 0
+    # Agents SDK: what the import did with each session, in key order.
+    sessions: tuple[SessionImport, ...] = ()
+
+    @property
+    def conflicts(self) -> list[SessionImport]:
+        """The sessions left as they were because the store's history and the source's diverged."""
+        return [s for s in self.sessions if s.outcome == "conflict"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionImport:
+    """What an import did with one SDK session: ``outcome`` ``"imported"`` (``added`` items new in the
+    source, after those the store held), ``"skipped"`` (the store holds every item of the source: as it
+    was, or continued since in statekeel) or ``"conflict"`` (the two histories diverged: nothing written
+    to it; ``reason`` says where)."""
+
+    key: str
+    outcome: str
+    added: int
+    held: int
+    reason: str = ""
 
 
 def _noop(done: int, total: int) -> None:
@@ -165,42 +188,64 @@ async def import_openai_agents_sqlite(
                 store.codec.encode(item, where=f"item {i} of session {key!r}")
             except SerializationError as exc:
                 raise InvalidImportSource(exc.message, session_id=key) from None
-        stored = await store.sessions.load(key, repair=False)
+        # The whole history (compressed items too): a session cleared or compressed in statekeel since
+        # still starts with what was imported.
+        stored = await store.sessions.load(key, include_archived=True, repair=False)
         have = [] if stored is None else stored.messages
-        if stored is not None and stored.last_consolidated:
-            raise ConflictError(
-                f"session {key!r} in the store was cleared or compressed since it was written: it is not "
-                "the one this database holds; nothing was imported",
-                key=key,
-            )
-        if have != items[: len(have)]:
-            raise ConflictError(
-                f"session {key!r} in the store holds other items than {path} has for it; nothing was "
-                "imported (import into another store, or delete that session first)",
-                key=key,
-            )
-        plans.append((key, items, len(have)))
+        plans.append((key, items, have))
+    outcomes: list[SessionImport] = []
     added = skipped = 0
     tick(0, len(plans))
-    for n, (key, items, held) in enumerate(plans, 1):
-        skipped += held
-        if held < len(items):
+    for n, (key, items, have) in enumerate(plans, 1):
+        outcome = _compare(key, items, have)
+        if outcome.outcome == "imported":
             async with store.sessions.open(key, repair=False) as session:
-                if session.messages != items[:held]:
-                    raise ConflictError(f"session {key!r} changed while it was imported", key=key)
-                for item in items[held:]:
-                    session.add_item(item, strict=False)
-                await store.sessions.save(session)
-            added += len(items) - held
+                if session.head_seq != len(have):
+                    outcome = SessionImport(key, "conflict", 0, len(have), "it changed while it was imported")
+                else:
+                    for item in items[len(have) :]:
+                        session.add_item(item, strict=False)
+                    await store.sessions.save(session)
+        if outcome.outcome != "conflict":
+            skipped += outcome.held
+            added += outcome.added
+        outcomes.append(outcome)
         tick(n, len(plans))
-    for key, items, _ in plans:  # the counts, checked against the source
-        loaded = await store.sessions.load(key, repair=False)
-        if loaded is None or loaded.messages != items:
+    for outcome, (key, items, _) in zip(outcomes, plans, strict=True):  # checked against the source
+        if outcome.outcome == "conflict":
+            continue
+        loaded = await store.sessions.load(key, include_archived=True, repair=False)
+        if loaded is None or loaded.messages[: len(items)] != items:
             raise ConflictError(
-                f"session {key!r} does not hold what the source has after the import", key=key
+                f"session {key!r} does not hold what the source has after the import", key=key, hint=""
             )
     total = sum(len(items) for _, items, _ in plans)
-    return SourceImportReport("openai-agents-sqlite", str(path), len(plans), total, added, skipped)
+    return SourceImportReport(
+        "openai-agents-sqlite", str(path), len(plans), total, added, skipped, sessions=tuple(outcomes)
+    )
+
+
+def _compare(key: str, items: list[Any], have: list[dict[str, Any]]) -> SessionImport:
+    """What to do with one session: the store's history ``have`` against the source's ``items``."""
+    common = 0
+    for mine, theirs in zip(have, items, strict=False):
+        if mine != theirs:
+            break
+        common += 1
+    if common == len(have):
+        new = len(items) - common
+        return SessionImport(key, "imported" if new else "skipped", new, common)
+    if common == len(items):
+        return SessionImport(key, "skipped", 0, common)  # the store went on after the source's last item
+    return SessionImport(
+        key,
+        "conflict",
+        0,
+        common,
+        f"diverged at item {common}: the store and the source each hold {common} item(s) in common, then "
+        f"the store {len(have) - common} and the source {len(items) - common} other item(s); nothing was "
+        "written to it (import it into another store, or delete the session there first)",
+    )
 
 
 # --- LangGraph's SqliteSaver ----------------------------------------------------------------------------
