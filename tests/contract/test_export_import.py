@@ -251,8 +251,12 @@ async def test_audit_entries_go_only_into_a_store_without_any(store: statekeel.S
         await fill(src)
         await statekeel.export_store(src, tmp_path / "x.jsonl")
     await store.audit.append("mine", "me", "thing", {})
-    with pytest.raises(statekeel.ConflictError, match="audit"):
+    # The refusal says why (the audit log holds entries), not the generic "its key is held already".
+    with pytest.raises(
+        statekeel.ConflictError, match="holds audit entries and this store's audit log has 1 already"
+    ) as refused:
         await statekeel.import_store(store, tmp_path / "x.jsonl")
+    assert refused.value.fields["rows"] == 1
     assert (await row_counts(store))["audit_log"] == 1
     assert (await row_counts(store))["sessions"] == 0
 

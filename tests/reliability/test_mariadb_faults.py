@@ -287,3 +287,106 @@ async def test_a_deadlock_inside_an_atomic_block_is_a_conflict_error_and_rolls_t
         async with store.backend.atomic():  # type: ignore[attr-defined]
             await store.tasks.create("after")
         assert [t.title for t in (await store.tasks.list()).items] == ["after"]
+
+
+class _Deadlocks:
+    """Makes each of a store's next ``rounds`` write transactions a real deadlock victim: at its first
+    query it locks row 'a', a partner transaction (heavier: InnoDB rolls back the one with fewer changed
+    rows) locks 'b' and waits for 'a', and the victim then asks for 'b'."""
+
+    def __init__(self, store: Store, url: str, rounds: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        from statekeel.backends.mysql.tx import MyTx
+
+        _deadlock_queries(store)
+        self.rounds = rounds
+        self.victims = 0
+        self.partners: list[asyncio.Task[Any]] = []
+        backend: Any = store.backend
+        deadlocks = self
+        writing: contextvars.ContextVar[bool] = contextvars.ContextVar("writing", default=False)
+        real_write = backend._write
+
+        async def write(op: Any, *args: Any) -> Any:
+            token = writing.set(True)
+            try:
+                return await real_write(op, *args)
+            finally:
+                writing.reset(token)
+
+        class DeadlockingTx(MyTx):
+            __slots__ = ("started",)
+
+            async def _run(self, name: str, args: Any) -> Any:
+                if writing.get() and not getattr(self, "started", False) and not name.startswith("test_"):
+                    self.started = True
+                    if deadlocks.rounds > 0:
+                        deadlocks.rounds -= 1
+                        await deadlocks.close_the_cycle(self)
+                return await super()._run(name, args)
+
+        def tx(conn: Any) -> MyTx:
+            return DeadlockingTx(conn, backend.codec, backend._scripts, backend.max_packet)
+
+        async def partner(ptx: Tx, n: int, locked: asyncio.Event) -> None:
+            for i in range(5):
+                await ptx.execute("test_note", f"partner-{n}-{i}")
+            await ptx.fetchone("test_lock_b")
+            locked.set()
+            await ptx.fetchone("test_lock_a")  # waits for the victim: the cycle closes below
+
+        async def close_the_cycle(victim: Tx) -> None:
+            self.victims += 1
+            await victim.fetchone("test_lock_a")
+            locked = asyncio.Event()
+            partnering = real_write(partner, self.victims, locked)
+            self.partners.append(asyncio.create_task(partnering, context=contextvars.Context()))
+            await locked.wait()
+            await _until_a_transaction_waits_for_a_lock(url)
+            await victim.fetchone("test_lock_b")
+
+        self.close_the_cycle = close_the_cycle
+        monkeypatch.setattr(backend, "_tx", tx)
+        monkeypatch.setattr(backend, "_write", write)
+
+    async def partners_done(self) -> None:
+        await asyncio.gather(*self.partners)
+
+
+async def test_an_unconditional_write_chosen_as_a_deadlock_victim_again_and_again_lands_once(
+    my_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await mariadb_raw(my_migrated, "INSERT INTO statekeel_locks (name) VALUES ('a'), ('b')")
+    async with statekeel.open_store(my_migrated) as store:
+        deadlocks = _Deadlocks(store, my_migrated, 3, monkeypatch)
+        memory = await store.memory.put("semantic", "k", {"v": 1}, scope="s")
+        assert deadlocks.victims == 3 and deadlocks.rounds == 0
+        deadlocks.rounds = 3
+        forgotten = await store.memory.forget(memory.id, reason="test", actor="t")
+        assert deadlocks.victims == 6 and deadlocks.rounds == 0
+        await deadlocks.partners_done()
+        # Each ran its four attempts and landed once: one memory, one ADD and one DELETE in its history.
+        assert (memory.version, forgotten.version) == (1, 2)
+        assert [e.event for e in await store.memory.history(memory.id)] == ["ADD", "DELETE"]
+        assert await store.backend.count_rows("memories") == 1
+    notes = {r[0] for r in await mariadb_raw(my_migrated, "SELECT name FROM statekeel_locks")}
+    assert len({n for n in notes if n.startswith("partner")}) == 6 * 5  # every partner committed
+
+
+async def test_a_conditional_write_deadlocked_twice_is_a_conflict_error_and_writes_nothing(
+    my_migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await mariadb_raw(my_migrated, "INSERT INTO statekeel_locks (name) VALUES ('a'), ('b')")
+    async with statekeel.open_store(my_migrated) as store:
+        async with store.sessions.open("conditional") as session:
+            session.add_message("user", "first")
+        deadlocks = _Deadlocks(store, my_migrated, 2, monkeypatch)
+        session = await store.sessions.load("conditional")
+        assert session is not None
+        session.add_message("user", "second")
+        with pytest.raises(statekeel.ConflictError, match="concurrent transaction"):
+            await store.sessions.save(session)
+        assert deadlocks.victims == 2  # its one retry was a victim too; no third attempt
+        await deadlocks.partners_done()
+    async with statekeel.open_store(my_migrated) as store:
+        loaded = await store.sessions.load("conditional")
+        assert [m["content"] for m in _msgs(loaded)] == ["first"]

@@ -62,3 +62,28 @@ def test_a_test_waiting_on_an_event_forever_fails_instead_of_hanging(tmp_path: P
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Timeout" in done.stdout
     assert "1 failed, 1 passed" in done.stdout
+
+
+def test_the_mariadb_restart_test_fails_under_ci_when_its_variable_is_missing() -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "STATEKEEL_TEST_MARIADB_RESTART"}
+    env["CI"] = "true"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/reliability/test_mariadb_restart.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "STATEKEEL_TEST_MARIADB_RESTART is not 1" in done.stdout

@@ -10,7 +10,9 @@ dialects). Claims use ``SELECT … FOR UPDATE SKIP LOCKED`` (MariaDB ≥ 10.6, M
 Failures: a call that met a dead connection is retried once on a new one — reads always, writes only if
 COMMIT was not sent (the server rolled the transaction back). A write whose COMMIT got no answer raises
 ``BackendUnavailable`` with ``outcome="unknown"``. A deadlock (the server rolled the whole transaction back)
-is retried once, then raises ``ConflictError``. Values too large for the server's ``max_allowed_packet``
+is retried once, then raises ``ConflictError``; an unconditional write (marked
+:func:`~statekeel.backends.sql.unconditional`: a memory put or forget) is retried up to 8 times with a
+growing pause. Values too large for the server's ``max_allowed_packet``
 raise ``PayloadTooLarge`` before anything is sent.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -28,7 +31,7 @@ from asyncmy.constants import CLIENT
 from ...codec import Codec
 from ...errors import BackendUnavailable, ConflictError, InvalidArgument, StatekeelError
 from ..base import MigrationInfo
-from ..sql import SCHEMA_TABLES, Op
+from ..sql import SCHEMA_TABLES, Op, is_unconditional
 from ..sql.approvals import SqlApprovals
 from ..sql.audit import SqlAudit
 from ..sql.branches import SqlBranches
@@ -48,7 +51,14 @@ from ..sql.tool_calls import SqlToolCalls
 from ..sql.traces import SqlTraces
 from ..sql.vectors import SqlVectors
 from ..sql.workflows import SqlWorkflows
-from .errors import is_connection_error, is_deadlock, translate, unknown_outcome
+from .errors import (
+    ER_LOCK_DEADLOCK,
+    is_connection_error,
+    is_deadlock,
+    target_detail,
+    translate,
+    unknown_outcome,
+)
 from .queries import Script, load_scripts
 from .schema import MySchema
 from .target import MyTarget
@@ -70,6 +80,15 @@ _INIT = (
 )
 _BEGIN_WRITE = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
 _BEGIN_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION READ ONLY"
+# An unconditional write chosen as a deadlock victim runs again up to this many times, pausing
+# _deadlock_pause(n) before the n-th: about 1 s in all before its ConflictError.
+_UNCONDITIONAL_DEADLOCK_RETRIES = 8
+
+
+def _deadlock_pause(retry: int) -> float:
+    # Doubling from 5 ms up to 320 ms, with jitter so two victims of one cycle do not meet again in step.
+    base: float = min(0.005 * 2.0 ** (retry - 1), 0.32)
+    return base * (0.5 + random.random())
 
 
 def scripts() -> dict[str, Script]:
@@ -245,7 +264,9 @@ class MySqlBackend(
         if current is not None:
             return await self._write_nested(current, op, *args)
         pool = self._require_pool()
-        lost = deadlocked = False
+        lost = False
+        deadlocks = 0
+        unconditional = is_unconditional(op)
         while True:
             committing = False
             conn = None
@@ -274,11 +295,25 @@ class MySqlBackend(
                     log.warning("%s: a connection failed (%s); retrying once on a new one", self.target, exc)
                     await self._drop_idle()
                     continue
-                if is_deadlock(exc) and not deadlocked:
-                    # InnoDB rolled the whole transaction back: it is safe to run once more.
-                    deadlocked = True
-                    log.info("%s: deadlock (%s); retrying once", self.target, exc)
-                    continue
+                if is_deadlock(exc):
+                    # InnoDB rolled the whole transaction back: running it again cannot apply it twice. A
+                    # conditional write runs once more, then its caller re-reads; an unconditional one
+                    # goes on (each victim's rival has committed meanwhile), with a growing pause.
+                    limit = _UNCONDITIONAL_DEADLOCK_RETRIES if unconditional else 1
+                    if deadlocks < limit:
+                        deadlocks += 1
+                        log.info("%s: deadlock (%s); retry %d of %d", self.target, exc, deadlocks, limit)
+                        if unconditional:
+                            await asyncio.sleep(_deadlock_pause(deadlocks))
+                        continue
+                    if unconditional:
+                        raise ConflictError(
+                            f"{self.target}: chosen as a deadlock victim {deadlocks + 1} times in a row "
+                            f"({target_detail(exc, self.target)}); nothing was written: call again",
+                            code=ER_LOCK_DEADLOCK,
+                            attempts=deadlocks + 1,
+                            hint="",
+                        ) from None
                 raise translate(exc, self.target) from None
 
     async def _end_failed(self, conn: Any, exc: BaseException, committing: bool) -> None:

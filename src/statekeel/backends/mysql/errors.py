@@ -85,6 +85,11 @@ def is_deadlock(exc: BaseException) -> bool:
     return code(exc) == ER_LOCK_DEADLOCK
 
 
+def target_detail(exc: BaseException, target: MyTarget) -> str:
+    """A driver error as text for a message, the password scrubbed."""
+    return target.scrub(f"{type(exc).__name__}: {exc}")
+
+
 def duplicate_key(exc: BaseException) -> str | None:
     """The name of the unique key a duplicate-entry error was about (None: not a duplicate)."""
     if code(exc) != ER_DUP_ENTRY:
@@ -98,7 +103,7 @@ def translate(exc: BaseException, target: MyTarget) -> BaseException:
     if isinstance(exc, StatekeelError):
         return exc
     fields = target.fields
-    detail = target.scrub(f"{type(exc).__name__}: {exc}")
+    detail = target_detail(exc, target)
     c = code(exc)
     if c in (ER_ACCESS_DENIED, ER_DBACCESS_DENIED):
         return BackendUnavailable(

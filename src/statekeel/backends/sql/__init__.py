@@ -151,6 +151,24 @@ class Tx(abc.ABC):
 
 
 Op = Callable[..., Coroutine[Any, Any, T]]
+OpT = TypeVar("OpT", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+_UNCONDITIONAL = "statekeel_unconditional"
+
+
+def unconditional(op: OpT) -> OpT:
+    """Mark ``op`` as an unconditional write: what it writes depends only on its arguments and on what it
+    reads inside its own transaction, never on what its caller read before (a memory put or forget, not an
+    append at an expected head). A dialect whose server rolls a whole transaction back under it (an InnoDB
+    deadlock) may run such an operation again, several times, where a conditional write gets one retry and
+    then its ``ConflictError``."""
+    setattr(op, _UNCONDITIONAL, True)
+    return op
+
+
+def is_unconditional(op: Callable[..., Any]) -> bool:
+    """Whether ``op`` was marked with :func:`unconditional`."""
+    return getattr(op, _UNCONDITIONAL, False) is True
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -263,8 +281,10 @@ __all__ = [
     "SqlBackend",
     "Tx",
     "from_micros",
+    "is_unconditional",
     "load_queries",
     "run_sync",
     "to_micros",
+    "unconditional",
     "utcnow",
 ]

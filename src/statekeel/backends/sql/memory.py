@@ -31,7 +31,7 @@ from ..base import (
     Page,
     Relation,
 )
-from . import Row, SqlBackend, Tx, from_micros, to_micros
+from . import Row, SqlBackend, Tx, from_micros, to_micros, unconditional
 from .sessions import decode_cursor, encode_cursor
 from .tasks import ts_in_or_none, ts_or_none
 
@@ -163,6 +163,7 @@ async def _event(
     )
 
 
+@unconditional
 async def op_put_memory(tx: Tx, put: MemoryPut) -> tuple[Memory, str | None]:
     expires = ts_in_or_none(tx, put.expires_at)
 
@@ -343,6 +344,7 @@ async def _require(tx: Tx, query: str, memory_id: str) -> Row:
     return row
 
 
+@unconditional
 async def op_forget_memory(
     tx: Tx, memory_id: str, actor: str | None, reason: str | None, at: dt.datetime
 ) -> Memory:
