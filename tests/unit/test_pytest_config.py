@@ -62,3 +62,19 @@ def test_a_test_waiting_on_an_event_forever_fails_instead_of_hanging(tmp_path: P
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Timeout" in done.stdout
     assert "1 failed, 1 passed" in done.stdout
+
+
+FILE = str(ROOT / "tests" / "contract" / "test_session_rewind.py")
+
+
+def test_a_backend_marker_selects_the_tests_of_that_backend_only() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", "-m", "sqlite", FILE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids and all(line.endswith("[sqlite]") for line in ids), ids
