@@ -513,3 +513,27 @@ def kinds(request: pytest.FixtureRequest, tmp_path: Path) -> Kinds:
     else:
         url = f"sqlite:///{tmp_path / 'kinds.db'}"
     return asyncio.run(fill_kinds_store(url, root))
+
+
+# The backend markers (``-m sqlite``, ``-m "not mariadb"``): added from a test's backend parameter, so a
+# topic runs on one engine without naming parameter ids. ``nats+sqlite`` needs the NATS server: ``nats``.
+_BACKEND_MARKERS = {name: name.partition("+")[0] for name in BACKENDS}
+_BACKEND_PARAMS = ("backend_name", "shared_url", "filled", "kinds")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for param in _BACKEND_PARAMS:
+            value = callspec.params.get(param)
+            if isinstance(value, str) and value in _BACKEND_MARKERS:
+                item.add_marker(_BACKEND_MARKERS[value])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # A test that stops the shared server would fail the tests other workers run on it meanwhile: under
+    # pytest-xdist it waits for README's serial phase (``-m stops_shared_server``, one process).
+    if item.get_closest_marker("stops_shared_server") and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("stops the shared server: runs in the serial phase (pytest -m stops_shared_server)")

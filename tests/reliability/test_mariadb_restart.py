@@ -19,10 +19,13 @@ import pytest
 import statekeel
 from helpers import mariadb_raw
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("STATEKEEL_TEST_MARIADB_RESTART") != "1" or os.geteuid() != 0,
-    reason="restarts the MariaDB server: needs STATEKEEL_TEST_MARIADB_RESTART=1 and root",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("STATEKEEL_TEST_MARIADB_RESTART") != "1" or os.geteuid() != 0,
+        reason="restarts the MariaDB server: needs STATEKEEL_TEST_MARIADB_RESTART=1 and root",
+    ),
+    pytest.mark.stops_shared_server,
+]
 
 
 def _answers() -> bool:

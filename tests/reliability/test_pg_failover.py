@@ -45,6 +45,9 @@ ACKS_AFTER_PROMOTION = 10
 PROMOTION_DEADLINE_S = 60.0
 FENCE_WORKER = "fence-holder"
 FENCE_SESSION = "fenced-session"
+# One pytest-xdist worker runs the whole module: one cluster (its fixture is module-scoped), and no two
+# workers scanning the same port range for one.
+pytestmark = pytest.mark.xdist_group("pg_failover_cluster")
 
 
 def _unavailable_reason() -> str | None:

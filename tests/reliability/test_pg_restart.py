@@ -21,7 +21,7 @@ import pytest
 import statekeel
 from statekeel.backends.base import NewMessage
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.stops_shared_server]
 
 _ALLOWED = any(
     os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("CI", "STATEKEEL_TEST_PG_RESTART")

@@ -87,3 +87,19 @@ def test_the_mariadb_restart_test_fails_under_ci_when_its_variable_is_missing() 
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "STATEKEEL_TEST_MARIADB_RESTART is not 1" in done.stdout
+
+
+FILE = str(ROOT / "tests" / "contract" / "test_session_rewind.py")
+
+
+def test_a_backend_marker_selects_the_tests_of_that_backend_only() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", "-m", "sqlite", FILE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids and all(line.endswith("[sqlite]") for line in ids), ids
