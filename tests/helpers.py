@@ -623,8 +623,9 @@ def run_statekeel(
     *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``statekeel ARGS`` as a user runs it: a subprocess without a terminal or ``$STATEKEEL_URL`` (unless
-    ``env`` gives one)."""
-    full_env = {k: v for k, v in os.environ.items() if k != "STATEKEEL_URL"}
+    ``env`` gives one), and without the ``$COLUMNS`` / ``$LINES`` of the test runner (a pytest-xdist worker
+    inherits its terminal's width there, which would fold the tables a pipe gets unfolded)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("STATEKEEL_URL", "COLUMNS", "LINES")}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "statekeel.cli", *args],
