@@ -364,3 +364,80 @@ async def test_locate_resolves_a_reference_by_the_rewind_count_it_was_taken_unde
         await loc("s", 5, rewinds=3)
     with pytest.raises(NotFound):
         await loc("nope", 0, rewinds=0)
+
+
+# A line of forks k0 -> k1 -> k2 -> k3: k1 forks k0 at 6, k2 forks k1 at 8, k3 forks k2 at 9; k0 holds 10
+# messages and every fork 4 of its own.
+FORK_POINTS = (6, 8, 9)
+
+
+def compression_plans(depth: int) -> list[tuple[int | None, ...]]:
+    """Where each session of a line of ``depth`` forks is compressed up to (None: not at all): the root
+    below the rewind point or not at all; each fork below the rewind point, just below its fork point (in
+    what it inherited, above the rewind point) or past its fork point (into its own messages). Each
+    session takes each of its places in some plan, next to each place of its parent."""
+    plans = []
+    for root in (None, 2):
+        for shift in range(4):
+            places = [(None, 2, point - 1, point + 2) for point in FORK_POINTS[:depth]]
+            plans.append((root, *(p[(shift + i * (root or 1)) % 4] for i, p in enumerate(places))))
+    return plans
+
+
+async def fork_line(store: statekeel.Store, prefix: str, plan: tuple[int | None, ...]) -> list[str]:
+    keys = [f"{prefix}-k{i}" for i in range(len(plan))]
+    await make(store, keys[0], 10, "k0.")
+    for i in range(1, len(plan)):
+        f = await store.sessions.fork(keys[i - 1], FORK_POINTS[i - 1], new_key=keys[i])
+        for j in range(4):
+            f.add_message("user", f"k{i}.{j}")
+        await store.sessions.save(f)
+    for key, upto in zip(keys, plan, strict=True):
+        if upto is not None:
+            await store.sessions.compress(key, upto, f"up to {upto}")
+    return keys
+
+
+async def what_loads(store: statekeel.Store, key: str) -> tuple[Any, ...]:
+    live = await fresh(store, key)
+    whole = await fresh(store, key, include_archived=True)
+    return (
+        contents(live.messages),
+        [(s.summary, s.upto_seq) for s in live.summaries],
+        live.last_consolidated,
+        live.head_seq,
+        contents(whole.messages),
+        await rows(store, key),
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+async def test_a_rewind_never_breaks_a_fork_below_it_at_any_depth_with_compression_anywhere(
+    store: statekeel.Store, depth: int
+) -> None:
+    # Every line of forks, every place of compression, a rewind of the root or of a fork into what it
+    # inherited or into its own part: every other session of the line loads what it loaded before, also
+    # after the rewound one grows again; the rewound one keeps its history up to the rewind point.
+    broken = []
+    for n, plan in enumerate(compression_plans(depth)):
+        for target, to_seq in ((0, 3), (1, 3), (1, 7)):
+            if target > depth or (plan[target] or 0) > to_seq:
+                continue  # what was compressed is not rewound
+            keys = await fork_line(store, f"line{n}-{target}-{to_seq}", plan)
+            before = {key: await what_loads(store, key) for key in keys}
+            await store.sessions.rewind(keys[target], to_seq, reason="undo")
+            rewound = await fresh(store, keys[target])
+            rewound.add_message("user", "again")
+            await store.sessions.save(rewound)
+            for i, key in enumerate(keys):
+                try:
+                    now = await what_loads(store, key)
+                except statekeel.StatekeelError as e:
+                    broken.append((plan, target, to_seq, key, repr(e)))
+                    continue
+                if i == target:
+                    if now[4] != [*before[key][4][:to_seq], "again"]:
+                        broken.append((plan, target, to_seq, key, now[4]))
+                elif now != before[key]:
+                    broken.append((plan, target, to_seq, key, before[key], now))
+    assert broken == [], "\n".join(map(repr, broken))

@@ -121,24 +121,29 @@ async def op_rewind_session(
     own_lo = parent_seq if parent_key is not None else 0
     # Forks that read past to_seq get their own copy of that part first: their history does not change.
     for child in await tx.fetchall("session_children_for_update", key):
-        lo, hi = max(to_seq, child["last_consolidated"]), child["parent_seq"]
-        if lo >= hi:
+        hi = child["parent_seq"]
+        if to_seq >= hi:
             continue
-        rows = await view_rows(tx, key, parent_key, own_lo, lo, hi)
-        await tx.executemany(
-            "message_insert",
-            [
-                (
-                    child["key"],
-                    r["seq"],
-                    r["role"],
-                    resealed(tx, r["payload"], src, child["key"], r["seq"]),
-                    r["created_at"],
-                    r["usage"],
-                )
-                for src, r in rows
-            ],
-        )
+        # What the fork compressed is in its own archive already; the rest is copied.
+        lo = max(to_seq, child["last_consolidated"])
+        if lo < hi:
+            rows = await view_rows(tx, key, parent_key, own_lo, lo, hi)
+            await tx.executemany(
+                "message_insert",
+                [
+                    (
+                        child["key"],
+                        r["seq"],
+                        r["role"],
+                        resealed(tx, r["payload"], src, child["key"], r["seq"]),
+                        r["created_at"],
+                        r["usage"],
+                    )
+                    for src, r in rows
+                ],
+            )
+        # Its fork point moves to to_seq even when nothing was copied: its own forks read [to_seq, hi)
+        # through it, from its archive, and never from this session's rewound part.
         await tx.execute("session_cut_fork", child["key"], to_seq, key)
     now_dt = utcnow()
     # Rewind records list in creation order (the k-th is the rewind that made the count k: how a
