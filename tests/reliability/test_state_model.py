@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
-
 from model.machine import StoreMachine, story_script
 
 EXAMPLES = int(os.environ.get("STATEKEEL_MODEL_EXAMPLES", "10"))

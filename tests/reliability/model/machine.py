@@ -93,7 +93,9 @@ class StoreMachine(RuleBasedStateMachine):
             if self.my_clones is not None:
                 self.database = self.my_clones.take()
             else:
-                conftest.my_admin(f"CREATE DATABASE `{self.database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+                conftest.my_admin(
+                    f"CREATE DATABASE `{self.database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )
             return conftest.my_url(self.database)
         url = f"{conftest.NATS_BASE}?prefix={self.database.replace('_', '')}"
         return url + (f"&rest=sqlite:///{db}" if self.engine == "nats+sqlite" else "")
@@ -255,7 +257,9 @@ class StoreMachine(RuleBasedStateMachine):
         session.add_message(
             "assistant",
             None,
-            tool_calls=[{"id": call_id, "type": "function", "function": {"name": "charge", "arguments": "{}"}}],
+            tool_calls=[
+                {"id": call_id, "type": "function", "function": {"name": "charge", "arguments": "{}"}}
+            ],
         )
         ran: list[str] = []
         got = self.run(self.store.sessions.run_tool(session, call_id, lambda: ran.append(call_id) or result))

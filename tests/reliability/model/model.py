@@ -131,7 +131,9 @@ class StoreState:
     # --- tasks ----------------------------------------------------------------------------------------
 
     def oldest_queued(self) -> str | None:
-        queued = [(t.order, tid) for tid, t in self.tasks.items() if t.status == "queued" and t.either is None]
+        queued = [
+            (t.order, tid) for tid, t in self.tasks.items() if t.status == "queued" and t.either is None
+        ]
         return min(queued)[1] if queued else None
 
     # --- approvals ------------------------------------------------------------------------------------
