@@ -538,7 +538,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     # --- export and import ----------------------------------------------------------------------------
 
-    @precondition(lambda self: self.holds_all())
+    # A paired NATS store refuses a row copy (its sessions, audit and traces are events, not rows).
+    @precondition(lambda self: self.holds_all() and self.engine != "nats+sqlite")
     @rule()
     @recorded
     def export_then_import(self) -> None:
