@@ -7,9 +7,10 @@
 What is the subject's:
 
 - sessions whose key is the subject, or whose ``metadata["subject"]`` is (a string), with their
-  messages, summaries, message archive and tool-call journal; their fallback files (also a session
-  that only a fallback file holds, and quarantined copies of those files); the episodes recorded for them
-  (and their vectors); their file ledger records; the spans of the trace named after them, and spans whose
+  messages, summaries, message archive, the messages its rewinds took out of the live transcript
+  (``rewound_messages``) and tool-call journal; their fallback files (also a session that only a
+  fallback file holds, and quarantined copies of those files); the episodes recorded for them (and their
+  vectors); their file ledger records; the spans of the trace named after them, and spans whose
   attributes' ``session_key`` (or ``session.id``) is one of them; the LangGraph checkpoints of the thread
   named after them; the vectors of a source named after them; their lease rows, unless a live process
   holds one (counted as ``leases_held``: run the erasure again once it is gone); and the forks of those
@@ -107,6 +108,7 @@ class ErasureReport:
     sessions: int = 0
     messages: int = 0
     archived_messages: int = 0
+    rewound_messages: int = 0
     compressions: int = 0
     tool_calls: int = 0
     fallback_files: int = 0
@@ -139,9 +141,9 @@ class ErasureReport:
 
 
 KINDS = (
-    "sessions", "messages", "archived_messages", "compressions", "tool_calls", "fallback_files",
-    "episodes", "memories", "memory_events", "memory_accesses", "contradictions", "relations", "vectors",
-    "traces", "checkpoints", "file_changes",
+    "sessions", "messages", "archived_messages", "rewound_messages", "compressions", "tool_calls",
+    "fallback_files", "episodes", "memories", "memory_events", "memory_accesses", "contradictions",
+    "relations", "vectors", "traces", "checkpoints", "file_changes",
 )  # fmt: skip
 
 
@@ -266,12 +268,23 @@ async def erase(
             break
         span_after = spans[-1]
 
+    late: list[str] = []
     for i in range(0, len(ordered), batch_size):
         chunk = ordered[i : i + batch_size]
-        await tally.add(await backend.erase_sessions(subject, chunk, now=now, dry_run=dry_run))
-        for key in chunk:
-            if not dry_run:
-                store.sessions.evict(key)
+        batch = await backend.erase_sessions(subject, chunk, now=now, dry_run=dry_run)
+        await tally.add(batch)
+        if dry_run:
+            continue
+        # A fork made since the sessions were listed went with its parent's batch: its data key goes
+        # too (marked now, so that a run killed before the keys still destroys it).
+        found_late = [k for k in batch.keys if k not in keys]
+        if found_late and ring is not None:
+            await asyncio.to_thread(ring.mark, digest, found_late)
+        keys.update(found_late)
+        late.extend(found_late)
+        for key in (*chunk, *found_late):
+            store.sessions.evict(key)
+    ordered = sorted(keys) if late else ordered
 
     cursor: str | None = None
     while True:

@@ -407,11 +407,13 @@ class RetentionBackend(abc.ABC):
 class ErasureBatch:
     """What one erasure transaction deleted (or, in a dry run, would delete), by kind; ``after`` is where
     the next batch of a paged kind starts (None when this one was the last); ``seconds`` is how long it
-    held the transaction."""
+    held the transaction; ``keys`` are the sessions a session batch deleted (with the forks it found in
+    its transaction, which the listing before it may not have held)."""
 
     counts: dict[str, int]
     after: Any = None
     seconds: float = 0.0
+    keys: tuple[str, ...] = ()
 
 
 class ErasureBackend(abc.ABC):
