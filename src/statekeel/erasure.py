@@ -34,7 +34,11 @@ Batches: the subject's sessions are found on a snapshot without holding the writ
 row is still the subject's. A process killed midway leaves whole batches done; run the erasure again and
 it finishes (the audit entry is written by the run that finishes). On SQLite deleted rows are overwritten
 (``secure_delete``) and the WAL is checkpointed and truncated at the end, so the subject's text is gone
-from the database file and its WAL; on PostgreSQL see ``docs/retention.md`` (VACUUM).
+from the database file and its WAL; another connection holding a read snapshot keeps the checkpoint from
+finishing, so it is tried again for up to ``log_wait`` seconds, and if it still cannot finish the report
+says so (``complete`` False, with ``left`` and ``advice``) and the audit entry records
+``"complete": false``: run the erasure again once the reader is gone. On PostgreSQL see
+``docs/retention.md`` (VACUUM).
 
 With a key ring (``open_store(keyring=...)``, see :mod:`statekeel.codec.keyring`) the erasure also destroys
 the data keys of the subject and of each session it erases, after their rows are gone, so the copies of
@@ -54,7 +58,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 from .backends.base import ErasureBatch, StorageBackend
-from .errors import StatekeelError
+from .errors import InvalidArgument, StatekeelError
 from .fallback import SUFFIX, FallbackDir, file_stem
 from .validation import check_bool, check_int, check_key, check_text
 
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from .traces import TraceLog
 
 _QUARANTINED = SUFFIX + ".corrupt-"
+LOG_WAIT = 5.0  # seconds an erasure retries the SQLite log's checkpoint while a reader holds it up
 
 
 class Erasable(Protocol):
@@ -101,6 +106,11 @@ class ErasureReport:
     run; always 0 for a store without one). ``batches`` counts the transactions,
     ``longest_batch_seconds`` the longest one (on SQLite: how long it held the write lock).
     ``session_keys`` lists the keys erased as the subject's (its sessions', and the subject itself).
+    ``complete`` is False when the erasure is not finished on disk although the rows are deleted: on
+    SQLite, a reader's snapshot kept the write-ahead log from being checkpointed within ``log_wait``, so
+    the erased rows' old pages are still in the database file and its log; ``left`` says what is left
+    and ``advice`` what finishes it (run the erasure again once the reader is gone). Both are empty when
+    ``complete``.
     """
 
     subject_sha256: str
@@ -129,6 +139,9 @@ class ErasureReport:
     longest_batch_seconds: float = 0.0
     audit_seq: int | None = None
     session_keys: tuple[str, ...] = field(default=(), repr=False)
+    complete: bool = True
+    left: str = ""
+    advice: str = ""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -214,7 +227,14 @@ def _remove_files(files: FallbackDir, found: list[tuple[str, str | None]]) -> in
 
 
 async def erase(
-    store: Erasable, subject: str, *, dry_run: bool, actor: str, reason: str, batch_size: int = 100
+    store: Erasable,
+    subject: str,
+    *,
+    dry_run: bool,
+    actor: str,
+    reason: str,
+    batch_size: int = 100,
+    log_wait: float = LOG_WAIT,
 ) -> ErasureReport:
     """See the module documentation; ``Store.erase`` is the public entry."""
     check_key(subject, "subject")
@@ -222,6 +242,8 @@ async def erase(
     check_key(actor, "actor")
     check_text(reason, "reason")
     check_int(batch_size, "batch_size", minimum=1)
+    if type(log_wait) not in (int, float) or not 0 <= log_wait <= 3600:
+        raise InvalidArgument(f"log_wait must be a number of seconds from 0 to 3600, got {log_wait!r}")
     began = time.perf_counter()
     now = dt.datetime.now(dt.UTC)
     data_keys = 0
@@ -315,7 +337,22 @@ async def erase(
         data_keys = await asyncio.to_thread(ring.destroy, digest, stayed)
     counts = {kind: tally.counts[kind] for kind in KINDS}
     audit_seq = None
+    complete, left, advice = True, "", ""
     if not dry_run:
+        # Before the audit entry, which says whether it finished: the log held the erased rows' old
+        # pages, and a reader's snapshot can keep it from being copied and truncated for a while.
+        complete = await backend.shrink_log(wait=log_wait)
+        if not complete:
+            left = (
+                "the erased rows are deleted, but their old pages are still in the database file and its "
+                f"write-ahead log: a reader kept its snapshot for more than {log_wait:g} s, so the log "
+                "could not be checkpointed"
+            )
+            advice = (
+                "end the long read (a process holding a transaction open on the database), then run the "
+                "erasure again (statekeel erase SUBJECT, or store.erase): it deletes nothing more and "
+                "checkpoints the log"
+            )
         entry = await store.audit.append(
             "erasure",
             actor,
@@ -326,10 +363,10 @@ async def erase(
                 "counts": counts,
                 "leases_held": tally.counts["leases_held"],
                 "data_keys": data_keys,
+                "complete": complete,
             },
         )
         audit_seq = entry.seq
-        await backend.shrink_log()  # the WAL held the erased rows' pages: checkpoint and truncate it
     return ErasureReport(
         subject_sha256=digest,
         dry_run=dry_run,
@@ -340,6 +377,9 @@ async def erase(
         longest_batch_seconds=tally.longest,
         audit_seq=audit_seq,
         session_keys=tuple(ordered),
+        complete=complete,
+        left=left,
+        advice=advice,
         **counts,
     )
 
