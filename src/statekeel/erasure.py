@@ -7,9 +7,10 @@
 What is the subject's:
 
 - sessions whose key is the subject, or whose ``metadata["subject"]`` is (a string), with their
-  messages, summaries, message archive and tool-call journal; their fallback files (also a session
-  that only a fallback file holds, and quarantined copies of those files); the episodes recorded for them
-  (and their vectors); their file ledger records; the spans of the trace named after them, and spans whose
+  messages, summaries, message archive, the messages its rewinds took out of the live transcript
+  (``rewound_messages``) and tool-call journal; their fallback files (also a session that only a
+  fallback file holds, and quarantined copies of those files); the episodes recorded for them (and their
+  vectors); their file ledger records; the spans of the trace named after them, and spans whose
   attributes' ``session_key`` (or ``session.id``) is one of them; the LangGraph checkpoints of the thread
   named after them; the vectors of a source named after them; their lease rows, unless a live process
   holds one (counted as ``leases_held``: run the erasure again once it is gone); and the forks of those
@@ -33,7 +34,11 @@ Batches: the subject's sessions are found on a snapshot without holding the writ
 row is still the subject's. A process killed midway leaves whole batches done; run the erasure again and
 it finishes (the audit entry is written by the run that finishes). On SQLite deleted rows are overwritten
 (``secure_delete``) and the WAL is checkpointed and truncated at the end, so the subject's text is gone
-from the database file and its WAL; on PostgreSQL see ``docs/retention.md`` (VACUUM).
+from the database file and its WAL; another connection holding a read snapshot keeps the checkpoint from
+finishing, so it is tried again for up to ``log_wait`` seconds, and if it still cannot finish the report
+says so (``complete`` False, with ``left`` and ``advice``) and the audit entry records
+``"complete": false``: run the erasure again once the reader is gone. On PostgreSQL see
+``docs/retention.md`` (VACUUM).
 
 With a key ring (``open_store(keyring=...)``, see :mod:`statekeel.codec.keyring`) the erasure also destroys
 the data keys of the subject and of each session it erases, after their rows are gone, so the copies of
@@ -53,7 +58,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 from .backends.base import ErasureBatch, StorageBackend
-from .errors import StatekeelError
+from .errors import InvalidArgument, StatekeelError
 from .fallback import SUFFIX, FallbackDir, file_stem
 from .validation import check_bool, check_int, check_key, check_text
 
@@ -65,6 +70,7 @@ if TYPE_CHECKING:
     from .traces import TraceLog
 
 _QUARANTINED = SUFFIX + ".corrupt-"
+LOG_WAIT = 5.0  # seconds an erasure retries the SQLite log's checkpoint while a reader holds it up
 
 
 class Erasable(Protocol):
@@ -100,6 +106,11 @@ class ErasureReport:
     run; always 0 for a store without one). ``batches`` counts the transactions,
     ``longest_batch_seconds`` the longest one (on SQLite: how long it held the write lock).
     ``session_keys`` lists the keys erased as the subject's (its sessions', and the subject itself).
+    ``complete`` is False when the erasure is not finished on disk although the rows are deleted: on
+    SQLite, a reader's snapshot kept the write-ahead log from being checkpointed within ``log_wait``, so
+    the erased rows' old pages are still in the database file and its log; ``left`` says what is left
+    and ``advice`` what finishes it (run the erasure again once the reader is gone). Both are empty when
+    ``complete``.
     """
 
     subject_sha256: str
@@ -107,6 +118,7 @@ class ErasureReport:
     sessions: int = 0
     messages: int = 0
     archived_messages: int = 0
+    rewound_messages: int = 0
     compressions: int = 0
     tool_calls: int = 0
     fallback_files: int = 0
@@ -127,6 +139,9 @@ class ErasureReport:
     longest_batch_seconds: float = 0.0
     audit_seq: int | None = None
     session_keys: tuple[str, ...] = field(default=(), repr=False)
+    complete: bool = True
+    left: str = ""
+    advice: str = ""
 
     @property
     def counts(self) -> dict[str, int]:
@@ -139,9 +154,9 @@ class ErasureReport:
 
 
 KINDS = (
-    "sessions", "messages", "archived_messages", "compressions", "tool_calls", "fallback_files",
-    "episodes", "memories", "memory_events", "memory_accesses", "contradictions", "relations", "vectors",
-    "traces", "checkpoints", "file_changes",
+    "sessions", "messages", "archived_messages", "rewound_messages", "compressions", "tool_calls",
+    "fallback_files", "episodes", "memories", "memory_events", "memory_accesses", "contradictions",
+    "relations", "vectors", "traces", "checkpoints", "file_changes",
 )  # fmt: skip
 
 
@@ -212,7 +227,14 @@ def _remove_files(files: FallbackDir, found: list[tuple[str, str | None]]) -> in
 
 
 async def erase(
-    store: Erasable, subject: str, *, dry_run: bool, actor: str, reason: str, batch_size: int = 100
+    store: Erasable,
+    subject: str,
+    *,
+    dry_run: bool,
+    actor: str,
+    reason: str,
+    batch_size: int = 100,
+    log_wait: float = LOG_WAIT,
 ) -> ErasureReport:
     """See the module documentation; ``Store.erase`` is the public entry."""
     check_key(subject, "subject")
@@ -220,6 +242,8 @@ async def erase(
     check_key(actor, "actor")
     check_text(reason, "reason")
     check_int(batch_size, "batch_size", minimum=1)
+    if type(log_wait) not in (int, float) or not 0 <= log_wait <= 3600:
+        raise InvalidArgument(f"log_wait must be a number of seconds from 0 to 3600, got {log_wait!r}")
     began = time.perf_counter()
     now = dt.datetime.now(dt.UTC)
     data_keys = 0
@@ -266,12 +290,23 @@ async def erase(
             break
         span_after = spans[-1]
 
+    late: list[str] = []
     for i in range(0, len(ordered), batch_size):
         chunk = ordered[i : i + batch_size]
-        await tally.add(await backend.erase_sessions(subject, chunk, now=now, dry_run=dry_run))
-        for key in chunk:
-            if not dry_run:
-                store.sessions.evict(key)
+        batch = await backend.erase_sessions(subject, chunk, now=now, dry_run=dry_run)
+        await tally.add(batch)
+        if dry_run:
+            continue
+        # A fork made since the sessions were listed went with its parent's batch: its data key goes
+        # too (marked now, so that a run killed before the keys still destroys it).
+        found_late = [k for k in batch.keys if k not in keys]
+        if found_late and ring is not None:
+            await asyncio.to_thread(ring.mark, digest, found_late)
+        keys.update(found_late)
+        late.extend(found_late)
+        for key in (*chunk, *found_late):
+            store.sessions.evict(key)
+    ordered = sorted(keys) if late else ordered
 
     cursor: str | None = None
     while True:
@@ -302,7 +337,22 @@ async def erase(
         data_keys = await asyncio.to_thread(ring.destroy, digest, stayed)
     counts = {kind: tally.counts[kind] for kind in KINDS}
     audit_seq = None
+    complete, left, advice = True, "", ""
     if not dry_run:
+        # Before the audit entry, which says whether it finished: the log held the erased rows' old
+        # pages, and a reader's snapshot can keep it from being copied and truncated for a while.
+        complete = await backend.shrink_log(wait=log_wait)
+        if not complete:
+            left = (
+                "the erased rows are deleted, but their old pages are still in the database file and its "
+                f"write-ahead log: a reader kept its snapshot for more than {log_wait:g} s, so the log "
+                "could not be checkpointed"
+            )
+            advice = (
+                "end the long read (a process holding a transaction open on the database), then run the "
+                "erasure again (statekeel erase SUBJECT, or store.erase): it deletes nothing more and "
+                "checkpoints the log"
+            )
         entry = await store.audit.append(
             "erasure",
             actor,
@@ -313,10 +363,10 @@ async def erase(
                 "counts": counts,
                 "leases_held": tally.counts["leases_held"],
                 "data_keys": data_keys,
+                "complete": complete,
             },
         )
         audit_seq = entry.seq
-        await backend.shrink_log()  # the WAL held the erased rows' pages: checkpoint and truncate it
     return ErasureReport(
         subject_sha256=digest,
         dry_run=dry_run,
@@ -327,6 +377,9 @@ async def erase(
         longest_batch_seconds=tally.longest,
         audit_seq=audit_seq,
         session_keys=tuple(ordered),
+        complete=complete,
+        left=left,
+        advice=advice,
         **counts,
     )
 

@@ -475,7 +475,14 @@ class Store:
         return await purge(self, self.options.retention, now, dry_run, on_batch)
 
     async def erase(
-        self, subject: str, *, dry_run: bool = False, actor: str, reason: str, batch_size: int = 100
+        self,
+        subject: str,
+        *,
+        dry_run: bool = False,
+        actor: str,
+        reason: str,
+        batch_size: int = 100,
+        log_wait: float = 5.0,
     ) -> ErasureReport:
         """Delete everything about ``subject`` — its sessions (key or ``metadata["subject"]``) with their
         messages, archive, fallback files, episodes, file ledger records, traces and vectors; memories of
@@ -483,13 +490,23 @@ class Store:
         and append one ``erasure`` audit entry (``actor``, ``reason``, the counts). Audit entries and
         approvals stay.
         With ``dry_run`` nothing is written and the counts are what an erasure would delete. Interrupted, it
-        is run again and finishes. A subject that matches nothing gives a report of zeros. See
-        :mod:`statekeel.erasure`.
+        is run again and finishes. A subject that matches nothing gives a report of zeros. On SQLite the
+        write-ahead log is then checkpointed, retried for up to ``log_wait`` seconds while another
+        connection's read holds it up; if it still could not be, ``report.complete`` is False (the text
+        is still on disk) and ``report.advice`` says what finishes it. See :mod:`statekeel.erasure`.
 
         report = await store.erase("user:alice", actor="dpo", reason="GDPR art. 17 request #113")
         print(report.counts)
         """
-        return await erase(self, subject, dry_run=dry_run, actor=actor, reason=reason, batch_size=batch_size)
+        return await erase(
+            self,
+            subject,
+            dry_run=dry_run,
+            actor=actor,
+            reason=reason,
+            batch_size=batch_size,
+            log_wait=log_wait,
+        )
 
     async def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
         """Write a consistent copy of the whole store to the new SQLite file ``dest`` (0600; never

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -120,6 +121,31 @@ def test_erase_counts_deletes_and_records_the_erasure(tmp_path: Path) -> None:
     assert nothing.returncode == 0 and json.loads(nothing.stdout)["sessions"] == 0
     no_reason = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", cwd=tmp_path)
     assert "--reason" in one_line_error(no_reason)
+
+
+def test_erase_held_up_by_a_reader_says_what_is_left_and_exits_1_until_run_again(tmp_path: Path) -> None:
+    db = tmp_path / "src.db"
+    url = f"sqlite:///{db}"
+    asyncio.run(_fill(url))
+    reader = sqlite3.connect(db, isolation_level=None)  # another process's long read
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 9
+        held = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", "--reason", "r1", "--wait", "0",
+                             cwd=tmp_path)  # fmt: skip
+        assert held.returncode == 1
+        assert "deleted 10 records and files" in " ".join(held.stdout.split())
+        said = " ".join(held.stderr.split())
+        assert "erasure incomplete" in said and "write-ahead log" in said and "run the erasure again" in said
+        assert "Traceback" not in held.stderr
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+    done = run_statekeel("erase", SUBJECT, "--db", url, "--actor", "dpo", "--reason", "r1", "--json",
+                         cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["complete"] is True and report["left"] == "" and report["sessions"] == 0
 
 
 def test_erase_with_a_key_ring_destroys_the_subjects_data_keys_so_a_backup_no_longer_reads(

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statekeel
+from statekeel.codec.keyring import open_keyring
 from statekeel.erasure import subject_digest
 
 SUBJECT = "user:alice"
@@ -69,6 +70,7 @@ EXPECTED = {
     "sessions": 2,
     "messages": 8,
     "archived_messages": 2,
+    "rewound_messages": 0,
     "compressions": 1,
     "tool_calls": 0,
     "fallback_files": 0,
@@ -124,6 +126,30 @@ async def test_a_dry_run_counts_what_erase_deletes_and_writes_nothing(store: sta
     assert {t.name: await store.backend.count_rows(t.name) for t in tables} == before
     assert dry.counts == EXPECTED
     assert (await store.erase(SUBJECT, actor="dpo", reason="now")).counts == dry.counts
+
+
+async def test_erase_deletes_and_counts_the_messages_its_sessions_rewinds_took_out(
+    store: statekeel.Store,
+) -> None:
+    await _chat(store, SUBJECT, 6)
+    await _chat(store, "chat-8", 4, subject="bob")
+    await store.sessions.rewind(SUBJECT, 3, reason="retry turn 3")
+    await store.sessions.rewind("chat-8", 2, reason="bob's retry")
+    async with store.sessions.open(SUBJECT) as session:
+        session.add_message("user", "turn 3 again")
+    dry = await store.erase(SUBJECT, dry_run=True, actor="dpo", reason="preview")
+    assert (dry.messages, dry.rewound_messages, dry.compressions) == (4, 3, 1)
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert report.counts == dry.counts
+    assert (report.messages, report.rewound_messages, report.compressions) == (4, 3, 1)
+    assert report.total == 1 + 4 + 3 + 1
+    entry = (await store.audit.query(kind="erasure"))[-1]
+    assert entry.data["counts"]["rewound_messages"] == 3
+    # The rewound rows are gone with their session; a new session of the key has none, bob keeps his.
+    assert await store.backend.session_rewinds(SUBJECT) == []
+    assert [r.reason for r in await store.sessions.rewinds("chat-8")] == ["bob's retry"]
+    again = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    assert again.total == 0
 
 
 async def test_a_subject_that_matches_nothing_gives_zeros(store: statekeel.Store) -> None:
@@ -726,3 +752,63 @@ async def test_with_a_key_ring_the_forks_of_the_subjects_sessions_lose_their_dat
     ) as old:
         with pytest.raises(statekeel.SubjectErased):
             await old.backend.read_messages("chat-7-fork", start=3)
+
+
+async def test_after_an_erasure_the_erasing_process_opens_nothing_under_the_destroyed_keys(
+    ringed: tuple[statekeel.Store, str],
+) -> None:
+    store, _ = ringed
+    await fill(store)
+    cipher = store.codec.cipher
+    assert cipher is not None and cipher.ring is not None
+    ring = cipher.ring
+    sealed = {key: orjson.loads(cipher.seal(b'"words"', "message", (key, 0))) for key in (SUBJECT, "chat-7")}
+    kids = {key: cipher.stored_key_id(v, "message", (key, 0)) for key, v in sealed.items()}
+    for key, kid in kids.items():  # opened once: the ring's cache holds the keys
+        assert kid is not None and ring.opening_key(kid) is not None
+        assert cipher.open_raw(sealed[key], "message", (key, 0)) == b'"words"'
+    await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    for key, kid in kids.items():
+        assert kid is not None
+        assert ring.opening_key(kid) is None and not ring.holds(kid) and ring.destroyed(kid)
+        with pytest.raises(statekeel.SubjectErased) as info:
+            cipher.open_raw(sealed[key], "message", (key, 0))
+        assert info.value.key_id == kid
+
+
+async def test_a_fork_made_while_the_erasure_runs_loses_its_data_key_too(
+    ringed: tuple[statekeel.Store, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, ring_path = ringed
+    await fill(store)
+    cipher = store.codec.cipher
+    assert cipher is not None and cipher.ring is not None
+    real = store.backend.erase_sessions
+    made: dict[str, Any] = {}
+
+    async def fork_first(subject: str, keys: Any, **kwargs: Any) -> Any:
+        # Made after the erasure listed the subject's sessions, before their batch runs.
+        if not made:
+            fork = await store.sessions.fork("chat-7", 3, new_key="late-fork")
+            fork.add_message("user", "the late fork's own words")
+            await store.sessions.save(fork)
+            made["sealed"] = orjson.loads(cipher.seal(b'"late"', "message", ("late-fork", 3)))
+            made["kid"] = cipher.stored_key_id(made["sealed"], "message", ("late-fork", 3))
+        return await real(subject, keys, **kwargs)
+
+    monkeypatch.setattr(store.backend, "erase_sessions", fork_first)
+    report = await store.erase(SUBJECT, actor="dpo", reason="request 113")
+    monkeypatch.undo()
+    assert report.sessions == 3 and "late-fork" in report.session_keys
+    assert report.data_keys == 3  # "user:alice", "chat-7" and the late fork
+    assert await store.sessions.load("late-fork") is None
+    kid = made["kid"]
+    assert cipher.ring.opening_key(kid) is None and cipher.ring.destroyed(kid)
+    with pytest.raises(statekeel.SubjectErased):
+        cipher.open_raw(made["sealed"], "message", ("late-fork", 3))
+    # Gone from the ring file too, not only from this process's memory.
+    other = await asyncio.to_thread(open_keyring, ring_path, KEY)
+    try:
+        assert other.opening_key(kid) is None and other.destroyed(kid)
+    finally:
+        other.close()

@@ -6,6 +6,7 @@ at any point is finished by the next run, and a backup taken before no longer op
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,63 @@ async def test_the_subjects_text_is_gone_from_the_database_file_wal_and_fallback
         others = await store.sessions.load("chat-20")
         assert others is not None and len(others.messages) == 20
     assert _holders(root) == []
+
+
+async def _a_subject_with_text(store: statekeel.Store, subject: str) -> None:
+    for i in range(3):
+        key = subject if i == 0 else f"chat-{i}"
+        session = await store.sessions.get_or_create(key)
+        session.metadata["subject"] = subject if i < 2 else "someone-else"
+        for t in range(10):
+            session.add_message("user", f"{MARK} said {t} " * 10 if i < 2 else f"other talk {t}")
+        await store.sessions.save(session)
+    await store.memory.put("user", "name", f"{MARK} v1", scope=subject)
+
+
+async def test_an_erasure_a_reader_holds_up_says_it_is_incomplete_and_the_next_run_finishes_it(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    db = root / "agent.db"
+    subject = f"user:{MARK}"
+    async with statekeel.open_store(f"sqlite:///{db}", busy_timeout_ms=50) as store:
+        await _a_subject_with_text(store, subject)
+        # Another process's long read: a snapshot taken before the erasure, held past busy_timeout.
+        reader = sqlite3.connect(db, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 30
+            report = await store.erase(subject, actor="dpo", reason="request 113", log_wait=0.3)
+            assert report.sessions == 2 and report.memories == 1  # the rows are deleted
+            assert not report.complete
+            assert "write-ahead log" in report.left and "run the erasure again" in report.advice
+            entry = (await store.audit.query(kind="erasure"))[-1]
+            assert entry.seq == report.audit_seq and entry.data["complete"] is False
+            # What the report says is left is on disk: the erased text, in the file or its log.
+            assert _holders(root) != []
+            assert await store.sessions.load(subject) is None
+        finally:
+            reader.execute("ROLLBACK")
+            reader.close()
+        again = await store.erase(subject, actor="dpo", reason="request 113, after the reader")
+        assert again.complete and again.left == "" and again.advice == "" and again.total == 0
+        assert (await store.audit.query(kind="erasure"))[-1].data["complete"] is True
+        assert _holders(root) == []  # no byte of the subject's text in agent.db or agent.db-wal
+        others = await store.sessions.load("chat-2")
+        assert others is not None and len(others.messages) == 10
+    assert _holders(root) == []
+
+
+async def test_an_erasure_no_reader_holds_up_is_complete_on_disk(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    subject = f"user:{MARK}"
+    async with statekeel.open_store(f"sqlite:///{root / 'agent.db'}", busy_timeout_ms=50) as store:
+        await _a_subject_with_text(store, subject)
+        assert _holders(root) != []
+        report = await store.erase(subject, actor="dpo", reason="request 113", log_wait=0)
+        assert report.complete and report.left == "" and _holders(root) == []
 
 
 ERASE_CHILD = """

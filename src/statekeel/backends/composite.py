@@ -365,7 +365,7 @@ class CompositeBackend(StorageBackend):
         counts = dict(rest.counts)
         for kind, n in front.counts.items():
             counts[kind] = counts.get(kind, 0) + n
-        return ErasureBatch(counts, None, front.seconds + rest.seconds)
+        return ErasureBatch(counts, None, front.seconds + rest.seconds, front.keys)
 
     # --- copying ------------------------------------------------------------------------------------------
 

@@ -27,12 +27,14 @@ from .common import (
 )
 from .group import main
 
+INCOMPLETE = 1  # exit code: the rows are deleted, but the erasure is not finished on disk
+
 
 async def _erase(
-    url: str, keys: Keys | None, subject: str, dry_run: bool, actor: str, reason: str
+    url: str, keys: Keys | None, subject: str, dry_run: bool, actor: str, reason: str, wait: float
 ) -> ErasureReport:
     async with open_for_reading(url, keys) as store:
-        return await store.erase(subject, dry_run=dry_run, actor=actor, reason=reason)
+        return await store.erase(subject, dry_run=dry_run, actor=actor, reason=reason, log_wait=wait)
 
 
 @main.command()
@@ -42,7 +44,17 @@ async def _erase(
 @click.option("--actor", default=None, metavar="NAME", help="Who erases (default: $USER).")
 @click.option("--reason", required=True, metavar="TEXT", help="Why (e.g. the request's reference).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to retry the SQLite log's checkpoint while another connection's read holds it up.",
+)
+@click.pass_context
 def erase(
+    ctx: click.Context,
     db: str | None,
     key_file: str | None,
     as_json: bool,
@@ -50,6 +62,7 @@ def erase(
     actor: str | None,
     reason: str,
     dry_run: bool,
+    wait: float,
 ) -> None:
     """Delete everything about SUBJECT (Store.erase): sessions whose key or metadata "subject" is SUBJECT,
     with their messages, archive, fallback files, episodes, file ledger records, traces and vectors;
@@ -57,13 +70,15 @@ def erase(
 
     Audit entries and approvals stay; one "erasure" audit entry records --actor, --reason and the counts
     (naming the subject by its SHA-256). Short batches: agents keep working. Interrupted, run it again to
-    finish. A subject that matches nothing reports zeros.
+    finish. A subject that matches nothing reports zeros. Exits 1 when the erasure is not finished on
+    disk (on SQLite another connection's read kept the log from being checkpointed within --wait): it
+    says what is left; run it again once that reader is gone.
     """
     who = actor if actor is not None else os.environ.get("USER")
     if not who:
         raise Failure("--actor is needed (and $USER is not set): say who erases")
     url, keys = store_url(db), store_keys(key_file)
-    report = run(_erase(url, keys, subject, dry_run, who, reason), f"cannot erase in {redact_url(url)}")
+    report = run(_erase(url, keys, subject, dry_run, who, reason, wait), f"cannot erase in {redact_url(url)}")
     if as_json:
         echo_json(
             {
@@ -73,9 +88,12 @@ def erase(
                 "dry_run": report.dry_run,
                 "audit_seq": report.audit_seq,
                 "subject_sha256": report.subject_sha256,
+                "complete": report.complete,
+                "left": report.left,
+                "advice": report.advice,
             }
         )
-        return
+        ctx.exit(0 if report.complete else INCOMPLETE)
     out = console()
     table = Table(show_edge=False)
     table.add_column("kind")
@@ -101,6 +119,10 @@ def erase(
             "once it has stopped",
             markup=False,
         )
+    if not report.complete:
+        # On stderr too, so that a script that keeps only the exit code and the errors sees it.
+        click.echo(f"erasure incomplete: {report.left}; {report.advice}", err=True)
+        ctx.exit(INCOMPLETE)
 
 
 @main.command("create-keyring")

@@ -392,10 +392,12 @@ class RetentionBackend(abc.ABC):
         the file allows it: ``FreeSpace.incremental``); returns how many."""
         return 0
 
-    async def shrink_log(self) -> None:
-        """Give back the space of a write-ahead log that a large purge grew (SQLite: a TRUNCATE
-        checkpoint, best effort); nothing where there is none."""
-        return None
+    async def shrink_log(self, *, wait: float = 0.0) -> bool:
+        """Copy a write-ahead log into the database file and truncate it (SQLite: a TRUNCATE checkpoint),
+        giving back the space a large purge grew and the old page images a delete left in the log; tried
+        again for up to ``wait`` seconds while a reader's snapshot holds it up. Whether it finished (True
+        where there is no log)."""
+        return True
 
     async def vacuum(self) -> FreeSpace | None:
         """Rewrite the database file without its free pages (SQLite ``VACUUM``; it holds the write lock
@@ -407,11 +409,13 @@ class RetentionBackend(abc.ABC):
 class ErasureBatch:
     """What one erasure transaction deleted (or, in a dry run, would delete), by kind; ``after`` is where
     the next batch of a paged kind starts (None when this one was the last); ``seconds`` is how long it
-    held the transaction."""
+    held the transaction; ``keys`` are the sessions a session batch deleted (with the forks it found in
+    its transaction, which the listing before it may not have held)."""
 
     counts: dict[str, int]
     after: Any = None
     seconds: float = 0.0
+    keys: tuple[str, ...] = ()
 
 
 class ErasureBackend(abc.ABC):

@@ -62,6 +62,7 @@ class NatsErasure(NatsToolCalls, NatsTraces, ErasureBackend):
     ) -> ErasureBatch:
         began = time.perf_counter()
         counts: dict[str, int] = {}
+        erased: list[str] = []
         for key in keys:
             state = await self.read_state(key)
             row = state.row
@@ -81,6 +82,8 @@ class NatsErasure(NatsToolCalls, NatsTraces, ErasureBackend):
             if not dry_run:
                 if row is not None and not await self._erase_session(key, subject, keep_fence=live):
                     continue  # changed to another subject's since it was read: it stays
+                if row is not None:
+                    erased.append(key)
                 if not live and held is not None:
                     live = not await self._purge_lease(key, revision)
                 if not live:
@@ -89,7 +92,7 @@ class NatsErasure(NatsToolCalls, NatsTraces, ErasureBackend):
             for kind, n in found.items():
                 _add(counts, kind, n)
             _add(counts, "leases_held", int(live))
-        return ErasureBatch(counts, None, time.perf_counter() - began)
+        return ErasureBatch(counts, None, time.perf_counter() - began, tuple(erased))
 
     async def _erase_session(self, key: str, subject: str, *, keep_fence: bool) -> bool:
         """Delete the session if it is still the subject's (checked on the state the tombstone follows)."""

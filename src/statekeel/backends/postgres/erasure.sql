@@ -51,6 +51,7 @@ FOR UPDATE OF s;
 SELECT (SELECT count(*) FROM sessions WHERE key = $1) AS sessions,
        (SELECT count(*) FROM messages WHERE session_key = $1) AS messages,
        (SELECT count(*) FROM message_archive WHERE session_key = $1) AS archived_messages,
+       (SELECT count(*) FROM rewound_messages WHERE session_key = $1) AS rewound_messages,
        (SELECT count(*) FROM compressions WHERE session_key = $1) AS compressions,
        (SELECT count(*) FROM session_steps WHERE session_key = $1) AS tool_calls,
        (SELECT count(*) FROM file_changes WHERE session_key = $1) AS file_changes,

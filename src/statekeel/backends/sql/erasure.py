@@ -26,6 +26,7 @@ SESSION_KINDS = (
     "sessions",
     "messages",
     "archived_messages",
+    "rewound_messages",
     "compressions",
     "tool_calls",
     "file_changes",
@@ -48,6 +49,7 @@ async def op_erase_sessions(
 ) -> ErasureBatch:
     began = time.perf_counter()
     counts: dict[str, int] = {}
+    erased: list[str] = []
     for key in keys:
         check = await tx.fetchone(
             "erase_session_check" if dry_run else "erase_session_check_lock", key, subject
@@ -59,9 +61,9 @@ async def op_erase_sessions(
             # and a fork made while the erasure runs either is erased here or finds its parent gone. (A
             # dry run counts each fork in its own turn: the candidates include every fork.)
             for fork in await _forks(tx, key):
-                await _erase_session(tx, fork, subject, now, dry_run, counts)
-        await _erase_session(tx, key, subject, now, dry_run, counts)
-    return ErasureBatch(counts, None, time.perf_counter() - began)
+                await _erase_session(tx, fork, subject, now, dry_run, counts, erased)
+        await _erase_session(tx, key, subject, now, dry_run, counts, erased)
+    return ErasureBatch(counts, None, time.perf_counter() - began, tuple(erased))
 
 
 async def _forks(tx: Tx, key: str) -> list[str]:
@@ -77,7 +79,13 @@ async def _forks(tx: Tx, key: str) -> list[str]:
 
 
 async def _erase_session(
-    tx: Tx, key: str, subject: str, now: dt.datetime, dry_run: bool, counts: dict[str, int]
+    tx: Tx,
+    key: str,
+    subject: str,
+    now: dt.datetime,
+    dry_run: bool,
+    counts: dict[str, int],
+    erased: list[str],
 ) -> None:
     """Erase (or count) one session of the subject with what belongs to it."""
     row = await tx.fetchone("erase_session_counts", key)
@@ -99,6 +107,8 @@ async def _erase_session(
         # Checked above (and locked, on PostgreSQL and MariaDB): the session is the subject's, or a
         # fork of one of the subject's, or there is none. The delete checks it again in its WHERE.
         found["sessions"] = await tx.execute("erase_session_delete", key, subject)
+        if found["sessions"]:
+            erased.append(key)
     for kind, n in found.items():
         _add(counts, kind, n)
     _add(counts, "episodes", len(episodes))

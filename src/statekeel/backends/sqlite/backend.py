@@ -452,17 +452,27 @@ class SqliteBackend(
 
         return await self._call(self._require_open(), reclaim)
 
-    async def shrink_log(self) -> None:
+    async def shrink_log(self, *, wait: float = 0.0) -> bool:
         if self.path is None:
-            return
+            return True
 
-        def checkpoint(conn: sqlite3.Connection) -> None:
+        def checkpoint(conn: sqlite3.Connection) -> bool:
             # PASSIVE copies the log without blocking other writers; TRUNCATE, which does block them
-            # while it runs, then has almost nothing left to copy.
+            # while it runs, then has almost nothing left to copy. It gives up (busy) past busy_timeout
+            # while a reader's snapshot still needs the log's frames.
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            busy, log, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return not busy and log == done
 
-        await self._call(self._require_open(), checkpoint)
+        deadline = time.monotonic() + wait
+        pause = 0.01
+        while not await self._call(self._require_open(), checkpoint):
+            if time.monotonic() >= deadline:
+                return False
+            # Off the writer's thread between tries: other writes go on while the reader finishes.
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.25)
+        return True
 
     async def vacuum(self) -> FreeSpace | None:
         if self.path is None:
