@@ -115,7 +115,7 @@ class SessionFallback:
                 "written; its messages were kept in the quarantined file",
             )
         taken = snap.rewinds or 0
-        if record.rewinds != taken:
+        if (record.rewinds or 0) != taken:
             # Its seqs name messages of the live transcript it was taken in; after a rewind the same seqs
             # (even the same head) name others: replaying it would splice the old branch onto the new one.
             return Verdict(

@@ -496,6 +496,12 @@ class StoreMachine(RuleBasedStateMachine):
                 model.either = [*model.messages, text]
                 self.forget_open(key)
                 return
+        if session.fallback_file is not None:
+            # Saved to this host's fallback file (the backend's answer was lost): a process elsewhere,
+            # without that file, sees either history until the file is replayed or the write settled.
+            model.either = [*model.messages, text]
+            self.forget_open(key)
+            return
         model.messages.append(text)
 
     @precondition(lambda self: faults.applies(self.engine) and self.holds_all())
