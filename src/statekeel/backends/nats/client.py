@@ -192,23 +192,41 @@ class NatsConnection:
         return int(self._nc.max_payload)
 
     async def connect(self) -> None:
+        """Connect to one of the URL's servers. Once connected the client reconnects by itself, without
+        end; the first connection gives up after ``timeout`` seconds per server named (the client's own
+        first connect would retry forever), raising ``BackendUnavailable`` naming the servers."""
+        nc = Client()
+        budget = self.url.timeout * len(self.url.servers)
+        # Client.connect's annotations say int for what are seconds; it takes floats.
+        options: dict[str, Any] = {"connect_timeout": self.url.timeout, "reconnect_time_wait": 0.2}
         try:
-            self._nc = await nats.connect(
-                servers=list(self.url.servers),
-                connect_timeout=self.url.timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.2,
-                allow_reconnect=True,
-                error_cb=_ignore,
-                disconnected_cb=_ignore_event,
-                reconnected_cb=_ignore_event,
-                closed_cb=_ignore_event,
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=list(self.url.servers),
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    error_cb=_ignore,
+                    disconnected_cb=_ignore_event,
+                    reconnected_cb=_ignore_event,
+                    closed_cb=_ignore_event,
+                    **options,
+                ),
+                budget,
             )
         except Exception as exc:
+            await nc.close()
+            reason = f"none answered within {budget:g} s" if isinstance(exc, TimeoutError) else str(exc)
             raise BackendUnavailable(
-                f"cannot connect to NATS at {', '.join(self.url.servers)}: {type(exc).__name__}: {exc}"
+                f"cannot connect to NATS at {', '.join(self.hosts)} ({type(exc).__name__}: {reason}); "
+                "nothing was written"
             ) from exc
-        self._js = self._nc.jetstream(timeout=self.url.timeout)
+        self._nc = nc
+        self._js = nc.jetstream(timeout=self.url.timeout)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The URL's servers as ``host:port``, without credentials, for messages."""
+        return [s.partition("://")[2].rpartition("@")[2] for s in self.url.servers]
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
