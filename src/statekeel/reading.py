@@ -39,21 +39,8 @@ def check_url(url: str, what: str = "--db") -> None:
         scheme = parts.scheme
         if scheme == "sqlite":
             sqlite_path(url)
-        elif scheme in ("postgresql", "postgres"):
-            _ = parts.port  # ValueError for a port that is not a number
-            if not parts.hostname and "host=" not in parts.query:
-                raise InvalidArgument(
-                    f"{what} {shown}: a PostgreSQL URL needs a host: postgresql://user@host/db", hint=""
-                )
-        elif scheme in ("mysql", "mariadb"):
-            _ = parts.port
-            if not parts.hostname or not parts.path.strip("/"):
-                raise InvalidArgument(
-                    f"{what} {shown}: a MariaDB URL needs a host and a database: mariadb://user@host:3306/db",
-                    hint="",
-                )
-        elif scheme == "nats":
-            _ = parts.port
+        elif scheme in ("postgresql", "postgres", "mysql", "mariadb", "nats"):
+            _parse_server_url(url, what, shown)
         elif scheme == "memory":
             raise InvalidArgument(
                 f"{what} memory:// would open a new, empty store that ends with the command; pass the URL "
@@ -71,6 +58,41 @@ def check_url(url: str, what: str = "--db") -> None:
         raise InvalidArgument(f"{what}: {exc.message}", hint="") from None
     except ValueError as exc:
         raise InvalidArgument(f"{what} {shown!r} does not parse: {exc}", hint="") from None
+
+
+def _parse_server_url(url: str, what: str, shown: str) -> None:
+    """Parse a PostgreSQL, MariaDB or NATS URL with the parser its backend opens it with (several
+    hosts with ports, ``h1:5432,h2:5432``, included), and refuse one that names no server."""
+    from .backends.mysql.target import SCHEMES as MY_SCHEMES
+    from .backends.mysql.target import MyTarget
+    from .backends.nats.url import parse_nats_url
+    from .backends.postgres.target import PgTarget
+
+    parts = urlsplit(url)
+    rest: str | None = None
+    try:
+        if parts.scheme in MY_SCHEMES:
+            MyTarget(url)
+        elif parts.scheme == "nats":
+            rest = parse_nats_url(url).rest
+        else:
+            PgTarget(url)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{what} {shown!r} does not parse: {exc.message}", hint="") from None
+    server = parts.netloc.rpartition("@")[2]
+    if parts.scheme == "nats":
+        if rest is not None and urlsplit(rest).scheme != "memory":
+            check_url(rest, f"{what} rest=")  # the paired SQL store's URL, parsed as its own
+    elif parts.scheme in MY_SCHEMES:
+        if not server or not parts.path.strip("/"):
+            raise InvalidArgument(
+                f"{what} {shown}: a MariaDB URL needs a host and a database: mariadb://user@host:3306/db",
+                hint="",
+            )
+    elif not server and "host=" not in parts.query:
+        raise InvalidArgument(
+            f"{what} {shown}: a PostgreSQL URL needs a host: postgresql://user@host/db", hint=""
+        )
 
 
 def require_existing(url: str) -> None:

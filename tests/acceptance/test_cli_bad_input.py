@@ -140,3 +140,39 @@ def test_no_command_shows_the_help(tmp_path: Path) -> None:
     assert result.returncode == 2
     text = result.stdout + result.stderr
     assert "Usage: statekeel [OPTIONS] COMMAND" in text and "doctor" in text and "Error" not in text
+
+
+def _twice(url: str, host: str) -> str:
+    """``url`` with its one ``host`` (``h:port``) named twice, as a several-host URL names its servers."""
+    assert url.count(host) == 1, url
+    return url.replace(host, f"{host},{host}")
+
+
+def test_a_url_naming_several_hosts_reaches_them_from_every_command(
+    pg_migrated: str, nats_url: str, tmp_path: Path
+) -> None:
+    async def migrate_nats() -> None:
+        async with statekeel.open_store(nats_url):
+            pass
+
+    asyncio.run(migrate_nats())
+    pg_twice = _twice(pg_migrated, "127.0.0.1:5432") + "?target_session_attrs=read-write"
+    for url in (pg_twice, _twice(nats_url, "127.0.0.1:4222")):
+        for command in (["status"], ["sessions"], ["doctor"]):
+            result = run_statekeel(*command, "--db", url, cwd=tmp_path)
+            assert result.returncode == 0, (command, url, result.stderr)
+        assert "sessions: 0" in run_statekeel("status", "--db", url, cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@127.0.0.1:1,127.0.0.1:2/db?target_session_attrs=read-write&failover_timeout=1",
+        "nats://127.0.0.1:1,127.0.0.1:2?timeout=1",
+    ],
+)
+def test_unreachable_hosts_of_a_several_host_url_are_named_not_misparsed(url: str, tmp_path: Path) -> None:
+    for command in (["status"], ["sessions"]):
+        error = one_line_error(run_statekeel(*command, "--db", url, cwd=tmp_path))
+        assert "BackendUnavailable" in error and "127.0.0.1:1, 127.0.0.1:2" in error, error
+        assert "does not parse" not in error

@@ -494,3 +494,45 @@ async def test_a_plain_store_opens_for_its_own_kinds_and_refuses_another_when_it
     # close() flushed the span: the store's own kinds were closed, the others never opened.
     async with statekeel.open_store(nats_url, fallback_dir=str(tmp_path)) as again:
         assert [s.span_id for s in await again.traces.get("t1")] == ["s1"]
+
+
+async def test_a_stream_with_another_duplicate_window_is_refused_at_open(nats_url: str, js: Any) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url):
+        pass
+    config = (await js.stream_info(f"{prefix}_audit")).config
+    await js.update_stream(dataclasses.replace(config, duplicate_window=1.0))
+    with pytest.raises(statekeel.StorageCorrupt, match=rf"{prefix}_audit.*duplicate_window"):
+        await statekeel.open_store(nats_url)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_msgs": 1},
+        {"max_age": 3600.0},
+        {"discard": nats.js.api.DiscardPolicy.NEW, "max_msgs": 1},
+        {"duplicate_window": 1.0},
+    ],
+    ids=["max_msgs", "max_age", "discard", "duplicate_window"],
+)
+async def test_a_stream_changed_while_the_store_is_open_refuses_the_next_write_and_keeps_what_it_holds(
+    nats_url: str, js: Any, change: dict[str, Any]
+) -> None:
+    prefix = prefix_of(nats_url)
+    async with statekeel.open_store(nats_url) as store:
+        await store.audit.append("k", "a", "s", {"n": 1})
+        conn = store.backend.conn  # type: ignore[attr-defined]
+        config = (await js.stream_info(f"{prefix}_audit")).config
+        await js.update_stream(dataclasses.replace(config, **change))
+        await asyncio.wait_for(conn.stream_changed.wait(), 10)  # the server's advisory reached the store
+        with pytest.raises(
+            statekeel.StorageCorrupt, match=rf"{prefix}_audit was changed.*nothing was written"
+        ):
+            await store.audit.append("k", "a", "s", {"n": 2})
+        assert (await js.stream_info(f"{prefix}_audit")).state.messages == 1
+        with pytest.raises(statekeel.StorageCorrupt):  # refused until the limits are restored
+            await store.audit.append("k", "a", "s", {"n": 2})
+        await js.update_stream(config)
+        entry = await store.audit.append("k", "a", "s", {"n": 2})
+        assert entry.seq == 2 and (await store.audit.verify()).ok

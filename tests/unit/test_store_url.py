@@ -52,3 +52,52 @@ def test_sqlite_file_names_the_file_of_a_sqlite_url_only() -> None:
     assert sqlite_file("postgresql://agent@db.example/agent") is None
     with pytest.raises(statekeel.InvalidArgument, match="query string"):
         sqlite_file("sqlite:///agent.db?mode=ro")
+
+
+# Every form of store URL the documentation shows (docs/*.md, README.md).
+DOCUMENTED_URLS = [
+    "sqlite:///statekeel.db",
+    "sqlite:///agent-state.db",
+    "sqlite:////var/lib/agent/state.db",
+    "postgresql://user@host:5432/db",
+    "postgresql://agent@db.internal/agents",
+    "postgresql://agent@db1:5432,db2:5432/agents?target_session_attrs=read-write",
+    "postgresql://user@host:5432/db?pgbouncer=true",
+    "postgres://agent@db/agents",
+    "mariadb://agent:secret@db-host:3306/agents",
+    "mysql://user@host:3306/db",
+    "nats://127.0.0.1:4222",
+    "nats://user:pass@host:4222",
+    "nats://h1:4222,h2:4222",
+    "nats://127.0.0.1:4222?rest=sqlite:////var/lib/agent/state.db",
+    "nats://host:4222?kinds=audit,traces&rest=sqlite:///state.db",
+    "nats://n1:4222,n2:4222,n3:4222?replicas=3&rest=postgresql://app@db:5432/state?target_session_attrs=read-write",
+]
+
+
+@pytest.mark.parametrize("url", DOCUMENTED_URLS)
+def test_the_command_line_accepts_every_documented_url_the_library_parses(url: str) -> None:
+    from statekeel.backends.mysql.target import MyTarget
+    from statekeel.backends.nats.url import parse_nats_url
+    from statekeel.backends.postgres.target import PgTarget
+    from statekeel.reading import check_url
+
+    check_url(url)  # raises InvalidArgument for a URL the commands refuse
+    scheme = url.partition("://")[0]
+    parse = {"postgresql": PgTarget, "postgres": PgTarget, "mariadb": MyTarget, "mysql": MyTarget}
+    if scheme in parse:
+        parse[scheme](url)
+    elif scheme == "nats":
+        assert parse_nats_url(url).servers
+
+
+def test_the_command_line_refuses_a_bad_port_in_any_host_of_a_several_host_url() -> None:
+    from statekeel.reading import check_url
+
+    for url in ("postgresql://u@h1:5432,h2:99999/db", "postgresql://u@h1:x,h2:5432/db"):
+        with pytest.raises(statekeel.InvalidArgument, match="does not parse: the port in"):
+            check_url(url)
+    with pytest.raises(statekeel.InvalidArgument, match="memory://"):
+        check_url("memory://")
+    with pytest.raises(statekeel.InvalidArgument, match=r"rest=: SQLite URL .* has a host part"):
+        check_url("nats://h1:4222,h2:4222?rest=sqlite://host/x.db")

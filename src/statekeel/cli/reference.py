@@ -14,7 +14,9 @@ INTRO = """# Command-line reference
 `statekeel` is a thin layer over the public API: each command is one library call, with its outcome
 printed. Every command takes `--db URL` (also accepted before the command name; the command's own
 wins), else `$STATEKEEL_URL`, else `sqlite:///statekeel.db`. `postgresql+asyncpg://` URLs are accepted
-as `postgresql://`.
+as `postgresql://`. A URL is parsed by the parser the store opens it with, so every URL `open_store`
+opens works here, several hosts with their ports included (`postgresql://u@h1:5432,h2:5432/db`,
+`nats://h1:4222,h2:4222`).
 
 - Read commands (`status`, `doctor`, `info`, `sessions`, `show`, `tasks`, `trace`, `audit verify`,
   `migrate --check`) never create, migrate or change a store; they print JSON with `--json`.

@@ -51,6 +51,9 @@ __all__ = [
 WRONG_LAST_SEQUENCE = 10071
 STREAM_NOT_FOUND = 10059
 
+# The server announces every change of a stream's configuration here (the last token: the stream).
+STREAM_UPDATED = "$JS.EVENT.ADVISORY.STREAM.UPDATED.*"
+
 # A subject this long is refused before it is published (the server's control line is 4 KiB).
 MAX_SUBJECT_BYTES = 1024
 
@@ -136,6 +139,7 @@ class StreamSpec:
             "max_msgs_per_subject",
             "max_msg_size",
             "num_replicas",
+            "duplicate_window",
             "deny_delete",
             "deny_purge",
             "allow_rollup_hdrs",
@@ -179,6 +183,12 @@ class NatsConnection:
         self.url = url
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
+        # The streams checked at open, and those the server said were changed since: a publish to one
+        # of those re-reads its limits first (see docs/nats.md, "Stream limits").
+        self._specs: dict[str, StreamSpec] = {}
+        self._changed: set[str] = set()
+        self.stream_changed = asyncio.Event()
+        """Set when the server announces a change of a stream this connection checked (for tests)."""
 
     @property
     def js(self) -> JetStreamContext:
@@ -192,23 +202,52 @@ class NatsConnection:
         return int(self._nc.max_payload)
 
     async def connect(self) -> None:
+        """Connect to one of the URL's servers. Once connected the client reconnects by itself, without
+        end; the first connection gives up after ``timeout`` seconds per server named (the client's own
+        first connect would retry forever), raising ``BackendUnavailable`` naming the servers."""
+        nc = Client()
+        budget = self.url.timeout * len(self.url.servers)
+        # Client.connect's annotations say int for what are seconds; it takes floats.
+        options: dict[str, Any] = {"connect_timeout": self.url.timeout, "reconnect_time_wait": 0.2}
         try:
-            self._nc = await nats.connect(
-                servers=list(self.url.servers),
-                connect_timeout=self.url.timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.2,
-                allow_reconnect=True,
-                error_cb=_ignore,
-                disconnected_cb=_ignore_event,
-                reconnected_cb=_ignore_event,
-                closed_cb=_ignore_event,
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=list(self.url.servers),
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    error_cb=_ignore,
+                    disconnected_cb=_ignore_event,
+                    reconnected_cb=_ignore_event,
+                    closed_cb=_ignore_event,
+                    **options,
+                ),
+                budget,
             )
         except Exception as exc:
+            await nc.close()
+            reason = f"none answered within {budget:g} s" if isinstance(exc, TimeoutError) else str(exc)
             raise BackendUnavailable(
-                f"cannot connect to NATS at {', '.join(self.url.servers)}: {type(exc).__name__}: {exc}"
+                f"cannot connect to NATS at {', '.join(self.hosts)} ({type(exc).__name__}: {reason}); "
+                "nothing was written"
             ) from exc
-        self._js = self._nc.jetstream(timeout=self.url.timeout)
+        self._nc = nc
+        self._js = nc.jetstream(timeout=self.url.timeout)
+        try:
+            await nc.subscribe(STREAM_UPDATED, cb=self._on_stream_updated)
+        except Exception as exc:
+            await nc.close()
+            raise translate(exc, "subscribing to the NATS stream advisories") from exc
+
+    async def _on_stream_updated(self, msg: Any) -> None:
+        name = str(msg.subject).rpartition(".")[2]
+        if name in self._specs:
+            self._changed.add(name)
+            self.stream_changed.set()
+
+    @property
+    def hosts(self) -> list[str]:
+        """The URL's servers as ``host:port``, without credentials, for messages."""
+        return [s.partition("://")[2].rpartition("@")[2] for s in self.url.servers]
 
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
@@ -234,12 +273,35 @@ class NatsConnection:
             return
         except Exception as exc:
             raise translate(exc, f"reading the NATS stream {spec.name}") from exc
-        found = info.config
+        else:
+            self._refuse_changed(spec, info.config, "exists with limits statekeel did not set")
+        finally:
+            self._specs[spec.name] = spec
+
+    async def recheck_stream(self, name: str, what: str) -> None:
+        """Before a write to stream ``name`` after the server announced a change of its configuration:
+        read it again and refuse the write (``StorageCorrupt``, nothing written) when its limits, discard
+        policy or duplicate window are no longer what statekeel set."""
+        spec = self._specs[name]
+        self._changed.discard(name)  # a change announced while reading is announced again, and re-read
+        try:
+            info = await self.js.stream_info(name)
+        except Exception as exc:
+            self._changed.add(name)
+            raise translate(exc, f"{what}: reading the NATS stream {name}") from exc
+        try:
+            self._refuse_changed(
+                spec, info.config, "was changed while the store was open; nothing was written"
+            )
+        except StorageCorrupt:
+            self._changed.add(name)  # refused again on every write until the limits are restored
+            raise
+
+    def _refuse_changed(self, spec: StreamSpec, found: StreamConfig, how: str) -> None:
         problems = spec.differences(found, self.url.replicas)
         if problems:
             raise StorageCorrupt(
-                f"the NATS stream {spec.name} exists with limits statekeel did not set: "
-                + "; ".join(problems),
+                f"the NATS stream {spec.name} {how}: " + "; ".join(problems),
                 stream=spec.name,
                 differences=problems,
                 hint=(
@@ -393,6 +455,8 @@ class NatsConnection:
         the same ``Nats-Msg-Id`` header, which the stream deduplicates: the message is stored once.
         ``nats.js.errors.APIError`` of the server (a failed expectation) is raised as it is."""
         self.check_size(subject, payload, headers, what)
+        if stream in self._changed:
+            await self.recheck_stream(stream, what)
         last: BaseException | None = None
         maybe_stored = False  # a timeout or a closed connection: the server may have stored it
         for _ in range(attempts):
