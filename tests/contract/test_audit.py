@@ -42,6 +42,24 @@ async def test_concurrent_appends_never_fork_the_chain(store: Store) -> None:
     assert report.ok and report.count == 40
 
 
+async def test_concurrent_appends_of_two_stores_on_one_database_never_fork_the_chain(
+    store: Store, store_url: str
+) -> None:
+    # Two processes: each store serialises its own appends, so only the database's (the stream's)
+    # conditional write keeps two appends after the same head apart.
+    if store_url == "memory://":
+        pytest.skip("an in-memory store cannot be opened twice")
+    async with statekeel.open_store(store_url) as other:
+        entries = await asyncio.gather(
+            *(s.audit.append("k", f"a{i}", "s", {"i": i}) for i in range(20) for s in (store, other))
+        )
+        assert sorted(e.seq for e in entries) == list(range(1, 41))
+        assert len({e.prev_hash for e in entries}) == 40
+        for s in (store, other):
+            report = await s.audit.verify()
+            assert report.ok and report.count == 40, report
+
+
 async def test_query_filters_by_subject_kind_and_time(store: Store) -> None:
     await store.audit.append("login", "alice", "user:alice", {"ip": "10.0.0.1"})
     mark = dt.datetime.now(dt.UTC)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,3 +316,62 @@ async def test_a_lock_wait_that_times_out_says_the_session_is_busy_not_that_it_c
         text = str(info.value)
         assert "changed it first" not in text and "reload" not in text
         assert "timeout" in text
+
+
+def renewal_whose_answer_comes_with_the_cancellation(
+    renew: Callable[..., Awaitable[Any]], started: asyncio.Event
+) -> Callable[..., Awaitable[Any]]:
+    """``renew`` (a backend's renewal write) whose answer arrives just as its task is cancelled: Python
+    3.11's ``asyncio.wait_for`` (the NATS client's request, some database drivers) then returns the answer
+    and the cancellation is lost. Each call waits for a cancellation and goes on with the write."""
+
+    async def renewal(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # the answer is on its way
+        except asyncio.CancelledError:
+            pass  # ... and came with the cancellation, which wait_for dropped
+        return await renew(*args, **kwargs)
+
+    return renewal
+
+
+async def test_a_release_returns_and_frees_the_lease_when_the_renewal_it_stops_answers_anyway(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = store.sessions
+    mine.lease_seconds = 0.3
+    renewing = asyncio.Event()
+    hook = renewal_whose_answer_comes_with_the_cancellation(store.backend.renew_session_lease, renewing)
+    monkeypatch.setattr(store.backend, "renew_session_lease", hook)
+    lock = mine.lock("s")
+    await lock.acquire()
+    renewer = lock.renewer
+    assert renewer is not None
+    async with asyncio.timeout(10):
+        await renewing.wait()  # the renewal is on its way when the holder releases
+    async with asyncio.timeout(10):  # never returned before: the renewer went on renewing
+        await lock.release()
+    assert renewer.done() and not lock.locked()
+    theirs = second_manager(store).lock("s")
+    await theirs.acquire(timeout=0)  # the lease was released, not left to expire
+    await theirs.release()
+
+
+async def test_closing_the_manager_returns_when_a_renewal_it_stops_answers_anyway(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = store.sessions
+    mine.lease_seconds = 0.3
+    renewing = asyncio.Event()
+    hook = renewal_whose_answer_comes_with_the_cancellation(store.backend.renew_session_lease, renewing)
+    monkeypatch.setattr(store.backend, "renew_session_lease", hook)
+    lock = mine.lock("s")
+    await lock.acquire()
+    renewer = lock.renewer
+    assert renewer is not None
+    async with asyncio.timeout(10):
+        await renewing.wait()
+    async with asyncio.timeout(10):
+        await mine.close()
+    assert renewer.done()

@@ -599,6 +599,35 @@ async def test_a_process_with_waiting_calls_keeps_a_heartbeat_until_its_store_cl
     assert await store.backend.read_heartbeat(other.owner_id) is None
 
 
+async def test_closing_a_process_removes_its_heartbeat_when_the_renewal_it_stops_answers_anyway(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = fresh(store)
+    other.lease_seconds = 0.3
+    session = await other.get_or_create("s")
+    session.add_item(model_calls(CHAT, "c1")[0])
+    await other.save(session)  # a waiting call: the heartbeat is written and renewed in the background
+    beating = asyncio.Event()
+    put = store.backend.put_heartbeat
+
+    async def renewal_whose_answer_comes_with_the_cancellation(*args: Any) -> None:
+        # Python 3.11's asyncio.wait_for (the NATS client's request, some database drivers) returns an
+        # answer that arrives with the cancellation and drops the cancellation.
+        beating.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        await put(*args)
+
+    monkeypatch.setattr(store.backend, "put_heartbeat", renewal_whose_answer_comes_with_the_cancellation)
+    async with asyncio.timeout(10):
+        await beating.wait()
+    async with asyncio.timeout(10):  # never returned before: the heartbeat went on beating
+        await other.close()
+    assert await store.backend.read_heartbeat(other.owner_id) is None
+
+
 async def test_run_tool_inside_an_atomic_block_is_refused_so_a_rollback_never_makes_it_run_twice(
     store: statekeel.Store,
 ) -> None:

@@ -211,6 +211,49 @@ async def test_a_relay_killed_midway_leaves_the_entry_on_the_chain_exactly_once(
     assert [e.kind for e in await chain(nats_url)] == ["before", "task.created", "after"]
 
 
+_PUBLISH_THEN_HOLD = (
+    "real_publish = NatsAudit.chain_publish\n"
+    "async def publish_then_hold(self, *args):\n"
+    "    await real_publish(self, *args)\n"
+    "    await hold()\n"
+    "NatsAudit.chain_publish = publish_then_hold"
+)
+
+
+async def test_a_relay_killed_after_its_publish_is_settled_by_its_attempt_not_by_duplicate_detection(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The next relay runs after the stream's duplicate window (a restart hours later): its publish of
+    # the entry is no duplicate then, so only the attempt committed before the killed publish keeps the
+    # entry from landing twice.
+    from statekeel.backends.nats.client import NatsConnection
+
+    url, marker = paired(nats_url, tmp_path), tmp_path / "marker"
+    async with statekeel.open_store(url) as store:
+        await store.audit.append("before", "me", "case", {})
+    script = _CHILD.replace("{patch}", _PUBLISH_THEN_HOLD)
+    await asyncio.to_thread(kill9_when, [script, url, str(marker)], marker.exists, "just after the publish")
+    assert [e.kind for e in await chain(nats_url)] == ["before", "task.created"]
+    publish = NatsConnection.publish
+    republished: list[str] = []
+
+    async def past_the_duplicate_window(self: Any, subject: str, payload: bytes, **kw: Any) -> Any:
+        msg_id = kw["headers"].get("Nats-Msg-Id", "")
+        if msg_id.startswith("relay-"):
+            republished.append(msg_id)
+            kw["headers"] = {**kw["headers"], "Nats-Msg-Id": f"{msg_id}-later"}
+        return await publish(self, subject, payload, **kw)
+
+    monkeypatch.setattr(NatsConnection, "publish", past_the_duplicate_window)
+    async with statekeel.open_store(url) as store:  # opening relays what was left
+        assert await outbox_rows(tmp_path) == 0
+        assert republished == []  # found on the chain at its attempted sequence: not sent again
+        await store.audit.append("after", "me", "case", {})
+        verified = await store.audit.verify()
+        assert verified.ok and verified.count == 3, verified
+    assert [e.kind for e in await chain(nats_url)] == ["before", "task.created", "after"]
+
+
 async def test_two_processes_relaying_one_outbox_put_each_entry_on_the_chain_once(
     nats_url: str, shared_url: str
 ) -> None:

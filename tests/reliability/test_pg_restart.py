@@ -133,8 +133,10 @@ async def test_server_restart_mid_run_loses_nothing_acknowledged_and_the_pool_re
         await asyncio.to_thread(_ctl, "stop", "-m", "fast")
         await _until(lambda: len(failures) >= 3, "failures while down", 30)
         await _until(lambda: bool(_files(fallback_dir)), "a session fallback file", 30)
-        acked_while_down = len(acked)
-        await asyncio.sleep(0.3)
+        acked_while_down, failed_while_down = len(acked), len(failures)
+        # Three more attempts of the writer, each refused, while the server is still down: nothing is
+        # acknowledged in between (waited for by the attempts made, not by a pause).
+        await _until(lambda: len(failures) >= failed_while_down + 3, "more failures while down", 30)
         assert len(acked) == acked_while_down  # nothing is acknowledged while the server is down
         await asyncio.to_thread(_ctl, "start")
         # The pool reconnects by itself: the same store acknowledges new turns.

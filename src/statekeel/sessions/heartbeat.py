@@ -36,6 +36,8 @@ class Heartbeat:
         self._until: dt.datetime | None = None  # the row, as last committed
         self._written = False
         self._beater: asyncio.Task[None] | None = None
+        # Set by close(): a cancellation alone can be lost (see SessionLock.stop_renewal).
+        self._closing = asyncio.Event()
 
     async def ensure(self) -> None:
         """Make the row valid for a while, before a write names this owner the owner of waiting calls
@@ -50,20 +52,25 @@ class Heartbeat:
             # next time rather than trust it.
             self._until = None if self.backend.in_atomic() else until
         if self._beater is None or self._beater.done():
+            self._closing = asyncio.Event()
             # A context of its own: the renewals must not join the atomic() block of the task that
             # started them.
             self._beater = asyncio.create_task(
-                self._beat(), name="statekeel-heartbeat", context=contextvars.Context()
+                self._beat(self._closing), name="statekeel-heartbeat", context=contextvars.Context()
             )
 
-    async def _beat(self) -> None:
+    async def _beat(self, closing: asyncio.Event) -> None:
         interval = self._lease_seconds() / 3
-        while True:
+        while not closing.is_set():
             await asyncio.sleep(interval)
+            if closing.is_set():
+                return
             lease_seconds = self._lease_seconds()
             until = utcnow() + dt.timedelta(seconds=lease_seconds)
             try:
                 await self.backend.put_heartbeat(self.owner, until)
+                if closing.is_set():
+                    return  # close() removes the row now
                 self._until = until
                 interval = lease_seconds / 3
             except StatekeelError as exc:
@@ -85,6 +92,7 @@ class Heartbeat:
     async def close(self) -> None:
         """Stop renewing and remove the row: calls this owner left waiting may be answered now."""
         beater, self._beater = self._beater, None
+        self._closing.set()  # the beater ends at its next step, also if the cancellation is lost
         if beater is not None:
             beater.cancel()
             await asyncio.gather(beater, return_exceptions=True)

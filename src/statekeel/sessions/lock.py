@@ -78,6 +78,8 @@ class SessionLock:
         self.lease: SessionLease | None = None
         self.lost = False
         self._renewer: asyncio.Task[None] | None = None
+        # Set to stop the renewer: a cancellation alone can be lost (see stop_renewal).
+        self._stopping = asyncio.Event()
 
     @property
     def holder(self) -> asyncio.Task[Any] | None:
@@ -129,8 +131,11 @@ class SessionLock:
             self._unhold()
             raise
         self.lost = False
+        self._stopping = asyncio.Event()
         # Renewals run in their own transactions, also when the lock was taken inside an atomic() block.
-        self._renewer = background(self._renew_loop(self.lease), f"statekeel-lease-{self.key}")
+        self._renewer = background(
+            self._renew_loop(self.lease, self._stopping), f"statekeel-lease-{self.key}"
+        )
 
     def _unhold(self) -> None:
         self._holder = None
@@ -149,12 +154,12 @@ class SessionLock:
         self._depth -= 1
         if self._depth > 0:
             return
-        renewer, self._renewer = self._renewer, None
-        lease, self.lease = self.lease, None
+        renewer = self.stop_renewal()
+        self._renewer = None
         try:
             if renewer is not None:
-                renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
+            lease, self.lease = self.lease, None
             if lease is not None and not self.lost:
                 try:
                     await self._manager.backend.release_session_lease(lease)
@@ -166,14 +171,33 @@ class SessionLock:
         finally:
             self._unhold()
 
-    async def _renew_loop(self, lease: SessionLease) -> None:
+    def stop_renewal(self) -> asyncio.Task[None] | None:
+        """Tell the background renewal of the held lease to stop (it ends at its next step); the task to
+        wait for, None while the lock is not held.
+
+        It is cancelled too, but a cancellation alone can be lost: Python 3.11's ``asyncio.wait_for`` (the
+        NATS client's request, some database drivers) returns an answer that arrived with the
+        cancellation instead of raising it, and a renewer that only knew of the cancellation renewed on
+        forever while ``release()`` or ``close()`` waited for it.
+        """
+        self._stopping.set()
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.cancel()
+        return renewer
+
+    async def _renew_loop(self, lease: SessionLease, stopping: asyncio.Event) -> None:
         manager = self._manager
         ttl = manager.lease_seconds
         interval = ttl / 3
-        while True:
+        while not stopping.is_set():
             await asyncio.sleep(interval)
+            if stopping.is_set():
+                return
             try:
                 lease = await manager.backend.renew_session_lease(lease, ttl)
+                if stopping.is_set():
+                    return  # released meanwhile: release() releases the lease it holds
                 self.lease = lease
                 interval = ttl / 3
             except LeaseLost as exc:

@@ -592,11 +592,12 @@ class SessionManager(SessionListing, SessionBranches):
         ``BackendUnavailable`` from now on."""
         self._writes.closed = True
         tasks = list(self._fallback.tasks)
-        for lock in list(self._held.values()):
-            if lock.renewer is not None:
-                tasks.append(lock.renewer)
         for task in tasks:
             task.cancel()
+        for lock in list(self._held.values()):
+            renewer = lock.stop_renewal()  # also when the cancellation is lost (see stop_renewal)
+            if renewer is not None:
+                tasks.append(renewer)
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._tools.close()
 
