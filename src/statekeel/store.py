@@ -165,8 +165,7 @@ def sqlite_file(url: str) -> str | None:
 
 
 def make_backend(url: str, options: StoreOptions, codec: Codec) -> StorageBackend:
-    """The backend for ``url``: ``sqlite:///…``, ``memory://``, ``postgresql://…``, ``mysql://…``
-    (``mariadb://…``) or ``nats://…`` (with ``rest=``, paired with a SQL store: see ``docs/nats.md``)."""
+    """The backend for ``url`` (sqlite, memory, postgresql, mysql/mariadb, nats: see ``docs/``)."""
     backend = _backend_for(url, options, codec)
     backend.audit_key = options.audit_key
     return backend
@@ -252,7 +251,6 @@ MANAGER_KINDS: dict[str, frozenset[str]] = {
     "vectors": frozenset({"vectors"}),
 }
 
-# The kinds StoreInfo.counts counts, in its order (StateCounts' fields).
 COUNTED_KINDS = ("sessions", "tasks", "workflows", "approvals", "audit", "memory", "files", "checkpoints")
 
 M = TypeVar("M")
@@ -401,10 +399,9 @@ class Store:
         files_root: str | os.PathLike[str] | None = None,
         check_integrity: bool = True,
     ) -> RecoveryReport:
-        """Restore the meaning of the state after a crash; idempotent. See :mod:`statekeel.recovery`.
-        With ``files_root``, the file ledger is compared with the files under it; with
-        ``check_integrity=False`` the storage engine's integrity check (which reads the whole database) is
-        left out.
+        """Restore the meaning of the state after a crash; idempotent (:mod:`statekeel.recovery`). With
+        ``files_root`` the file ledger is compared with the files under it; ``check_integrity=False``
+        leaves out the engine's integrity check (it reads the whole database).
 
         report = await store.recover()
         assert report.ok, report.summary()
@@ -424,8 +421,7 @@ class Store:
             for finding in report.problems:
                 print(finding.check, finding.detail, "->", finding.advice)
         """
-        # Both run the integrity check (it reads the whole database): info() needs its findings to count a
-        # damaged store's state, recover() to assess the damage.
+        # Both run the integrity check: info() to count a damaged store's state, recover() to assess it.
         info = await self.info()
         recovery = await self.recover(repair=False, files_root=files_root)
         return health(info, recovery, drift_checked=files_root is not None)
@@ -461,10 +457,9 @@ class Store:
         dry_run: bool = False,
         on_batch: Callable[[dict[str, int]], object] | None = None,
     ) -> PurgeReport:
-        """Delete what the store's ``retention`` allows at ``now`` (default: the current time), in short
-        batches, never a protected row; with ``dry_run`` write nothing and report the same counts.
-        ``on_batch(counts)`` is called after each batch with the rows per kind so far (for a progress
-        display). See :mod:`statekeel.retention`.
+        """Delete what the store's ``retention`` allows at ``now`` (default: now), in short batches, never a
+        protected row; ``dry_run`` writes nothing and reports the same counts. ``on_batch(counts)`` gets
+        the rows per kind after each batch (for a progress display). See :mod:`statekeel.retention`.
 
         report = await store.purge(dry_run=True)
         print(report.counts, report.longest_batch_seconds)
@@ -484,16 +479,11 @@ class Store:
         batch_size: int = 100,
         log_wait: float = 5.0,
     ) -> ErasureReport:
-        """Delete everything about ``subject`` — its sessions (key or ``metadata["subject"]``) with their
-        messages, archive, fallback files, episodes, file ledger records, traces and vectors; memories of
-        scope ``subject`` with their history; graph relations and episodes naming it — in short batches,
-        and append one ``erasure`` audit entry (``actor``, ``reason``, the counts). Audit entries and
-        approvals stay.
-        With ``dry_run`` nothing is written and the counts are what an erasure would delete. Interrupted, it
-        is run again and finishes. A subject that matches nothing gives a report of zeros. On SQLite the
-        write-ahead log is then checkpointed, retried for up to ``log_wait`` seconds while another
-        connection's read holds it up; if it still could not be, ``report.complete`` is False (the text
-        is still on disk) and ``report.advice`` says what finishes it. See :mod:`statekeel.erasure`.
+        """Delete everything about ``subject`` (sessions by key or ``metadata["subject"]`` with all they hold,
+        memories of that scope, relations and episodes naming it) in short batches, with one ``erasure``
+        audit entry; audit entries and approvals stay. ``dry_run`` writes nothing and counts. Run again, an
+        interrupted erasure finishes; ``report.complete`` False (SQLite: a reader held the log's checkpoint
+        past ``log_wait`` s) means text is still on disk and ``report.advice`` says what finishes it.
 
         report = await store.erase("user:alice", actor="dpo", reason="GDPR art. 17 request #113")
         print(report.counts)

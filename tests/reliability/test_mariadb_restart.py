@@ -19,13 +19,21 @@ import pytest
 import statekeel
 from helpers import mariadb_raw
 
-pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("STATEKEEL_TEST_MARIADB_RESTART") != "1" or os.geteuid() != 0,
-        reason="restarts the MariaDB server: needs STATEKEEL_TEST_MARIADB_RESTART=1 and root",
-    ),
-    pytest.mark.stops_shared_server,
-]
+pytestmark = pytest.mark.stops_shared_server
+
+_WANTED = os.environ.get("STATEKEEL_TEST_MARIADB_RESTART") == "1"
+_UNDER_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def _restart_allowed() -> None:
+    # Under CI a missing variable means .ci/run was bypassed or changed: this test must not pass unseen.
+    if _UNDER_CI and not _WANTED:
+        pytest.fail(
+            "CI=true but STATEKEEL_TEST_MARIADB_RESTART is not 1: .ci/run sets it; this test must run"
+        )
+    if not _WANTED or os.geteuid() != 0:
+        pytest.skip("restarts the MariaDB server: needs STATEKEEL_TEST_MARIADB_RESTART=1 and root")
 
 
 def _answers() -> bool:

@@ -168,8 +168,7 @@ async def op_put_memory(tx: Tx, put: MemoryPut) -> tuple[Memory, str | None]:
     expires = ts_in_or_none(tx, put.expires_at)
 
     def sealed(memory_id: str) -> tuple[Any, Any]:
-        # Sealed under the id of the row they go to: this put's new id, or the live memory's it updates.
-        # With a key ring, under the data key of the memory's scope: erasing the scope destroys it.
+        # Sealed under the row's id (new, or the live memory's); with a key ring, under its scope's key.
         content = tx.sealed_in(put.content, "memory", memory_id, "content", subject=put.scope)
         data = (
             None
@@ -266,8 +265,7 @@ async def op_query_memories(
         before_id,
         limit + 1,
     ]
-    # One query per shape of filter, so that each reads its own index in order and stops at the page; a
-    # prefix reads the index range of its scopes, and sorts only those.
+    # One query per filter shape: each reads its index in order and stops at the page (a prefix: its range).
     if scope_prefix is not None:
         name = "memory_query_prefix" if type_ is None else "memory_query_type_prefix"
         args[1], upper = scope_range(scope_prefix)
