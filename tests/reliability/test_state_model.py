@@ -67,17 +67,3 @@ def test_postgres_store_keeps_every_promise(pg_template: str) -> None:
 
 def test_mariadb_store_keeps_every_promise(my_clones: Any) -> None:
     run_model("mariadb", my_clones=my_clones)
-
-
-def test_nats_store_keeps_every_promise() -> None:
-    from conftest import require_nats
-
-    require_nats()
-    run_model("nats")
-
-
-def test_paired_nats_store_keeps_every_promise() -> None:
-    from conftest import require_nats
-
-    require_nats()
-    run_model("nats+sqlite")

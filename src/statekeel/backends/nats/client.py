@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -252,10 +253,17 @@ class NatsConnection:
     async def close(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None and not nc.is_closed:
+            # Bounded: the client's close waits for its socket to close, which has been seen to never
+            # happen after a failed open; a close that never returns would hang the caller's shutdown.
+            bound = max(self.url.timeout, 1.0) * 2
             try:
-                await nc.drain()
+                await asyncio.wait_for(nc.drain(), bound)
             except Exception:
-                await nc.close()
+                try:
+                    await asyncio.wait_for(nc.close(), bound)
+                except TimeoutError:
+                    hosts = ", ".join(self.hosts)
+                    logging.getLogger(__name__).warning("NATS at %s did not close within %g s", hosts, bound)
 
     async def ensure_stream(self, spec: StreamSpec) -> None:
         """Create the stream if it is missing; refuse one created with other limits (nothing changed)."""
