@@ -249,7 +249,11 @@ async def export_store(
     # First: a plain NATS store has no store.memory, which the isinstance check below would touch.
     held = getattr(getattr(store, "backend", None), "kinds", None)
     if isinstance(held, frozenset) and "copy" not in held:
-        # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md).
+        # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md). A paired
+        # one names the kinds it keeps there (its copy_tables refuses with them).
+        copy_tables = getattr(store.backend, "copy_tables", None)  # type: ignore[attr-defined]
+        if copy_tables is not None:
+            await copy_tables()
         raise Unsupported(
             "this store keeps state on NATS, which is not rows: an export (like backup and copy_store) "
             "is refused, no file written. Back the NATS streams up with NATS's own tools; the SQL store "

@@ -12,7 +12,8 @@ from .runner import DemoResult
 
 def render(console: Console, result: DemoResult, *, where: str) -> None:
     """Print what happened: the writer runs, the kills, and the verdict per session."""
-    console.print(f"[bold]statekeel demo[/bold] — store: {escape(where)}")
+    # Never wrapped: the URL is copied from here into the next command.
+    console.print(f"[bold]statekeel demo[/bold] — store: {escape(where)}", soft_wrap=True)
     for n, cycle in enumerate(result.cycles, start=1):
         how = (
             f"killed with SIGKILL {cycle.kill_after_s:.2f} s after it started writing"
