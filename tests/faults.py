@@ -5,10 +5,10 @@ statekeel's own managers), for the model test and any contract test.
 database loses its answer. With ``landed=True`` the write is applied first (the server committed, the
 client never heard); with ``landed=False`` the connection dies before the write is sent (nothing applied).
 
-- PostgreSQL (asyncpg): the next ``COMMIT`` of a transaction, or the next statement outside one (a
+- PostgreSQL (asyncpg): the next ``COMMIT`` of a transaction that is not read only, or the next statement outside one (a
   session save on PostgreSQL is one self-committing statement); the connection is then terminated and
   ``ConnectionDoesNotExistError`` raised, as a dropped TCP connection does.
-- MariaDB (asyncmy): the next ``COMMIT``; the connection is closed and error 2013 ("Lost connection")
+- MariaDB (asyncmy): the next ``COMMIT`` of a transaction that is not read only; the connection is closed and error 2013 ("Lost connection")
   raised.
 - NATS (nats-py): the next ``count`` JetStream publishes (a publish is retried with its message id, so a
   reply lost for good is lost on every attempt); each raises ``nats.errors.TimeoutError``.
@@ -55,6 +55,13 @@ def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+def _writes(args: tuple[Any, ...]) -> bool:
+    """Whether a statement run outside a transaction may write (not a read, nor the BEGIN of one)."""
+    query = args[0] if args and isinstance(args[0], str) else ""
+    first = query.lstrip().split(None, 1)[0].upper() if query.strip() else ""
+    return first not in ("BEGIN", "START", "SELECT", "SET", "SHOW", "RESET")
+
+
 @contextlib.contextmanager
 def _postgres(fault: LostReply) -> Iterator[None]:
     import asyncpg
@@ -68,7 +75,8 @@ def _postgres(fault: LostReply) -> Iterator[None]:
         return asyncpg.ConnectionDoesNotExistError("fault layer: the connection died before the answer")
 
     async def faulty_commit(self: Any) -> None:
-        if not (self._connection is not None and fault.take()):
+        # A read's transaction (read only) has no write to lose: the fault waits for the next write.
+        if self._readonly or not (self._connection is not None and fault.take()):
             return await commit(self)
         if fault.landed:
             await commit(self)
@@ -78,7 +86,7 @@ def _postgres(fault: LostReply) -> Iterator[None]:
         original = getattr(asyncpg.connection.Connection, name)
 
         async def faulty(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.is_in_transaction() or not fault.take():
+            if self.is_in_transaction() or not _writes(args) or not fault.take():
                 return await original(self, *args, **kwargs)
             if fault.landed:
                 await original(self, *args, **kwargs)
@@ -99,16 +107,31 @@ def _mariadb(fault: LostReply) -> Iterator[None]:
     import asyncmy.errors
 
     commit = asyncmy.connection.Connection.commit
+    query = asyncmy.connection.Connection.query
+    reading: set[int] = set()  # the connections whose open transaction is read only
+
+    async def noting_query(self: Any, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        text = sql.decode(errors="replace") if isinstance(sql, bytes) else str(sql)
+        if "START TRANSACTION" in text:
+            if "READ ONLY" in text:
+                reading.add(id(self))
+            else:
+                reading.discard(id(self))
+        return await query(self, sql, *args, **kwargs)
 
     async def faulty_commit(self: Any) -> None:
-        if not fault.take():
+        # A read's transaction has no write to lose: the fault waits for the next write.
+        if id(self) in reading or not fault.take():
             return await commit(self)
         if fault.landed:
             await commit(self)
         self.close()
         raise asyncmy.errors.OperationalError(2013, "fault layer: Lost connection to server during query")
 
-    with _patched(asyncmy.connection.Connection, "commit", faulty_commit):
+    with (
+        _patched(asyncmy.connection.Connection, "query", noting_query),
+        _patched(asyncmy.connection.Connection, "commit", faulty_commit),
+    ):
         yield
 
 

@@ -123,14 +123,15 @@ def _on_nats(patch: pytest.MonkeyPatch, engine: Any, lost: LostReply) -> None:
     patch.setattr(js, "publish", stored_then_no_ack)
 
 
-def _on_sqlite(patch: pytest.MonkeyPatch, engine: Any, lost: LostReply) -> None:
+def _on_sqlite(patch: pytest.MonkeyPatch, engine: Any, lost: LostReply, landed: bool = True) -> None:
     write = engine._write
 
     async def committed_then_lost(op: Any, *args: Any) -> Any:
-        result = await write(op, *args)
-        if lost.landed:
-            return result
-        lost.landed = True
+        if lost.swallowed:
+            return await write(op, *args)
+        if landed:
+            await write(op, *args)
+            lost.landed = True
         lost.swallowed += 1
         raise statekeel.BackendUnavailable(
             "the reply to a committed write was lost (injected)", outcome="unknown", hint=""
@@ -140,14 +141,17 @@ def _on_sqlite(patch: pytest.MonkeyPatch, engine: Any, lost: LostReply) -> None:
 
 
 @contextlib.contextmanager
-def lose_the_next_write_reply(store: statekeel.Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[LostReply]:
-    """Within the block, the next write of a SQL engine commits and its caller then hears
-    ``BackendUnavailable(outcome="unknown")``, as from a COMMIT whose answer was lost (a task's or a
-    step's record: the backends raise that for a lost COMMIT, see ``test_connection_faults.py``)."""
+def lose_the_next_write_reply(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch, *, landed: bool = True
+) -> Iterator[LostReply]:
+    """Within the block, the next write of a SQL engine commits (with ``landed=False``: is never made)
+    and its caller then hears ``BackendUnavailable(outcome="unknown")``, as from a COMMIT whose answer
+    was lost (a task's or a step's record: the backends raise that for a lost COMMIT, see
+    ``test_connection_faults.py``)."""
     engine: Any = store.backend
     if isinstance(engine, CompositeBackend):
         engine = engine.rest
     lost = LostReply()
     with monkeypatch.context() as patch:
-        _on_sqlite(patch, engine, lost)  # the engine's write wrapper, whichever SQL dialect it is
+        _on_sqlite(patch, engine, lost, landed)  # the engine's write wrapper, whichever SQL dialect
         yield lost

@@ -476,6 +476,55 @@ async def test_every_postgres_table_is_copied_or_deliberately_left_out(pg_migrat
     assert {r[0] for r in rows} - NOT_COPIED == {t.name for t in TABLES}
 
 
+async def test_every_column_of_a_copied_sqlite_table_is_copied(tmp_path: Any) -> None:
+    url = _sqlite_url(tmp_path, "schema.db")
+    async with statekeel.open_store(url):
+        pass
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        for spec in TABLES:
+            columns = {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (spec.name,))}
+            # A migration's new column goes into backends/sql/copy.py (and copy.sql), and into
+            # imports.ADDED_COLUMNS for the exports written before it: a backup never drops it.
+            assert columns == {c for c, _ in spec.columns}, spec.name
+    finally:
+        conn.close()
+
+
+@pytest.mark.postgres
+async def test_every_column_of_a_copied_postgres_table_is_copied(pg_migrated: str) -> None:
+    conn = await asyncpg.connect(pg_migrated)
+    try:
+        for spec in TABLES:
+            rows = await conn.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                "AND table_name = $1",
+                spec.name,
+            )
+            assert {r[0] for r in rows} == {c for c, _ in spec.columns}, spec.name
+    finally:
+        await conn.close()
+
+
+def test_every_column_a_migration_added_to_a_copied_table_is_filled_for_older_exports() -> None:
+    import re
+
+    from statekeel.imports import ADDED_COLUMNS
+
+    copied = {spec.name for spec in TABLES}
+    migrations = Path(statekeel.__file__).parent / "backends" / "sqlite" / "migrations"
+    added = {}
+    for path in sorted(migrations.glob("*.sql")):
+        version = int(path.name.split("_", 1)[0])
+        for table, column in re.findall(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", path.read_text()):
+            if table in copied and version > 12:  # exports began at schema 12
+                added[(table, column)] = version
+    # An export carries a column from the version that added it, or later (attempt_id from 19: exports
+    # of schema 18 left it out).
+    assert {k for k, (v, _) in ADDED_COLUMNS.items() if v > 12} == set(added)
+    assert all(ADDED_COLUMNS[k][0] >= v for k, v in added.items())
+
+
 async def _populate_memory(store: statekeel.Store) -> dict[str, str]:
     """Memories with history (updated, forgotten, superseded), an episode, edges (one ended), an open and a
     resolved contradiction, accesses and file records."""

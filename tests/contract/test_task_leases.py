@@ -14,6 +14,8 @@ import pytest
 
 import statekeel
 import statekeel.tasks.rules
+import faults
+from lost_reply import lose_the_next_write_reply
 
 Store = statekeel.Store
 
@@ -181,3 +183,76 @@ async def test_a_stale_epoch_transition_after_a_re_claim_is_lease_lost(
         first.id, "success", worker_id=second_worker, lease_epoch=second.lease_epoch
     )
     assert done.status == "success"
+
+
+async def test_a_transition_whose_answer_was_lost_is_settled_by_its_retry_not_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    with (
+        lose_the_next_write_reply(store, monkeypatch) as lost,
+        pytest.raises(statekeel.BackendUnavailable) as info,
+    ):
+        await store.tasks.transition(
+            task.id, "success", result={"ok": 1}, worker_id="w1", lease_epoch=task.lease_epoch
+        )
+    assert info.value.outcome == "unknown"  # type: ignore[attr-defined]
+    assert lost.landed and (await store.tasks.get(task.id)).status == "success"
+    # The worker's retry learns that its own completion landed: no LeaseLost "stop work".
+    done = await store.tasks.transition(
+        task.id, "success", result={"ok": 1}, worker_id="w1", lease_epoch=task.lease_epoch
+    )
+    assert (done.status, done.result, done.version) == ("success", {"ok": 1}, task.version + 1)
+    entries = await store.audit.query(subject=f"task:{task.id}", kind="task.transitioned")
+    assert [e.data["to"] for e in entries].count("success") == 1  # the change was made once
+    assert (await store.audit.verify()).ok
+
+
+async def test_a_lost_transition_that_did_not_land_is_made_by_its_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    with (
+        lose_the_next_write_reply(store, monkeypatch, landed=False) as lost,
+        pytest.raises(statekeel.BackendUnavailable),
+    ):
+        await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert not lost.landed and (await store.tasks.get(task.id)).status == "running"
+    done = await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert done.status == "success"
+
+
+async def test_a_lost_transition_overtaken_by_another_change_is_not_reported_as_its_own(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await _claimed(store)
+    with (
+        lose_the_next_write_reply(store, monkeypatch),
+        pytest.raises(statekeel.BackendUnavailable),
+    ):
+        await store.tasks.transition(task.id, "suspended", worker_id="w1", lease_epoch=task.lease_epoch)
+    # An operator resumes the task meanwhile: the retry's own change is no longer the task's state.
+    await store.tasks.transition(task.id, "queued", actor="operator")
+    with pytest.raises(statekeel.LeaseLost):
+        await store.tasks.transition(task.id, "suspended", worker_id="w1", lease_epoch=task.lease_epoch)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_transition_whose_commit_answer_the_driver_lost_is_settled_by_its_retry(
+    store: Store, backend_name: str, landed: bool
+) -> None:
+    if backend_name not in ("postgres", "mariadb"):
+        pytest.skip(f"{backend_name} has no network reply to lose (the write-hook test above covers it)")
+    task = await _claimed(store)
+    with (
+        faults.lose_reply(backend_name, landed=landed) as fault,
+        pytest.raises(statekeel.BackendUnavailable) as info,
+    ):
+        await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert fault.fired == 1 and info.value.outcome == "unknown"  # type: ignore[attr-defined]
+    assert (await store.tasks.get(task.id)).status == ("success" if landed else "running")
+    # The worker's retry: its own completion if it landed (never LeaseLost "stop work"), else made now.
+    done = await store.tasks.transition(task.id, "success", worker_id="w1", lease_epoch=task.lease_epoch)
+    assert (done.status, done.version) == ("success", task.version + 1)
+    entries = await store.audit.query(subject=f"task:{task.id}", kind="task.transitioned")
+    assert [e.data["to"] for e in entries].count("success") == 1

@@ -31,7 +31,9 @@ heartbeat (no status change) and a step replayed from its record (nothing writte
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as dt
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,6 +81,8 @@ class TaskManager:
         # The attempt ids of step starts whose answer was lost, by (task, step, lease epoch): the retry
         # of such a start sends the same id and learns whether its record landed.
         self.unheard_starts: dict[tuple[str, str, int | None], str] = {}
+        # Likewise for transitions, by (task, new status, lease epoch, expected version).
+        self.unheard_transitions: dict[tuple[str, str, int | None, int | None], str] = {}
 
     # --- tasks --------------------------------------------------------------------------------------
 
@@ -188,6 +192,10 @@ class TaskManager:
 
         The change and its ``task.transitioned`` audit entry commit together; the entry's actor is
         ``actor``, else ``worker_id``, else "unspecified".
+
+        A transition whose answer was lost raises ``BackendUnavailable(outcome="unknown")``; retrying the
+        same call (same task, status, ``lease_epoch`` and ``expected_version``) on this manager settles
+        it: the task its change left if that change landed, else the change made now.
         """
         check_key(task_id, "task_id")
         check_status(new_status, "new_status")
@@ -204,8 +212,15 @@ class TaskManager:
         error_raw = None if error is None else self.codec.encode(error, where="error")
         tries = 1 if expected_version is not None else _TRANSITION_TRIES
         fenced = worker_id is not None or lease_epoch is not None
+        # A transition whose answer was lost is retried with its id: if its change landed, the retry says
+        # so instead of refusing it as fenced out or changed meanwhile (the change was its own).
+        key = (task_id, new_status, lease_epoch, expected_version)
+        transition_id = self.unheard_transitions.get(key) or secrets.token_hex(12)
         for _ in range(tries):
             current = await self._require(task_id)
+            if current.transition_id == transition_id and current.status == new_status:
+                rules.remember_unheard(self.unheard_transitions, key, transition_id, None)
+                return current
             now = rules.utcnow()
             _check_fence(current, worker_id, lease_epoch, now)
             if expected_version is not None and current.version != expected_version:
@@ -216,14 +231,19 @@ class TaskManager:
                     current=current.version,
                 )
             change = plan_transition(current, new_status, result=result_raw, error=error_raw, now=now)
-            updated = await self.backend.update_task(
-                task_id,
-                expected_status=current.status,
-                expected_version=current.version,
-                change=change,
-                lease_valid_at=now if fenced else None,
-                audit=rules.transition_notes(who, current.status, "transition"),
-            )
+            try:
+                updated = await self.backend.update_task(
+                    task_id,
+                    expected_status=current.status,
+                    expected_version=current.version,
+                    change=dataclasses.replace(change, transition_id=transition_id),
+                    lease_valid_at=now if fenced else None,
+                    audit=rules.transition_notes(who, current.status, "transition"),
+                )
+            except BaseException as exc:
+                rules.remember_unheard(self.unheard_transitions, key, transition_id, exc)
+                raise
+            rules.remember_unheard(self.unheard_transitions, key, transition_id, None)
             if updated is not None:
                 return updated
         latest = await self._require(task_id)

@@ -202,3 +202,19 @@ def new_task(
         parent_task_id=parent_task_id,
         idempotency_key=idempotency_key,
     )
+
+
+# At most this many lost answers are remembered per manager (the oldest forgotten first: its retry, if
+# any ever comes, is then judged as anyone else's would be).
+UNHEARD_LIMIT = 1024
+
+
+def remember_unheard(unheard: dict[Any, str], key: Any, attempt_id: str, exc: BaseException | None) -> None:
+    """Keep ``attempt_id`` for ``key`` when ``exc`` says the outcome of the write is unknown, so the
+    retry sends the same id and learns whether it landed; forget it after any other outcome."""
+    if exc is not None and getattr(exc, "outcome", None) == "unknown":
+        if key not in unheard and len(unheard) >= UNHEARD_LIMIT:
+            unheard.pop(next(iter(unheard)))
+        unheard[key] = attempt_id
+    else:
+        unheard.pop(key, None)

@@ -7,16 +7,13 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import StepRecord
-from ..errors import BackendUnavailable, ConflictError, InvalidArgument, SerializationError, StepInDoubt
+from ..errors import ConflictError, InvalidArgument, SerializationError, StepInDoubt
 from ..journal import check_fn, discard
 from ..validation import check_bool, check_int, check_key
 from . import rules
 
 if TYPE_CHECKING:
     from .manager import TaskManager
-
-# At most this many step starts whose answer was lost are remembered per TaskManager.
-_UNHEARD_STARTS = 1024
 
 
 def check_step_args(
@@ -76,18 +73,10 @@ class TaskStep:
                 audit=lambda out: started(out[0] if out[1] else None),
                 attempt_id=attempt_id,
             )
-        except BackendUnavailable as exc:
-            if getattr(exc, "outcome", None) == "unknown":
-                if key not in unheard and len(unheard) >= _UNHEARD_STARTS:
-                    unheard.pop(next(iter(unheard)))  # the oldest: its retry, if any, is in doubt
-                unheard[key] = attempt_id
-            else:
-                unheard.pop(key, None)
+        except BaseException as exc:
+            rules.remember_unheard(unheard, key, attempt_id, exc)
             raise
-        except BaseException:
-            unheard.pop(key, None)
-            raise
-        unheard.pop(key, None)
+        rules.remember_unheard(unheard, key, attempt_id, None)
         return out
 
     def recorded(self, record: StepRecord) -> Any:

@@ -64,6 +64,9 @@ class TaskRecord:
     updated_at: dt.datetime
     started_at: dt.datetime | None
     completed_at: dt.datetime | None
+    # The id of the transition() that last changed the task (None for other changes until the next
+    # transition): a retry of a transition whose answer was lost learns from it that its change landed.
+    transition_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ class TaskChange:
     completed_at: dt.datetime | None
     result: bytes | None = None
     error: bytes | None = None
+    transition_id: str | None = None  # the caller's id for this change (TaskRecord.transition_id)
 
 
 @dataclass(frozen=True, slots=True)

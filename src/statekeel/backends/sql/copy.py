@@ -85,7 +85,7 @@ TABLES: tuple[CopyTable, ...] = (
         "id:text workflow_id:text parent_task_id:text title:text description:text status:text priority:int "
         "result:json error:json retry_count:int max_retries:int metadata:json version:int lease_owner:text "
         "lease_expires_at:ts lease_epoch:int idempotency_key:text created_at:ts updated_at:ts "
-        "started_at:ts completed_at:ts",
+        "started_at:ts completed_at:ts transition_id:text",
         "id",
         links="parent_task_id",
     ),
@@ -97,7 +97,7 @@ TABLES: tuple[CopyTable, ...] = (
     _table(
         "task_steps",
         "task_id:text step_key:text status:text attempt:int result:json error:json started_at:ts "
-        "first_started_at:ts finished_at:ts",
+        "first_started_at:ts finished_at:ts attempt_id:text",
         "task_id step_key",
     ),
     _table(

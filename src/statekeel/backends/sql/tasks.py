@@ -57,6 +57,7 @@ def task_from_row(tx: Tx, row: Row) -> TaskRecord:
         updated_at=tx.ts_out(row["updated_at"]),
         started_at=ts_or_none(tx, row["started_at"]),
         completed_at=ts_or_none(tx, row["completed_at"]),
+        transition_id=row["transition_id"],
     )
 
 
@@ -149,6 +150,7 @@ async def op_update_task(
         expected_status,
         expected_version,
         ts_in_or_none(tx, lease_valid_at),
+        change.transition_id,
     )
     return None if row is None else task_from_row(tx, row)
 

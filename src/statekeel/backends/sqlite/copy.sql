@@ -119,11 +119,11 @@ SELECT count(*) AS n FROM workflows;
 DELETE FROM workflows;
 
 -- name: copy_tasks_first
-SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id
 FROM tasks ORDER BY id LIMIT ?1;
 
 -- name: copy_tasks_after
-SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id
 FROM tasks WHERE id > ?1
 ORDER BY id LIMIT ?2;
 
@@ -131,8 +131,8 @@ ORDER BY id LIMIT ?2;
 SELECT id FROM tasks ORDER BY id DESC LIMIT 1;
 
 -- name: copy_tasks_insert
-INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21);
+INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22);
 
 -- name: copy_tasks_link
 UPDATE tasks SET parent_task_id = ?2
@@ -167,11 +167,11 @@ SELECT count(*) AS n FROM workflow_steps;
 DELETE FROM workflow_steps;
 
 -- name: copy_task_steps_first
-SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at
+SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at, attempt_id
 FROM task_steps ORDER BY task_id, step_key LIMIT ?1;
 
 -- name: copy_task_steps_after
-SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at
+SELECT task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at, attempt_id
 FROM task_steps WHERE (task_id, step_key) > (?1, ?2)
 ORDER BY task_id, step_key LIMIT ?3;
 
@@ -179,8 +179,8 @@ ORDER BY task_id, step_key LIMIT ?3;
 SELECT task_id, step_key FROM task_steps ORDER BY task_id DESC, step_key DESC LIMIT 1;
 
 -- name: copy_task_steps_insert
-INSERT INTO task_steps (task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
+INSERT INTO task_steps (task_id, step_key, status, attempt, result, error, started_at, first_started_at, finished_at, attempt_id)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);
 
 -- name: copy_task_steps_count
 SELECT count(*) AS n FROM task_steps;

@@ -22,6 +22,7 @@ ORDER BY created_at, id LIMIT ?5;
 UPDATE tasks
 SET status = ?1, retry_count = ?2, lease_expires_at = ?3, started_at = ?4, completed_at = ?5,
     result = COALESCE(?6, result), error = COALESCE(?7, error), updated_at = ?8, version = version + 1,
+    transition_id = ?13,
     -- Entering running without claim() grants no lease: a new epoch and no owner fence out whoever
     -- held the task before (a zombie worker must not resume with its old epoch).
     lease_owner = CASE WHEN ?1 = 'running' THEN NULL ELSE lease_owner END,
