@@ -5,11 +5,11 @@ statekeel's own managers), for the model test and any contract test.
 database loses its answer. With ``landed=True`` the write is applied first (the server committed, the
 client never heard); with ``landed=False`` the connection dies before the write is sent (nothing applied).
 
-- PostgreSQL (asyncpg): the next ``COMMIT`` of a transaction that is not read only, or the next statement outside one (a
-  session save on PostgreSQL is one self-committing statement); the connection is then terminated and
+- PostgreSQL (asyncpg): the next ``COMMIT`` of a transaction that is not read only, or the next
+  writing statement outside one (a session save on PostgreSQL is one self-committing statement); the connection is then terminated and
   ``ConnectionDoesNotExistError`` raised, as a dropped TCP connection does.
-- MariaDB (asyncmy): the next ``COMMIT`` of a transaction that is not read only; the connection is closed and error 2013 ("Lost connection")
-  raised.
+- MariaDB (asyncmy): the next ``COMMIT`` of a transaction that is not read only; the connection is
+  closed and error 2013 ("Lost connection") raised.
 - NATS (nats-py): the next ``count`` JetStream publishes (a publish is retried with its message id, so a
   reply lost for good is lost on every attempt); each raises ``nats.errors.TimeoutError``.
 - SQLite and memory:// have no reply to lose (the commit is a call in this process): ``applies`` is

@@ -251,7 +251,7 @@ async def export_store(
     if isinstance(held, frozenset) and "copy" not in held:
         # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md). A paired
         # one names the kinds it keeps there (its copy_tables refuses with them).
-        copy_tables = getattr(store.backend, "copy_tables", None)  # type: ignore[attr-defined]
+        copy_tables = getattr(store.backend, "copy_tables", None)
         if copy_tables is not None:
             await copy_tables()
         raise Unsupported(

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
+import faults
 import statekeel
 import statekeel.tasks.rules
-import faults
 from lost_reply import lose_the_next_write_reply
 
 Store = statekeel.Store
