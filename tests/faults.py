@@ -6,8 +6,9 @@ database loses its answer. With ``landed=True`` the write is applied first (the 
 client never heard); with ``landed=False`` the connection dies before the write is sent (nothing applied).
 
 - PostgreSQL (asyncpg): the next ``COMMIT`` of a transaction that is not read only, or the next
-  writing statement outside one (a session save on PostgreSQL is one self-committing statement); the connection is then terminated and
-  ``ConnectionDoesNotExistError`` raised, as a dropped TCP connection does.
+  writing statement outside one (a session save on PostgreSQL is one self-committing statement); the
+  connection is then terminated and ``ConnectionDoesNotExistError`` raised, as a dropped TCP connection
+  does.
 - MariaDB (asyncmy): the next ``COMMIT`` of a transaction that is not read only; the connection is
   closed and error 2013 ("Lost connection") raised.
 - NATS (nats-py): the next ``count`` JetStream publishes (a publish is retried with its message id, so a
