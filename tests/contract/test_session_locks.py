@@ -336,20 +336,28 @@ def renewal_whose_answer_comes_with_the_cancellation(
     return renewal
 
 
-async def test_a_release_returns_and_frees_the_lease_when_the_renewal_it_stops_answers_anyway(
+async def held_while_a_renewal_is_on_its_way(
     store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    mine = store.sessions
-    mine.lease_seconds = 0.3
+) -> tuple[statekeel.SessionLock, asyncio.Task[None]]:
+    """A lock on "s" held under a short lease, returned once its renewal is on its way (whose answer will
+    come with the cancellation): the lock and its renewer."""
+    store.sessions.lease_seconds = 0.3
     renewing = asyncio.Event()
     hook = renewal_whose_answer_comes_with_the_cancellation(store.backend.renew_session_lease, renewing)
     monkeypatch.setattr(store.backend, "renew_session_lease", hook)
-    lock = mine.lock("s")
+    lock = store.sessions.lock("s")
     await lock.acquire()
     renewer = lock.renewer
     assert renewer is not None
     async with asyncio.timeout(10):
-        await renewing.wait()  # the renewal is on its way when the holder releases
+        await renewing.wait()
+    return lock, renewer
+
+
+async def test_a_release_returns_and_frees_the_lease_when_the_renewal_it_stops_answers_anyway(
+    store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock, renewer = await held_while_a_renewal_is_on_its_way(store, monkeypatch)
     async with asyncio.timeout(10):  # never returned before: the renewer went on renewing
         await lock.release()
     assert renewer.done() and not lock.locked()
@@ -362,16 +370,7 @@ async def test_closing_the_manager_returns_when_a_renewal_it_stops_answers_anywa
     store: statekeel.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mine = store.sessions
-    mine.lease_seconds = 0.3
-    renewing = asyncio.Event()
-    hook = renewal_whose_answer_comes_with_the_cancellation(store.backend.renew_session_lease, renewing)
-    monkeypatch.setattr(store.backend, "renew_session_lease", hook)
-    lock = mine.lock("s")
-    await lock.acquire()
-    renewer = lock.renewer
-    assert renewer is not None
-    async with asyncio.timeout(10):
-        await renewing.wait()
+    _, renewer = await held_while_a_renewal_is_on_its_way(store, monkeypatch)
     async with asyncio.timeout(10):
         await mine.close()
     assert renewer.done()

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -24,12 +28,15 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import conftest
 import faults
 import statekeel
+import statekeel.tasks.rules
 from helpers import database_write_locked
 from statekeel.tasks import TRANSITIONS
 
-from .model import ApprovalModel, MemoryModel, SessionModel, StoreState, TaskModel
+from .model import LEASE_SECONDS, ApprovalModel, MemoryModel, SessionModel, StoreState, TaskModel
 
 T = TypeVar("T")
+
+CHILD = Path(__file__).with_name("child.py")
 
 PICK = st.integers(min_value=0, max_value=1 << 16)
 COUNT = st.integers(min_value=1, max_value=4)
@@ -65,6 +72,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # The task manager's clock (leases are judged by the writer's clock): frozen, moved only by the
+        # time_passes rule, so a lease's expiry is a step of the story, never a race with the real one.
+        self.clock = 0.0
+        self.real_utcnow = statekeel.tasks.rules.utcnow
+        base = self.real_utcnow()
+        statekeel.tasks.rules.utcnow = lambda: base + dt.timedelta(seconds=self.clock)
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="sk-model-"))
         self.url = self._url()
@@ -123,6 +136,7 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self.run(self.store.close())
         finally:
+            statekeel.tasks.rules.utcnow = self.real_utcnow
             self.loop.close()
             if self.engine not in ("memory", "sqlite"):
                 self._drop()
@@ -283,11 +297,69 @@ class StoreMachine(RuleBasedStateMachine):
         expected = self.model.oldest_queued()
         if any(t.either is not None for t in self.model.tasks.values()):
             return  # a task in doubt may or may not be queued: claim's answer is not one thing
-        task = self.run(self.store.tasks.claim("worker", lease_seconds=600))
+        task = self.run(self.store.tasks.claim("worker", lease_seconds=LEASE_SECONDS))
         assert (task.id if task else None) == expected
         if task is not None:
-            self.model.tasks[task.id].moved("running")
+            self.model.tasks[task.id].claimed("worker", self.clock)
             assert task.lease_epoch == self.model.tasks[task.id].epoch
+
+    @precondition(lambda self: self.holds_all())
+    @rule(seconds=st.sampled_from([10, 30, 70]))
+    @recorded
+    def time_passes(self, seconds: int) -> None:
+        """The writer's clock moves on: leases run out (whether or not anyone reaps them)."""
+        self.clock += seconds
+
+    @precondition(lambda self: self.holds_all())
+    @rule(pick=PICK)
+    @recorded
+    def heartbeat(self, pick: int) -> None:
+        """The worker extends the lease of a task it claimed: only while it holds it, else LeaseLost."""
+        tid = _pick([t for t, m in self.model.tasks.items() if m.epoch and m.either is None], pick)
+        if tid is None:
+            return
+        model = self.model.tasks[tid]
+        if not (model.leased_to("worker", model.epoch, self.clock) and model.expires is not None):
+            with contextlib.suppress(statekeel.LeaseLost):
+                self.run(self.store.tasks.heartbeat(tid, "worker", model.epoch, lease_seconds=LEASE_SECONDS))
+                raise AssertionError(f"a heartbeat without a live lease was taken ({model})")
+            return
+        task = self.run(self.store.tasks.heartbeat(tid, "worker", model.epoch, lease_seconds=LEASE_SECONDS))
+        model.expires = self.clock + LEASE_SECONDS
+        assert (task.status, task.lease_epoch) == ("running", model.epoch)
+
+    @precondition(lambda self: self.holds_all())
+    @rule(pick=PICK, to=st.sampled_from(["success", "failed", "suspended"]), stale=st.booleans())
+    @recorded
+    def finish(self, pick: int, to: str, stale: bool) -> None:
+        """The worker moves a task it claimed, fenced by its lease (``stale``: with the epoch before)."""
+        tid = _pick([t for t, m in self.model.tasks.items() if m.epoch and m.either is None], pick)
+        if tid is None:
+            return
+        model = self.model.tasks[tid]
+        epoch = model.epoch - 1 if stale and model.epoch > 1 else model.epoch
+        fenced = dict(worker_id="worker", lease_epoch=epoch)
+        if not model.leased_to("worker", epoch, self.clock):
+            with contextlib.suppress(statekeel.LeaseLost):
+                self.run(self.store.tasks.transition(tid, to, **fenced))
+                raise AssertionError(f"a fenced transition without a live lease was made ({model})")
+            return
+        task = self.run(self.store.tasks.transition(tid, to, **fenced))
+        model.moved(to)
+        assert task.status == to
+
+    @precondition(lambda self: self.holds_all())
+    @rule()
+    @recorded
+    def expire_leases(self) -> None:
+        """The reaper: exactly the running tasks whose lease is over become interrupted."""
+        if any(t.either is not None for t in self.model.tasks.values()):
+            return
+        expected = self.model.expired_leases(self.clock)
+        moved = self.run(self.store.tasks.expire_leases())
+        assert {t.id for t in moved} == expected
+        for tid in expected:
+            self.model.tasks[tid].lease_expired()
 
     @precondition(lambda self: self.holds_all())
     @rule(pick=PICK, to=st.sampled_from(sorted(TRANSITIONS)))
@@ -446,6 +518,52 @@ class StoreMachine(RuleBasedStateMachine):
         if key in self.open_sessions:
             self.stale.add(key)
 
+    @precondition(lambda self: self.engine in ("sqlite", "postgres", "mariadb"))
+    @rule(pick=PICK, acks=st.integers(0, 2), killed=st.booleans())
+    @recorded
+    def another_os_process_appends(self, pick: int, acks: int, killed: bool) -> None:
+        """A real second process appends to a session: it exits after ``acks`` acknowledged saves, or is
+        killed with SIGKILL right after them (``killed``: its next save may be on its way). Every
+        acknowledged message is kept, once; the one in flight is there or not, never half."""
+        key = _pick([k for k in self.live_keys() if self.model.sessions[k].either is None], pick)
+        if key is None:
+            return
+        prefix = self.model.fresh(f"{key}-os")
+        count = acks + 3 if killed else acks
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), self.url, str(self.dir / "child-fallback"), key, prefix, str(count)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert child.stdout is not None
+            heard = 0
+            while heard < acks:
+                line = child.stdout.readline()
+                assert line.startswith("ack "), (line, child.stderr.read() if child.stderr else "")
+                heard += 1
+            if killed:
+                child.send_signal(signal.SIGKILL)
+            child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        assert killed or child.returncode == 0, child.returncode
+        model = self.model.sessions[key]
+        model.messages.extend(f"{prefix}-{i}" for i in range(acks))
+        if killed:
+            # Saves after the last acknowledged one may have landed before the kill: a prefix of them.
+            model.either = None
+            seen = self.stored(key) or []
+            extra = seen[len(model.messages) :]
+            assert seen[: len(model.messages)] == model.messages, (seen, model.messages)
+            assert extra == [f"{prefix}-{i}" for i in range(acks, acks + len(extra))], extra
+            model.messages.extend(extra)
+        if key in self.open_sessions:
+            self.stale.add(key)
+
     @precondition(lambda self: self.engine in SQL_KINDS)
     @rule(pick=PICK)
     @recorded
@@ -497,11 +615,11 @@ class StoreMachine(RuleBasedStateMachine):
                 self.forget_open(key)
                 return
         if session.fallback_file is not None:
-            # Saved to this host's fallback file (the backend's answer was lost): a process elsewhere,
-            # without that file, sees either history until the file is replayed or the write settled.
-            model.either = [*model.messages, text]
-            self.forget_open(key)
-            return
+            # Saved to this host's fallback file (the backend's answer was lost): acknowledged, so it is
+            # kept; a process elsewhere, without that file, sees either history until the file is
+            # replayed, and after the replay the message once, whether or not the lost write landed.
+            assert self.stored(key) in ([*model.messages], [*model.messages, text])
+            self.run(self.store.sessions.replay_fallback())
         model.messages.append(text)
 
     @precondition(lambda self: faults.applies(self.engine) and self.holds_all())
@@ -524,6 +642,30 @@ class StoreMachine(RuleBasedStateMachine):
             got = self.run(self.store.tasks.step(task.id, "charge", lambda: calls.append(1) or 7))
         assert got == 7 and len(calls) <= 1
         self.model.tasks[task.id].steps["charge"] = 7
+
+    @precondition(lambda self: self.engine in ("postgres", "mariadb"))
+    @rule(pick=PICK, to=st.sampled_from(["success", "failed", "suspended"]), landed=st.booleans())
+    @recorded
+    def finish_loses_its_reply(self, pick: int, to: str, landed: bool) -> None:
+        """The worker's fenced transition whose answer is lost: outcome unknown, and its retry learns
+        what happened — the task its change left, or the change made now; never LeaseLost for its own."""
+        tid = _pick([t for t, m in self.model.tasks.items() if m.epoch and m.either is None], pick)
+        if tid is None:
+            return
+        model = self.model.tasks[tid]
+        if not model.leased_to("worker", model.epoch, self.clock):
+            return
+        fenced = dict(worker_id="worker", lease_epoch=model.epoch)
+        with faults.lose_reply(self.engine, landed=landed):
+            try:
+                task = self.run(self.store.tasks.transition(tid, to, **fenced))
+            except statekeel.BackendUnavailable as exc:
+                assert exc.outcome == "unknown", f"a lost reply reported as a definite answer: {exc!r}"
+                task = None
+        if task is None:
+            task = self.run(self.store.tasks.transition(tid, to, **fenced))
+        model.moved(to)
+        assert task.status == to and task.retry_count == model.retries
 
     @precondition(lambda self: self.engine == "sqlite")
     @rule(pick=PICK)
@@ -580,8 +722,17 @@ class StoreMachine(RuleBasedStateMachine):
             assert seen is not None, f"session {key!r} is gone"
             model.settle(seen)
         if self.holds_all():
-            stored = {t.id: t.status for t in self.run(self.store.tasks.list(limit=1000)).items}
-            assert stored == {tid: t.status for tid, t in self.model.tasks.items()}
+            tasks = self.run(self.store.tasks.list(limit=1000)).items
+            stored = {t.id: (t.status, t.lease_epoch) for t in tasks}
+            assert stored == {tid: (t.status, t.epoch) for tid, t in self.model.tasks.items()}
+            for t in tasks:
+                expires = self.model.tasks[t.id].expires
+                at = (
+                    None
+                    if t.lease_expires_at is None
+                    else t.lease_expires_at - statekeel.tasks.rules.utcnow()
+                )
+                assert at == (None if expires is None else dt.timedelta(seconds=expires - self.clock)), t
             pending = {a.id for a in self.run(self.store.approvals.pending(limit=1000))}
             assert pending == {aid for aid, a in self.model.approvals.items() if a.status == "pending"}
         report = self.run(self.store.audit.verify())

@@ -15,6 +15,7 @@ from statekeel.tasks import TRANSITIONS
 # Which task transitions a caller may ask for: the documented table (docs/concepts.md).
 TASK_TRANSITIONS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in TRANSITIONS.items()}
 MAX_RETRIES = 3
+LEASE_SECONDS = 60  # what the model's worker claims and heartbeats for
 
 
 @dataclass
@@ -51,6 +52,23 @@ class TaskModel:
     steps: dict[str, int] = field(default_factory=dict)  # step -> the value its function returned
     # A transition whose reply was lost: the status it may have reached.
     either: str | None = None
+    # The lease: who claimed the task and until when (the model clock's seconds); None without a lease
+    # (not running, or running by a transition, which grants none).
+    owner: str | None = None
+    expires: float | None = None
+
+    def leased_to(self, worker: str, epoch: int, now: float) -> bool:
+        """Whether ``worker`` at ``epoch`` holds a live lease at ``now``: its fenced writes pass."""
+        return (
+            self.status == "running"
+            and self.owner == worker
+            and self.epoch == epoch
+            and (self.expires is None or self.expires > now)
+        )
+
+    def claimed(self, worker: str, now: float) -> None:
+        self.moved("running")
+        self.owner, self.expires = worker, now + LEASE_SECONDS
 
     def may_move(self, to: str) -> bool:
         if to not in TASK_TRANSITIONS[self.status]:
@@ -62,7 +80,13 @@ class TaskModel:
             self.retries += 1
         if to == "running":
             self.epoch += 1
+            self.owner = None  # entering running without a claim fences out whoever held it
         self.status = to
+        self.expires = None  # only a claim grants a lease; leaving running ends it
+
+    def lease_expired(self) -> None:
+        """``expire_leases`` found its lease over: interrupted, the owner kept (it no longer holds it)."""
+        self.status, self.expires = "interrupted", None
 
 
 @dataclass
@@ -129,6 +153,14 @@ class StoreState:
         return key in self.forks.values()
 
     # --- tasks ----------------------------------------------------------------------------------------
+
+    def expired_leases(self, now: float) -> set[str]:
+        """The running tasks whose lease is over at ``now`` (what ``expire_leases`` moves)."""
+        return {
+            tid
+            for tid, t in self.tasks.items()
+            if t.status == "running" and t.expires is not None and t.expires <= now
+        }
 
     def oldest_queued(self) -> str | None:
         queued = [
