@@ -107,6 +107,37 @@ async def test_load_of_a_missing_session_is_none_and_get_or_create_writes_nothin
     assert await store.backend.load_session("nope") is None
 
 
+
+async def test_get_or_create_sets_a_new_sessions_metadata_and_erase_finds_it_by_its_subject(
+    store: statekeel.Store,
+) -> None:
+    first = {"subject": "user-7", "tags": ["a"]}
+    s = await store.sessions.get_or_create("chat", metadata=first)
+    first["tags"].append("changed by the caller")  # the session holds its own copy
+    assert s.metadata == {"subject": "user-7", "tags": ["a"]}
+    s.add_message("user", "hello")
+    await store.sessions.save(s)
+    # An existing session keeps its metadata, in this process and in another.
+    again = await store.sessions.get_or_create("chat", metadata={"subject": "someone else"})
+    assert again.metadata["subject"] == "user-7"
+    other = statekeel.SessionManager(store.backend, store.codec)
+    assert (await other.get_or_create("chat", metadata={"subject": "x"})).metadata["subject"] == "user-7"
+    if store.holds("erasure"):
+        report = await store.erase("user-7", actor="dpo", reason="request")
+        assert report.counts["sessions"] == 1
+        assert await store.sessions.load("chat") is None
+
+
+@pytest.mark.parametrize("metadata", [["subject"], {1: "x"}, {"f": object()}, "subject=u"])
+async def test_get_or_create_refuses_bad_metadata_before_anything_is_read_or_written(
+    store: statekeel.Store, metadata: Any
+) -> None:
+    with pytest.raises((statekeel.InvalidArgument, statekeel.SerializationError)):
+        await store.sessions.get_or_create("chat", metadata=metadata)
+    assert await store.backend.load_session("chat") is None
+    assert (await store.sessions.get_or_create("chat")).metadata == {}
+
+
 # --- bad input ---------------------------------------------------------------------------------------
 
 BAD_KEYS: list[Any] = ["", "a\x00b", "x" * 513, 42, None, b"key"]

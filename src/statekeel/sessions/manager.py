@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import datetime as dt
 import logging
 import math
@@ -250,25 +251,39 @@ class SessionManager(SessionListing, SessionBranches):
             await self._remember(session)
         return session
 
-    async def get_or_create(self, key: str, *, repair: bool = True) -> Session:
+    async def get_or_create(
+        self, key: str, *, repair: bool = True, metadata: dict[str, Any] | None = None
+    ) -> Session:
         """Load the session (repairing it as :meth:`load` does), or start a new one in memory (created in
-        the store by the first save)."""
+        the store by the first save).
+
+        ``metadata`` is a new session's first metadata (an existing session keeps its own, as
+        ``dict.setdefault`` keeps a value), e.g. the subject :meth:`Store.erase` finds it by::
+
+            session = await store.sessions.get_or_create("chat-42", metadata={"subject": "user-7"})
+        """
         check_key(key)
         check_bool(repair, "repair")
+        if metadata is not None:
+            if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+                raise InvalidArgument(f"metadata must be a dict with str keys, got {metadata!r}")
+            self.codec.encode(metadata, where="metadata")  # SerializationError before anything else
         for _ in range(_LOAD_TRIES):
-            session = await self._get_or_create(key)
+            session = await self._get_or_create(key, metadata)
             if await self._tools.settle(session, repair):
                 return session
             self.discard(key, session)  # another writer came first: read what it wrote
         return session
 
-    async def _get_or_create(self, key: str) -> Session:
+    async def _get_or_create(self, key: str, metadata: dict[str, Any] | None = None) -> Session:
         cached, dropped = await self._cached(key, False)
         if cached is not None:
             return cached
         session = await self._load_fresh(key, False)
         if session is None:
             session = self._new(key, None)
+            if metadata:
+                session.metadata.update(copy.deepcopy(metadata))
         elif dropped is not None:
             book(session).carried_from(dropped)
         await self._remember(session)
