@@ -107,7 +107,6 @@ async def test_load_of_a_missing_session_is_none_and_get_or_create_writes_nothin
     assert await store.backend.load_session("nope") is None
 
 
-
 async def test_get_or_create_sets_a_new_sessions_metadata_and_erase_finds_it_by_its_subject(
     store: statekeel.Store,
 ) -> None:
