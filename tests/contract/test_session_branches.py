@@ -292,6 +292,37 @@ async def test_a_fork_left_with_waiting_calls_by_a_process_that_is_gone_is_repai
         assert await view(later, "f") == ["run it", None, f2.messages[2]["content"]]
 
 
+@pytest.mark.parametrize("started_only", [False, True])
+async def test_a_fork_between_a_tool_call_that_ran_and_its_result_holds_the_call_in_doubt_never_not_run(
+    store_url: str, tmp_path: Any, started_only: bool
+) -> None:
+    if store_url == "memory://":
+        pytest.skip("needs a second store on the same database")
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "a")) as creator:
+        s = await creator.sessions.get_or_create("p")
+        s.add_message("user", "charge the card")
+        s.add_message("assistant", None, tool_calls=[CALL])
+        await creator.sessions.save(s)
+        if started_only:  # the process died while the tool ran: its journal row says started
+            await creator.backend.start_session_step("p", "c1", owner="gone-process", expected_attempt=None)
+        else:
+            assert await creator.sessions.run_tool(s, "c1", lambda: "charged 3 EUR") == "charged 3 EUR"
+        await creator.sessions.fork("p", 2, new_key="f")  # the fork's history stops before the result
+    async with statekeel.open_store(store_url, fallback_dir=str(tmp_path / "b")) as later:
+        report = await later.recover()
+        # Not "interrupted: the agent stopped before this tool call returned": it ran (or may have).
+        assert "f" not in report.orphaned_tool_calls
+        f = await fresh(later, "f")
+        assert f.repaired == () and [c.call_id for c in f.pending_calls()] == ["c1"]
+        assert await view(later, "f") == ["charge the card", None]
+        ran: list[int] = []
+        with pytest.raises(statekeel.StepInDoubt):
+            await later.sessions.run_tool(f, "c1", lambda: ran.append(1))
+        assert ran == []  # never run a second time through the fork
+        p = await fresh(later, "p")
+        assert len(p.messages) == (2 if started_only else 3)
+
+
 # --- a fork's parent is current in the process that changed it (the fork is cached there) ---------------
 
 

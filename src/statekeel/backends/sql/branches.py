@@ -37,6 +37,7 @@ async def op_fork_session(
         raise ConflictError(
             f"session {new_key!r} already exists: choose another key for the fork", key=new_key
         )
+    await tx.execute("session_steps_inherit", new_key, key, at_seq)
     return session_from_row(tx, row)
 
 

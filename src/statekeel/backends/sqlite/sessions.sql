@@ -137,6 +137,16 @@ SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' AS arr, count(*) A
        max(seq) AS hi
 FROM (SELECT seq, payload FROM message_archive WHERE session_key = ?1 ORDER BY seq);
 
+-- name: session_steps_inherit
+-- A fork inherits the journal rows of the calls whose result is not in what it inherited (started, failed,
+-- or answered at or after the fork point ?3): a call that ran in the parent is in doubt in the fork,
+-- never answered as not run nor run again through it.
+INSERT INTO session_steps (session_key, call_id, status, attempt, owner, result_seq, error, started_at,
+                           finished_at)
+SELECT ?1, call_id, status, attempt, owner, result_seq, error, started_at, finished_at
+FROM session_steps
+WHERE session_key = ?2 AND status <> 'interrupted' AND (result_seq IS NULL OR result_seq >= ?3);
+
 -- name: session_insert_fork
 -- A fork: its row only (nothing is copied); its head starts at the fork point. What it inherited may end
 -- with tool calls waiting for a result: their count is unknown (-1) until counted, and their owner is the
