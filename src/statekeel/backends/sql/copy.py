@@ -85,7 +85,7 @@ TABLES: tuple[CopyTable, ...] = (
         "id:text workflow_id:text parent_task_id:text title:text description:text status:text priority:int "
         "result:json error:json retry_count:int max_retries:int metadata:json version:int lease_owner:text "
         "lease_expires_at:ts lease_epoch:int idempotency_key:text created_at:ts updated_at:ts "
-        "started_at:ts completed_at:ts transition_id:text",
+        "started_at:ts completed_at:ts transition_id:text not_before:ts",
         "id",
         links="parent_task_id",
     ),
