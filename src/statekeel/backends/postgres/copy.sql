@@ -298,6 +298,28 @@ SELECT count(*) AS n FROM trace_counters;
 -- name: copy_trace_counters_clear
 DELETE FROM trace_counters;
 
+-- name: copy_schedules_first
+SELECT id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at
+FROM schedules ORDER BY id COLLATE "C" LIMIT $1;
+
+-- name: copy_schedules_after
+SELECT id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at
+FROM schedules WHERE id COLLATE "C" > $1
+ORDER BY id COLLATE "C" LIMIT $2;
+
+-- name: copy_schedules_last
+SELECT id FROM schedules ORDER BY id COLLATE "C" DESC LIMIT 1;
+
+-- name: copy_schedules_insert
+INSERT INTO schedules (id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17);
+
+-- name: copy_schedules_count
+SELECT count(*) AS n FROM schedules;
+
+-- name: copy_schedules_clear
+DELETE FROM schedules;
+
 -- name: copy_store_identity
 -- The database on this server (whatever host name, port spelling or pooler reached it): the server's
 -- start time and port tell two servers apart.

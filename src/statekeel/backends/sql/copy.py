@@ -100,6 +100,14 @@ TABLES: tuple[CopyTable, ...] = (
         "first_started_at:ts finished_at:ts attempt_id:text",
         "task_id step_key",
     ),
+    # After tasks: last_task_id names one (no foreign key: a purged task leaves the id behind).
+    _table(
+        "schedules",
+        "id:text name:text cron:text every_seconds:int timezone:text task:json catch_up:text "
+        "catch_up_window:float overlap:text paused:bool fired_through:ts next_fire_at:ts last_slot:ts "
+        "last_task_id:text version:int created_at:ts updated_at:ts",
+        "id",
+    ),
     _table(
         "session_steps",
         "session_key:text call_id:text status:text attempt:int owner:text result_seq:int error:json "
