@@ -62,9 +62,9 @@ def check_every(value: Any) -> int:
         seconds = value.total_seconds()
         if value % dt.timedelta(seconds=1):
             seconds = None
-    elif type(value) is float and value.is_integer():
-        seconds = int(value)
-    if type(seconds) not in (int, float) or not 1 <= seconds <= MAX_EVERY_SECONDS:
+    if type(seconds) is float:
+        seconds = int(seconds) if seconds.is_integer() else None
+    if type(seconds) is not int or not 1 <= seconds <= MAX_EVERY_SECONDS:
         raise InvalidArgument(
             f"every must be a whole number of seconds in [1, {MAX_EVERY_SECONDS}] (or a timedelta of "
             f"whole seconds), got {value!r}",
