@@ -63,6 +63,7 @@ from .health import StoreInfo
 from .imports import ImportReport, import_store
 from .memory import Contradiction, Episode, Memory, MemoryAccess, MemoryEvent, MemoryStore, Relation
 from .retention import PurgeReport, Retention
+from .schedules import Schedule, ScheduleManager
 from .sessions import Rewind, Session, SessionLock, SessionManager
 from .store import Store, open_store
 from .tasks import Task, TaskManager
@@ -125,6 +126,8 @@ __all__ = [
     "Retention",
     "Rewind",
     "RotationReport",
+    "Schedule",
+    "ScheduleManager",
     "SchemaTooNew",
     "SearchEngine",
     "SearchRequest",

@@ -20,9 +20,20 @@ from typing import Any, Protocol
 import orjson
 
 from .codec import canonical
+from .errors import InvalidArgument
 
 GENESIS_HASH = "0" * 64
 MIN_AUDIT_KEY_BYTES = 16
+
+
+def check_audit_key(key: Any) -> None:
+    """Refuse an ``audit_key`` that is not bytes of at least :data:`MIN_AUDIT_KEY_BYTES`."""
+    if key is not None and (type(key) is not bytes or len(key) < MIN_AUDIT_KEY_BYTES):
+        raise InvalidArgument(
+            f"audit_key must be bytes of at least {MIN_AUDIT_KEY_BYTES} (e.g. os.urandom(32)), got "
+            f"{type(key).__name__}" + (f" of {len(key)} bytes" if isinstance(key, bytes) else "")
+        )
+
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -155,6 +166,7 @@ __all__ = [
     "approval_entry_kind",
     "args_digest",
     "chain_hash",
+    "check_audit_key",
     "entry_mac",
     "mac_ok",
     "micros",

@@ -60,6 +60,7 @@ KIND_GROUPS: dict[str, tuple[str, ...]] = {
         "session_steps",
     ),
     "tasks": ("workflows", "tasks", "workflow_steps", "task_steps"),
+    "schedules": ("schedules",),
     "audit": ("audit_log", "approvals"),
     "memory": (
         "memories",

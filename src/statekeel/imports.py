@@ -67,6 +67,7 @@ ADDED_COLUMNS: dict[tuple[str, str], tuple[int, Any]] = {
     # Schema 18 added it, but its exports left it out: they carry it from 19.
     ("task_steps", "attempt_id"): (19, None),
     ("tasks", "transition_id"): (19, None),
+    ("tasks", "not_before"): (20, None),
 }
 # A header line longer than this is not one of ours (it names columns and counts, not data).
 _MAX_HEADER = 16 << 20

@@ -23,7 +23,7 @@ from .audit import AuditLog
 from .backends.base import KIND_CONTRACTS, Incident, StateCounts, StorageBackend
 from .backends.nats.url import PAIRED_KINDS, parse_nats_url
 from .backup import BackupReport, backup
-from .chain import MIN_AUDIT_KEY_BYTES
+from .chain import check_audit_key
 from .codec import DEFAULT_MAX_RECORD_BYTES, Codec
 from .codec.encryption import RotationProgress, RotationReport, check_keys, make_cipher, rotate
 from .erasure import ErasureReport, erase
@@ -34,6 +34,7 @@ from .health import HealthReport, StoreInfo, health
 from .memory import MemoryStore
 from .recovery import RecoveryReport, recover
 from .retention import PurgeReport, Retention, purge
+from .schedules import ScheduleManager
 from .sessions import SessionManager
 from .tasks import TaskManager
 from .traces import TraceLog
@@ -83,14 +84,7 @@ class StoreOptions:
                 raise InvalidArgument(
                     "keyring needs an encryption_key: the store key wraps the ring's data keys"
                 )
-        if self.audit_key is not None and (
-            type(self.audit_key) is not bytes or len(self.audit_key) < MIN_AUDIT_KEY_BYTES
-        ):
-            raise InvalidArgument(
-                f"audit_key must be bytes of at least {MIN_AUDIT_KEY_BYTES} (e.g. os.urandom(32)), got "
-                f"{type(self.audit_key).__name__}"
-                + (f" of {len(self.audit_key)} bytes" if isinstance(self.audit_key, bytes) else "")
-            )
+        check_audit_key(self.audit_key)
 
 
 DEFAULT_URL = "sqlite:///statekeel.db"
@@ -243,6 +237,7 @@ MANAGER_KINDS: dict[str, frozenset[str]] = {
     "sessions": frozenset({"sessions", "tool_calls"}),
     "tasks": frozenset({"tasks"}),
     "workflows": frozenset({"workflows", "tasks"}),
+    "schedules": frozenset({"schedules", "tasks"}),
     "audit": frozenset({"audit"}),
     "approvals": frozenset({"approvals", "audit"}),
     "memory": frozenset({"memory"}),
@@ -321,6 +316,8 @@ class Store:
     """:class:`TaskManager`: tasks, their leases and steps."""
     workflows = _Manager[WorkflowEngine]()
     """:class:`WorkflowEngine`: workflows of tasks."""
+    schedules = _Manager[ScheduleManager]()
+    """:class:`ScheduleManager`: schedules that create a task per slot."""
     audit = _Manager[AuditLog]()
     """:class:`AuditLog`: the audit chain."""
     approvals = _Manager[ApprovalLog]()
@@ -359,6 +356,7 @@ class Store:
         )
         self.tasks = tasks
         self.workflows = WorkflowEngine(self.backend, self.codec, tasks)
+        self.schedules = ScheduleManager(self.backend, self.codec)
         self.audit = audit
         self.approvals = ApprovalLog(self.backend, self.codec, audit)
         self.memory = MemoryStore(self.backend, self.codec)

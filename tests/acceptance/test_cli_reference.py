@@ -31,6 +31,11 @@ def test_every_command_is_documented() -> None:
         "approvals decide",
         "tasks requeue",
         "tasks cancel",
+        "schedules list",
+        "schedules pause",
+        "schedules resume",
+        "schedules delete",
+        "schedules next",
     ):
         assert f"statekeel {name}" in names
     for path in names:

@@ -297,7 +297,7 @@ def by_key(records: list[dict[str, Any]], kind: str, key: tuple[str, ...]) -> di
     return {tuple(r["row"][k] for k in key): r["row"] for r in records if r["kind"] == kind}
 
 
-@pytest.mark.parametrize("version", [12, 13, 14, 15, 16, 17, 18])
+@pytest.mark.parametrize("version", [12, 13, 14, 15, 16, 17, 18, 19])
 async def test_an_export_of_every_older_schema_imports_filled_as_its_migrations_fill_it(
     store: statekeel.Store, tmp_path: Path, version: int
 ) -> None:

@@ -25,10 +25,11 @@ from . import export as _export
 from . import importing as _importing
 from . import info as _info
 from . import operate as _operate
+from . import schedules as _schedules
 from . import sessions as _sessions
 from . import tasks as _tasks
 from . import ui as _ui  # (imports statekeel.ui only when the command runs)
 from .group import main
 
 __all__ = ["main", "redact_url"]
-del _admin, _demo, _erase, _export, _importing, _info, _operate, _sessions, _tasks, _ui
+del _admin, _demo, _erase, _export, _importing, _info, _operate, _schedules, _sessions, _tasks, _ui

@@ -50,7 +50,8 @@ def actor_option(fn: F) -> F:
     )(fn)
 
 
-def _actor(actor: str | None) -> str:
+def who_acts(actor: str | None) -> str:
+    """Who acts: ``--actor``, else ``$USER``; a :class:`Failure` when neither says."""
     who = actor if actor is not None else os.environ.get("USER")
     if not who or not who.strip():
         raise Failure("say who acts: pass --actor NAME (or set $USER); the audit entry records it")
@@ -130,7 +131,7 @@ def steps_resolve(
             raise click.UsageError(
                 f"--result is not JSON ({exc}); quote a string: --result '\"done\"'"
             ) from None
-    who = _actor(actor)
+    who = who_acts(actor)
     err = None if error is None else {"type": "resolved", "message": error, "by": who}
 
     async def action(store: Store) -> StepRecord:
@@ -185,7 +186,7 @@ def calls_resolve(
     """
     if interrupted == (result is not None):
         raise click.UsageError("answer the call with --result TEXT or --interrupted (one of them)")
-    who = _actor(actor)
+    who = who_acts(actor)
 
     async def action(store: Store) -> dict[str, Any]:
         if interrupted:
@@ -270,7 +271,7 @@ def approvals_decide(
     """
     if granted is None:
         raise click.UsageError("say what you decide: --grant or --deny")
-    who = _actor(actor)
+    who = who_acts(actor)
 
     async def action(store: Store) -> Any:
         return await store.approvals.decide(approval_id, granted, who, reason=reason)
@@ -308,7 +309,7 @@ def tasks_requeue(
     Refused (exit 1, nothing written) for a running, succeeded or cancelled task and a failed one without
     retries left.
     """
-    who = _actor(actor)
+    who = who_acts(actor)
     task = _act(
         db, key_file, f"cannot requeue task {task_id!r}", lambda s: s.tasks.requeue(task_id, actor=who)
     )
@@ -329,7 +330,7 @@ def tasks_cancel(
 
     Refused (exit 1, nothing written) for a task that has finished.
     """
-    who = _actor(actor)
+    who = who_acts(actor)
     task = _act(
         db,
         key_file,

@@ -98,9 +98,13 @@ class TaskManager:
         idempotency_key: str | None = None,
         description: str | None = None,
         status: str = "pending",
+        not_before: dt.datetime | None = None,
     ) -> Task:
         """Create a task (``status`` "pending" or "queued"). With an ``idempotency_key`` that was used
-        before, return that earlier task unchanged instead of creating another one."""
+        before, return that earlier task unchanged instead of creating another one.
+
+        ``not_before`` (a timezone-aware datetime) delays it: no :meth:`claim` takes it before that time,
+        by the claimer's clock (a time in the past: due at once)."""
         new = rules.new_task(
             self.codec,
             title,
@@ -112,6 +116,7 @@ class TaskManager:
             idempotency_key=idempotency_key,
             description=description,
             status=status,
+            not_before=not_before,
         )
         record, _created = await self.backend.create_task(
             new, audit=lambda out: [created_note(out[0], "create")] if out[1] else []
@@ -180,6 +185,8 @@ class TaskManager:
         worker_id: str | None = None,
         lease_epoch: int | None = None,
         actor: str | None = None,
+        not_before: dt.datetime | None = None,
+        retry_after: float | None = None,
     ) -> Task:
         """Move the task to ``new_status`` if the transition is legal (else ``InvalidTransition``), with one
         conditional UPDATE (``ConflictError`` if it changed meanwhile, or is not at ``expected_version``).
@@ -196,6 +203,12 @@ class TaskManager:
         A transition whose answer was lost raises ``BackendUnavailable(outcome="unknown")``; retrying the
         same call (same task, status, ``lease_epoch`` and ``expected_version``) on this manager settles
         it: the task its change left if that change landed, else the change made now.
+
+        A move back to queued (a retry of a failed task, or of an interrupted or suspended one) may be
+        delayed: ``not_before`` (an aware datetime) or ``retry_after`` (seconds from now, e.g.
+        :func:`statekeel.tasks.backoff` of the task's ``retry_count``) sets the task's ``not_before``, and
+        no :meth:`claim` takes it before then. Without either, the task keeps the ``not_before`` it had.
+        Either one with another ``new_status``, or both at once, is refused (``InvalidArgument``).
         """
         check_key(task_id, "task_id")
         check_status(new_status, "new_status")
@@ -207,6 +220,7 @@ class TaskManager:
             check_int(lease_epoch, "lease_epoch", minimum=1)
         if actor is not None:
             check_key(actor, "actor")
+        due = _due(new_status, not_before, retry_after)
         who = actor or worker_id or UNSPECIFIED_ACTOR
         result_raw = None if result is None else self.codec.encode(result, where="result")
         error_raw = None if error is None else self.codec.encode(error, where="error")
@@ -230,7 +244,9 @@ class TaskManager:
                     expected=expected_version,
                     current=current.version,
                 )
-            change = plan_transition(current, new_status, result=result_raw, error=error_raw, now=now)
+            change = plan_transition(
+                current, new_status, result=result_raw, error=error_raw, now=now, not_before=due
+            )
             try:
                 updated = await self.backend.update_task(
                     task_id,
@@ -238,7 +254,12 @@ class TaskManager:
                     expected_version=current.version,
                     change=dataclasses.replace(change, transition_id=transition_id),
                     lease_valid_at=now if fenced else None,
-                    audit=rules.transition_notes(who, current.status, "transition"),
+                    audit=rules.transition_notes(
+                        who,
+                        current.status,
+                        "transition",
+                        None if due is None else {"not_before": due.isoformat()},
+                    ),
                 )
             except BaseException as exc:
                 rules.remember_unheard(self.unheard_transitions, key, transition_id, exc)
@@ -262,17 +283,20 @@ class TaskManager:
         self, worker_id: str, *, lease_seconds: float = 30, workflow_id: str | None = None
     ) -> Task | None:
         """Take the next queued task (highest priority first, then oldest) for ``worker_id``: it becomes
-        running under a lease of ``lease_seconds`` with a new ``lease_epoch``. None when none is queued."""
+        running under a lease of ``lease_seconds`` with a new ``lease_epoch``. A task whose
+        ``not_before`` is later than now (this process's clock) is left queued. None when no queued task
+        is due."""
         check_key(worker_id, "worker_id")
         seconds = check_lease_seconds(lease_seconds)
         if workflow_id is not None:
             check_key(workflow_id, "workflow_id")
-        expires = rules.utcnow() + dt.timedelta(seconds=seconds)
+        now = rules.utcnow()
         return await self.backend.claim_task(
             worker_id,
-            lease_expires_at=expires,
+            lease_expires_at=now + dt.timedelta(seconds=seconds),
             workflow_id=workflow_id,
             audit=rules.transition_notes(worker_id, "queued", "claim"),
+            now=now,
         )
 
     async def heartbeat(
@@ -417,6 +441,23 @@ class TaskManager:
         """Steps started but never finished whose task is not running under a live lease (for recovery)."""
         when = rules.utcnow() if now is None else check_aware(now, "now")
         return await self.backend.steps_in_doubt(when)
+
+
+def _due(new_status: str, not_before: Any, retry_after: Any) -> dt.datetime | None:
+    """The ``not_before`` a transition sets (None: keep the stored one), checked before anything is read."""
+    if not_before is None and retry_after is None:
+        return None
+    if not_before is not None and retry_after is not None:
+        raise InvalidArgument("pass not_before (a time) or retry_after (seconds from now), not both")
+    if new_status != "queued":
+        raise InvalidArgument(
+            f"not_before and retry_after delay a move back to queued; a move to {new_status} cannot be "
+            "delayed",
+            status=new_status,
+        )
+    if not_before is not None:
+        return rules.check_not_before(not_before)
+    return rules.utcnow() + dt.timedelta(seconds=rules.check_retry_after(retry_after))
 
 
 def _check_fence(

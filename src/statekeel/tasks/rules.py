@@ -14,7 +14,7 @@ from typing import Any
 from ..backends.base import TASK_STATUSES, AuditNote, NewTask, StepRecord, TaskChange, TaskRecord
 from ..codec import Codec, canonical
 from ..errors import InvalidArgument, InvalidTransition
-from ..validation import check_int, check_key, check_text
+from ..validation import check_aware, check_int, check_key, check_text
 
 Task = TaskRecord
 """A task as stored: see :class:`statekeel.backends.base.TaskRecord`."""
@@ -31,6 +31,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 FINISHED = frozenset({"success", "failed", "cancelled"})
 MAX_LEASE_SECONDS = 7 * 24 * 3600
+MAX_RETRY_AFTER = 366 * 24 * 3600
+"""The longest delay ``transition(..., retry_after=)`` takes, in seconds (a year and a day)."""
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 # Actors of the audit entries of changes statekeel makes by itself.
@@ -73,7 +76,14 @@ def transition_note(
 
 def created_note(task: TaskRecord, via: str) -> AuditNote:
     """The ``task.created`` entry of a new task."""
-    data = {"status": task.status, "workflow_id": task.workflow_id, "version": task.version, "via": via}
+    data: dict[str, Any] = {
+        "status": task.status,
+        "workflow_id": task.workflow_id,
+        "version": task.version,
+        "via": via,
+    }
+    if task.not_before is not None:
+        data["not_before"] = task.not_before.isoformat()
     return task_note("task.created", UNSPECIFIED_ACTOR, task.id, data)
 
 
@@ -105,6 +115,48 @@ def check_status(status: Any, what: str = "status") -> str:
     return status
 
 
+def check_not_before(value: Any, what: str = "not_before") -> dt.datetime:
+    """``value`` (an aware datetime from 1970 on, in UTC) as UTC: the earliest time a claim takes a task."""
+    when = check_aware(value, what).astimezone(dt.UTC)
+    if when < _EPOCH:
+        raise InvalidArgument(
+            f"{what} {value!r} is before 1970; give a time from 1970 on (a time in the past makes the task "
+            "due at once)",
+            value=value,
+        )
+    return when
+
+
+def check_retry_after(value: Any) -> float:
+    """``value`` as a delay in seconds: a finite number in [0, :data:`MAX_RETRY_AFTER`]."""
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_RETRY_AFTER:
+        raise InvalidArgument(
+            f"retry_after must be a number of seconds in [0, {MAX_RETRY_AFTER}], got {value!r}", value=value
+        )
+    return float(value)
+
+
+def backoff(retry_count: int, *, base: float = 1.0, factor: float = 2.0, cap: float = 3600.0) -> float:
+    """The delay in seconds before retry number ``retry_count + 1`` under exponential backoff:
+    ``min(cap, base * factor ** retry_count)``. Pass it as ``retry_after`` of a failed task's retry:
+
+        failed = await store.tasks.get(task_id)
+        await store.tasks.transition(task_id, "queued", retry_after=backoff(failed.retry_count))
+    """
+    check_int(retry_count, "retry_count")
+    for name, number in (("base", base), ("factor", factor), ("cap", cap)):
+        if type(number) not in (int, float) or not math.isfinite(number) or number < 0:
+            raise InvalidArgument(f"{name} must be a finite number >= 0, got {number!r}", value=number)
+    if factor < 1:
+        raise InvalidArgument(f"factor must be at least 1 (a delay that grows), got {factor!r}", value=factor)
+    cap = min(float(cap), float(MAX_RETRY_AFTER))
+    try:
+        delay = float(base) * float(factor) ** retry_count
+    except OverflowError:  # factor ** retry_count beyond a float: far past any cap
+        return cap
+    return min(cap, delay)
+
+
 def check_lease_seconds(value: Any) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= MAX_LEASE_SECONDS:
         raise InvalidArgument(
@@ -121,6 +173,7 @@ def plan_transition(
     result: bytes | None = None,
     error: bytes | None = None,
     now: dt.datetime | None = None,
+    not_before: dt.datetime | None = None,
 ) -> TaskChange:
     """The field values ``current`` gets by moving to ``new_status``; ``InvalidTransition`` if illegal."""
     allowed = TRANSITIONS[current.status]
@@ -152,6 +205,7 @@ def plan_transition(
         completed_at=now if new_status in FINISHED else None,
         result=result,
         error=error,
+        not_before=not_before,
     )
 
 
@@ -167,6 +221,7 @@ def new_task(
     idempotency_key: Any = None,
     description: Any = None,
     status: Any = "pending",
+    not_before: Any = None,
 ) -> NewTask:
     """A validated :class:`NewTask` (typed error before anything is written), its metadata encoded by
     ``codec``: what ``TaskManager.create`` and a workflow's tasks insert."""
@@ -190,6 +245,7 @@ def new_task(
         raise InvalidArgument(f"a new task starts pending or queued, not {status}", status=status)
     if metadata is not None and type(metadata) is not dict:
         raise InvalidArgument(f"metadata must be a dict, got {type(metadata).__name__}")
+    due = None if not_before is None else check_not_before(not_before)
     return NewTask(
         id=str(uuid.uuid4()),
         title=title,
@@ -201,6 +257,7 @@ def new_task(
         workflow_id=workflow_id,
         parent_task_id=parent_task_id,
         idempotency_key=idempotency_key,
+        not_before=due,
     )
 
 

@@ -67,6 +67,9 @@ class TaskRecord:
     # The id of the transition() that last changed the task (None for other changes until the next
     # transition): a retry of a transition whose answer was lost learns from it that its change landed.
     transition_id: str | None = None
+    # The earliest time a claim may take the task while it is queued (None: at once). Set at creation
+    # or by a transition back to queued (a delayed retry); kept until another transition to queued sets it.
+    not_before: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class NewTask:
     workflow_id: str | None = None
     parent_task_id: str | None = None
     idempotency_key: str | None = None
+    not_before: dt.datetime | None = None  # the earliest time a claim may take it (None: at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ class TaskChange:
     result: bytes | None = None
     error: bytes | None = None
     transition_id: str | None = None  # the caller's id for this change (TaskRecord.transition_id)
+    not_before: dt.datetime | None = None  # a new earliest claim time; None keeps the stored one
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +209,11 @@ class TaskBackend(abc.ABC):
         lease_expires_at: dt.datetime,
         workflow_id: str | None = None,
         audit: AuditNotes | None = None,
+        now: dt.datetime | None = None,
     ) -> TaskRecord | None:
-        """Atomically take the queued task with the highest priority (then the oldest), set it running
-        under ``worker_id``'s lease and bump ``lease_epoch``. None when nothing is queued."""
+        """Atomically take the queued task with the highest priority (then the oldest) whose
+        ``not_before`` has passed at ``now`` (the caller's clock; the backend's when None), set it
+        running under ``worker_id``'s lease and bump ``lease_epoch``. None when no queued task is due."""
 
     @abc.abstractmethod
     async def heartbeat_task(

@@ -45,6 +45,7 @@ from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.retention import SqlRetention
+from ..sql.schedules import SqlSchedules
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
@@ -119,6 +120,7 @@ class MySqlBackend(
     SqlToolCalls,
     SqlCopy,
     SqlTasks,
+    SqlSchedules,
     SqlWorkflows,
     SqlAudit,
     SqlApprovals,

@@ -120,11 +120,11 @@ SELECT count(*) AS n FROM workflows;
 DELETE FROM workflows;
 
 -- name: copy_tasks_first
-SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id, not_before
 FROM tasks ORDER BY id LIMIT $1;
 
 -- name: copy_tasks_after
-SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id
+SELECT id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id, not_before
 FROM tasks WHERE id > $1
 ORDER BY id LIMIT $2;
 
@@ -132,8 +132,8 @@ ORDER BY id LIMIT $2;
 SELECT id FROM tasks ORDER BY id DESC LIMIT 1;
 
 -- name: copy_tasks_insert
-INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22);
+INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, result, error, retry_count, max_retries, metadata, version, lease_owner, lease_expires_at, lease_epoch, idempotency_key, created_at, updated_at, started_at, completed_at, transition_id, not_before)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23);
 
 -- name: copy_tasks_link
 UPDATE tasks SET parent_task_id = $2
@@ -297,6 +297,28 @@ SELECT count(*) AS n FROM trace_counters;
 
 -- name: copy_trace_counters_clear
 DELETE FROM trace_counters;
+
+-- name: copy_schedules_first
+SELECT id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at
+FROM schedules ORDER BY id LIMIT $1;
+
+-- name: copy_schedules_after
+SELECT id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at
+FROM schedules WHERE id > $1
+ORDER BY id LIMIT $2;
+
+-- name: copy_schedules_last
+SELECT id FROM schedules ORDER BY id DESC LIMIT 1;
+
+-- name: copy_schedules_insert
+INSERT INTO schedules (id, name, cron, every_seconds, timezone, task, catch_up, catch_up_window, overlap, paused, fired_through, next_fire_at, last_slot, last_task_id, version, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17);
+
+-- name: copy_schedules_count
+SELECT count(*) AS n FROM schedules;
+
+-- name: copy_schedules_clear
+DELETE FROM schedules;
 
 -- name: copy_store_identity
 -- The database on this server (whatever host name or port spelling reached it): the server's host name,

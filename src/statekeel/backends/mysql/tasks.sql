@@ -3,8 +3,8 @@
 -- name: task_insert
 -- on duplicate tasks_idempotency_key
 INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, max_retries,
-                   metadata, idempotency_key, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+                   metadata, idempotency_key, created_at, updated_at, not_before)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)
 RETURNING *;
 
 -- name: task_get
@@ -22,7 +22,7 @@ ORDER BY created_at, id LIMIT $5;
 UPDATE tasks
 SET status = $1, retry_count = $2, lease_expires_at = $3, started_at = $4, completed_at = $5,
     result = COALESCE($6, result), error = COALESCE($7, error), updated_at = $8, version = version + 1,
-    transition_id = $13,
+    transition_id = $13, not_before = COALESCE($14, not_before),
     -- Entering running without claim() grants no lease: a new epoch and no owner fence out whoever
     -- held the task before (a zombie worker must not resume with its old epoch).
     lease_owner = CASE WHEN $1 = 'running' THEN NULL ELSE lease_owner END,
@@ -35,8 +35,8 @@ SELECT * FROM tasks WHERE id = $9;
 
 -- name: task_claim
 -- The first queued task no other claimer holds (its id becomes $4), then the claim and the claimed row.
-SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, created_at, id LIMIT 1
-FOR UPDATE SKIP LOCKED;
+SELECT id FROM tasks WHERE status = 'queued' AND (not_before IS NULL OR not_before <= $3)
+ORDER BY priority DESC, created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED;
 UPDATE tasks
 SET status = 'running', lease_owner = $1, lease_expires_at = $2, lease_epoch = lease_epoch + 1,
     version = version + 1, started_at = COALESCE(started_at, $3), updated_at = $3
@@ -44,7 +44,7 @@ WHERE id = $4 AND status = 'queued';
 SELECT * FROM tasks WHERE id = $4;
 
 -- name: task_claim_workflow
-SELECT id FROM tasks WHERE workflow_id = $4 AND status = 'queued'
+SELECT id FROM tasks WHERE workflow_id = $4 AND status = 'queued' AND (not_before IS NULL OR not_before <= $3)
 ORDER BY priority DESC, created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED;
 UPDATE tasks
 SET status = 'running', lease_owner = $1, lease_expires_at = $2, lease_epoch = lease_epoch + 1,

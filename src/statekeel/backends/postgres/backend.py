@@ -58,6 +58,7 @@ from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.retention import SqlRetention
 from ..sql.save import op_save_in_one_statement
+from ..sql.schedules import SqlSchedules
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
@@ -203,6 +204,7 @@ class PostgresBackend(
     SqlToolCalls,
     SqlCopy,
     SqlTasks,
+    SqlSchedules,
     SqlWorkflows,
     SqlAudit,
     SqlApprovals,

@@ -2,8 +2,8 @@
 
 -- name: task_insert
 INSERT INTO tasks (id, workflow_id, parent_task_id, title, description, status, priority, max_retries,
-                   metadata, idempotency_key, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+                   metadata, idempotency_key, created_at, updated_at, not_before)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $12)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -22,7 +22,7 @@ ORDER BY created_at, id LIMIT $5;
 UPDATE tasks
 SET status = $1, retry_count = $2, lease_expires_at = $3, started_at = $4, completed_at = $5,
     result = COALESCE($6::jsonb, result), error = COALESCE($7::jsonb, error), updated_at = $8, version = version + 1,
-    transition_id = $13,
+    transition_id = $13, not_before = COALESCE($14::timestamptz, not_before),
     -- Entering running without claim() grants no lease: a new epoch and no owner fence out whoever
     -- held the task before (a zombie worker must not resume with its old epoch).
     lease_owner = CASE WHEN $1 = 'running' THEN NULL ELSE lease_owner END,
@@ -38,8 +38,8 @@ UPDATE tasks
 SET status = 'running', lease_owner = $1, lease_expires_at = $2, lease_epoch = lease_epoch + 1,
     version = version + 1, started_at = COALESCE(started_at, $3), updated_at = $3
 WHERE status = 'queued'
-  AND id = (SELECT id FROM tasks WHERE status = 'queued' ORDER BY priority DESC, created_at, id LIMIT 1
-            FOR UPDATE SKIP LOCKED)
+  AND id = (SELECT id FROM tasks WHERE status = 'queued' AND (not_before IS NULL OR not_before <= $3)
+            ORDER BY priority DESC, created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING *;
 
 -- name: task_claim_workflow
@@ -47,7 +47,7 @@ UPDATE tasks
 SET status = 'running', lease_owner = $1, lease_expires_at = $2, lease_epoch = lease_epoch + 1,
     version = version + 1, started_at = COALESCE(started_at, $3), updated_at = $3
 WHERE status = 'queued'
-  AND id = (SELECT id FROM tasks WHERE workflow_id = $4 AND status = 'queued'
+  AND id = (SELECT id FROM tasks WHERE workflow_id = $4 AND status = 'queued' AND (not_before IS NULL OR not_before <= $3)
             ORDER BY priority DESC, created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING *;
 

@@ -41,6 +41,7 @@ SCHEMA_TABLES = (
     "tasks",
     "workflow_steps",
     "task_steps",
+    "schedules",
     "audit_log",
     "approvals",
     "memories",

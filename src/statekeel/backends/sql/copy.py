@@ -85,7 +85,7 @@ TABLES: tuple[CopyTable, ...] = (
         "id:text workflow_id:text parent_task_id:text title:text description:text status:text priority:int "
         "result:json error:json retry_count:int max_retries:int metadata:json version:int lease_owner:text "
         "lease_expires_at:ts lease_epoch:int idempotency_key:text created_at:ts updated_at:ts "
-        "started_at:ts completed_at:ts transition_id:text",
+        "started_at:ts completed_at:ts transition_id:text not_before:ts",
         "id",
         links="parent_task_id",
     ),
@@ -99,6 +99,14 @@ TABLES: tuple[CopyTable, ...] = (
         "task_id:text step_key:text status:text attempt:int result:json error:json started_at:ts "
         "first_started_at:ts finished_at:ts attempt_id:text",
         "task_id step_key",
+    ),
+    # After tasks: last_task_id names one (no foreign key: a purged task leaves the id behind).
+    _table(
+        "schedules",
+        "id:text name:text cron:text every_seconds:int timezone:text task:json catch_up:text "
+        "catch_up_window:float overlap:text paused:bool fired_through:ts next_fire_at:ts last_slot:ts "
+        "last_task_id:text version:int created_at:ts updated_at:ts",
+        "id",
     ),
     _table(
         "session_steps",

@@ -58,6 +58,7 @@ def task_from_row(tx: Tx, row: Row) -> TaskRecord:
         started_at=ts_or_none(tx, row["started_at"]),
         completed_at=ts_or_none(tx, row["completed_at"]),
         transition_id=row["transition_id"],
+        not_before=ts_or_none(tx, row["not_before"]),
     )
 
 
@@ -94,6 +95,7 @@ async def insert_task(tx: Tx, task: NewTask, now: dt.datetime) -> tuple[TaskReco
         tx.json_in(task.metadata),
         task.idempotency_key,
         tx.ts_in(now),
+        ts_in_or_none(tx, task.not_before),
     )
     if row is not None:
         return task_from_row(tx, row), True
@@ -151,14 +153,16 @@ async def op_update_task(
         expected_version,
         ts_in_or_none(tx, lease_valid_at),
         change.transition_id,
+        ts_in_or_none(tx, change.not_before),
     )
     return None if row is None else task_from_row(tx, row)
 
 
 async def op_claim_task(
-    tx: Tx, worker_id: str, lease_expires_at: dt.datetime, workflow_id: str | None
+    tx: Tx, worker_id: str, lease_expires_at: dt.datetime, workflow_id: str | None, at: dt.datetime
 ) -> TaskRecord | None:
-    now = tx.ts_in(utcnow())
+    # ``at`` is the claimer's clock: it decides which delayed tasks are due (not_before <= at).
+    now = tx.ts_in(at)
     if workflow_id is None:
         row = await tx.fetchone("task_claim", worker_id, tx.ts_in(lease_expires_at), now)
     else:
@@ -318,9 +322,10 @@ class SqlTasks(SqlBackend, TaskBackend):
         lease_expires_at: dt.datetime,
         workflow_id: str | None = None,
         audit: AuditNotes | None = None,
+        now: dt.datetime | None = None,
     ) -> TaskRecord | None:
         op = audited(op_claim_task, audit, self.audit_key, self.audit_outbox)
-        return await self._write(op, worker_id, lease_expires_at, workflow_id)
+        return await self._write(op, worker_id, lease_expires_at, workflow_id, now or utcnow())
 
     async def heartbeat_task(
         self,

@@ -42,6 +42,7 @@ from ..sql.info import SqlInfo
 from ..sql.memory import SqlMemory
 from ..sql.migrations import Migration, load_migrations, pending
 from ..sql.retention import SqlRetention
+from ..sql.schedules import SqlSchedules
 from ..sql.sessions import SqlSessions
 from ..sql.tasks import SqlTasks
 from ..sql.tool_calls import SqlToolCalls
@@ -142,6 +143,7 @@ class SqliteBackend(
     SqlToolCalls,
     SqlCopy,
     SqlTasks,
+    SqlSchedules,
     SqlWorkflows,
     SqlAudit,
     SqlApprovals,
