@@ -250,13 +250,17 @@ async def export_store(
     # First: a plain NATS store has no store.memory, which the isinstance check below would touch.
     held = getattr(getattr(store, "backend", None), "kinds", None)
     if isinstance(held, frozenset) and "copy" not in held:
-        # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md). A paired
-        # one names the kinds it keeps there (its copy_tables refuses with them).
-        copy_tables = getattr(store.backend, "copy_tables", None)
-        if copy_tables is not None:
-            await copy_tables()
+        # A plain or paired NATS store: what it keeps on NATS is no table rows (docs/nats.md); a paired one
+        # names the kinds it keeps there.
+        front = getattr(store.backend, "front_kinds", None) or ()
+        on_nats = ", ".join(k for k in ("sessions", "audit", "traces") if k in front)
+        where = (
+            f"the {on_nats} of {getattr(store.backend, 'url', 'this store')} are on NATS"
+            if on_nats
+            else "this store keeps state on NATS"
+        )
         raise Unsupported(
-            "this store keeps state on NATS, which is not rows: an export (like backup and copy_store) "
+            f"{where}, which is not rows: an export (like backup and copy_store) "
             "is refused, no file written. Back the NATS streams up with NATS's own tools; the SQL store "
             "of a paired one (?rest=) exports on its own URL",
             kind="copy",
